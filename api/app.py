@@ -1,0 +1,58 @@
+"""The FastAPI application: `create_app(settings)` wires the services once per process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from temporalio.client import Client
+
+from monologue import __version__
+from monologue.db import make_engine, make_sessionmaker
+from monologue.logs import configure_logging
+from monologue.settings import Settings, get_settings
+from monologue.storage import open_store
+
+from .deps import Services
+from .routes import renders
+
+log = structlog.get_logger("api")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url)
+        temporal = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+        app.state.services = Services(settings=settings, store=open_store(settings.storage),
+                                      sessions=make_sessionmaker(engine), temporal=temporal)
+        log.info("api ready", temporal=settings.temporal.address)
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="Monologue", version=__version__, lifespan=lifespan,
+                  description="Turn a portrait and speech into a talking-avatar video.")
+    app.include_router(renders.router)
+
+    @app.middleware("http")
+    async def bind_request(request: Request, call_next):  # type: ignore[no-untyped-def]
+        with structlog.contextvars.bound_contextvars(method=request.method, path=request.url.path):
+            response: Response = await call_next(request)
+            return response
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def app_factory() -> FastAPI:
+    """Entry point for uvicorn (`--factory`): settings from the environment."""
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return create_app(settings)

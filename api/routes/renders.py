@@ -1,0 +1,125 @@
+"""`/v1/renders`: start a render, follow it, download the video. Routes stay thin: checks and
+side effects live in `api.submit` and `monologue.repo`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, File, Form, HTTPException, Query, Request, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from monologue import repo
+from monologue.db import SessionRow
+from monologue.errors import InputError
+from monologue.storage import LocalStore
+
+from ..deps import DbDep, ServicesDep
+from ..schemas import Progress, RenderLinks, RenderList, RenderOptionsBase, RenderOptionsCreate, RenderPublic
+from ..submit import start_render, validate_inputs
+
+router = APIRouter(prefix="/v1/renders", tags=["renders"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic)
+async def create_render(
+    request: Request,
+    services: ServicesDep,
+    db: DbDep,
+    portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
+    audio: Annotated[UploadFile, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")],
+    fps: Annotated[int | None, Form()] = None,
+    chunk_frames: Annotated[int | None, Form()] = None,
+    seed: Annotated[int | None, Form()] = None,
+) -> RenderPublic:
+    """Start rendering a talking-avatar video; returns at once with the session id and its URLs."""
+    defaults = services.settings.render
+    try:
+        options = RenderOptionsCreate(fps=defaults.fps if fps is None else fps,
+                                      chunk_frames=defaults.chunk_frames if chunk_frames is None else chunk_frames,
+                                      seed=defaults.seed if seed is None else seed)
+    except ValidationError as err:
+        raise HTTPException(422, _describe(err)) from err
+    limit = services.settings.limits.max_upload_bytes
+    portrait_bytes = await _read_limited(portrait, "portrait", limit)
+    audio_bytes = await _read_limited(audio, "audio", limit)
+    try:
+        inputs = await run_in_threadpool(validate_inputs, portrait=portrait_bytes, audio=audio_bytes,
+                                         settings=services.settings)
+    except InputError as err:
+        raise HTTPException(422, str(err)) from err
+    session_id = await start_render(services, inputs=inputs, options=options)
+    row = repo.get_session(db, session_id=session_id)
+    if row is None:  # pragma: no cover - just written
+        raise HTTPException(500, "session row vanished right after creation")
+    return _public(request, services, db, row)
+
+
+@router.get("", response_model=RenderList)
+def list_renders(request: Request, services: ServicesDep, db: DbDep,
+                 limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                 offset: Annotated[int, Query(ge=0)] = 0,
+                 status_: Annotated[str | None, Query(alias="status")] = None) -> RenderList:
+    rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_)
+    return RenderList(items=[_public(request, services, db, row) for row in rows], limit=limit, offset=offset)
+
+
+@router.get("/{session_id}", response_model=RenderPublic)
+def get_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+    return _public(request, services, db, _find(db, session_id))
+
+
+@router.get("/{session_id}/video.mp4", response_class=Response,
+            responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}})
+def get_video(session_id: str, services: ServicesDep, db: DbDep) -> Response:
+    """The finished MP4 (H.264 + AAC). 409 while the render is still going."""
+    row = _find(db, session_id)
+    if row.status != "completed" or row.video_key is None:
+        done = repo.chunks_done(db, session_id=session_id)
+        raise HTTPException(409, f"render {session_id} is {row.status} ({done}/{row.chunks_total or '?'} chunks);"
+                                 " the video is available once status is 'completed'")
+    store = services.store
+    headers = {"Content-Disposition": f'inline; filename="{session_id}.mp4"'}
+    if isinstance(store, LocalStore):
+        return FileResponse(store.path(row.video_key), media_type="video/mp4", headers=headers)
+    headers["Content-Length"] = str(store.size(row.video_key))
+    return StreamingResponse(store.stream(row.video_key), media_type="video/mp4", headers=headers)
+
+
+def _find(db: DbDep, session_id: str) -> SessionRow:
+    row = repo.get_session(db, session_id=session_id)
+    if row is None:
+        raise HTTPException(404, f"render {session_id!r} not found")
+    return row
+
+
+def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow) -> RenderPublic:
+    base = str(request.base_url).rstrip("/")
+    ui = services.settings.temporal.ui_url
+    namespace = services.settings.temporal.namespace
+    return RenderPublic(
+        id=row.id, status=row.status, created_at=row.created_at, started_at=row.started_at,
+        finished_at=row.finished_at, options=RenderOptionsBase.model_validate(row.options),
+        width=row.width, height=row.height, audio_seconds=row.audio_seconds, node_id=row.node_id,
+        ttff_ms=row.ttff_ms, error=row.error,
+        progress=Progress(chunks_done=repo.chunks_done(db, session_id=row.id), chunks_total=row.chunks_total,
+                          frames_total=row.frames),
+        links=RenderLinks(self=f"{base}/v1/renders/{row.id}", video=f"{base}/v1/renders/{row.id}/video.mp4",
+                          workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}"),
+    )
+
+
+async def _read_limited(upload: UploadFile, field: str, limit: int) -> bytes:
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise HTTPException(413, f"{field}: the upload is larger than the limit of {limit} bytes"
+                                 " (setting MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES)")
+    if not data:
+        raise HTTPException(422, f"{field}: the uploaded file is empty")
+    return data
+
+
+def _describe(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())

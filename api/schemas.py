@@ -1,0 +1,52 @@
+"""What the API returns. Options use Base / Create / Public, as the request form and the responses share them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+
+class RenderOptionsBase(BaseModel):
+    fps: int = Field(ge=1, le=60, description="Frames per second of the output video.")
+    chunk_frames: int = Field(ge=2, le=250, description="Frames per generated chunk (about 1-2 s).")
+    seed: int = Field(ge=0, le=2**63 - 1, description="Seed: the same inputs and seed give the same frames.")
+
+
+class RenderOptionsCreate(RenderOptionsBase):
+    pass
+
+
+class Progress(BaseModel):
+    chunks_done: int
+    chunks_total: int | None
+    frames_total: int | None
+
+
+class RenderLinks(BaseModel):
+    self: str
+    video: str
+    workflow: str = Field(description="This session's workflow in Temporal's UI.")
+
+
+class RenderPublic(BaseModel):
+    id: str
+    status: str = Field(description="queued, running, completed or failed")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    options: RenderOptionsBase
+    width: int | None
+    height: int | None
+    audio_seconds: float | None
+    node_id: str | None
+    ttff_ms: float | None = Field(description="Submit to first chunk encoded, in milliseconds.")
+    error: str | None
+    progress: Progress
+    links: RenderLinks
+
+
+class RenderList(BaseModel):
+    items: list[RenderPublic]
+    limit: int
+    offset: int

@@ -1,0 +1,81 @@
+"""Starting a render: validate at the edge, then store, record and start — or undo everything.
+
+Bad input must never start a workflow or leave objects behind, so all decoding and checks run
+before the first write, and a failure after a write removes what was written."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import structlog
+from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
+
+from gpu_worker.face import detect_face
+from monologue import contracts as c
+from monologue import keys, repo
+from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
+from monologue.settings import Settings
+from monologue.storage import ObjectStore
+
+from .deps import Services
+from .schemas import RenderOptionsCreate
+
+log = structlog.get_logger("api.submit")
+
+
+@dataclass(frozen=True)
+class ValidInputs:
+    portrait: Portrait
+    speech: Speech
+
+
+def validate_inputs(*, portrait: bytes, audio: bytes, settings: Settings) -> ValidInputs:
+    """Decode and check both uploads; raises InputError (→ 4xx) naming the problem. CPU-bound."""
+    limits = settings.limits
+    image = normalise_portrait(portrait, max_side=limits.max_portrait_side)
+    speech = normalise_audio(audio, max_seconds=limits.max_audio_seconds)
+    detect_face(decode_png(image.png))  # no face: NoFaceFound, an InputError
+    return ValidInputs(portrait=image, speech=speech)
+
+
+async def start_render(services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate,
+                       tenant: str = "local") -> str:
+    """Store the inputs, write the session row and start the workflow; undo all of it on failure."""
+    session_id = uuid.uuid4().hex
+    workflow_id = c.render_workflow_id(session_id)
+    with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
+        try:
+            _store_inputs(services.store, session_id, inputs)
+            with services.sessions() as db:
+                repo.create_session(db, session_id=session_id, tenant=tenant, options=options.model_dump(),
+                                    workflow_id=workflow_id, audio_seconds=inputs.speech.seconds,
+                                    width=inputs.portrait.width, height=inputs.portrait.height)
+            await _start_workflow(services.temporal, services.settings, session_id, options)
+        except BaseException:
+            log.exception("submit failed; removing what was written")
+            services.store.delete_prefix(keys.session_prefix(session_id))
+            with services.sessions() as db:
+                repo.delete_session(db, session_id=session_id)
+            raise
+        log.info("render started", seconds=round(inputs.speech.seconds, 3),
+                 width=inputs.portrait.width, height=inputs.portrait.height)
+    return session_id
+
+
+def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> None:
+    store.put(keys.portrait(session_id), inputs.portrait.png, content_type="image/png")
+    store.put(keys.audio(session_id), inputs.speech.wav, content_type="audio/wav")
+
+
+async def _start_workflow(client: Client, settings: Settings, session_id: str,
+                          options: RenderOptionsCreate) -> None:
+    await client.start_workflow(
+        "RenderWorkflow",
+        c.RenderInput(session_id=session_id, fps=options.fps, chunk_frames=options.chunk_frames,
+                      seed=options.seed),
+        id=c.render_workflow_id(session_id),
+        task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+    )

@@ -1,0 +1,65 @@
+"""The node process: one worker machine that generates frames.
+
+It polls two Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, and
+`acquire_node`, which is how a node takes a session) and its own queue `node-<id>` (the pinned
+per-session work). Heavy work runs in sync activities on a thread pool so the event loop keeps
+heartbeating. SIGTERM/SIGINT stop polling and let running activities finish (graceful shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import structlog
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.node import NodeActivities
+from activities.session import SessionActivities
+from monologue import contracts as c
+from monologue.db import make_engine, make_sessionmaker
+from monologue.settings import Settings
+from monologue.storage import open_store
+from workflows.render import RenderWorkflow
+
+log = structlog.get_logger("node")
+
+
+async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Run the node's workers until `stop` is set or the process gets SIGTERM/SIGINT."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    store = open_store(settings.storage)
+    engine = make_engine(settings.db_url)
+    sessions = make_sessionmaker(engine)
+    node_id = settings.node.id
+    client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+    shared = SessionActivities(store=store, sessions=sessions, node_id=node_id)
+    pinned = NodeActivities(store=store, sessions=sessions, node_id=node_id)
+    capacity = settings.node.capacity
+    grace = timedelta(seconds=settings.node.graceful_shutdown_s)
+
+    with ThreadPoolExecutor(max_workers=capacity + 4, thread_name_prefix="activity") as executor:
+        shared_worker = Worker(
+            client, task_queue=settings.temporal.task_queue, workflows=[RenderWorkflow],
+            activities=[shared.prepare, shared.acquire_node, shared.record_failure],
+            activity_executor=executor, max_concurrent_activities=4, graceful_shutdown_timeout=grace,
+        )
+        node_worker = Worker(
+            client, task_queue=c.node_task_queue(node_id),
+            activities=[pinned.init_session, pinned.generate_chunk, pinned.finalize],
+            # One chunk at a time per session slot: chunks of one session are sequential anyway.
+            activity_executor=executor, max_concurrent_activities=capacity, graceful_shutdown_timeout=grace,
+        )
+        async with shared_worker, node_worker:
+            log.info("node ready", node_id=node_id, queues=[settings.temporal.task_queue,
+                                                             c.node_task_queue(node_id)])
+            await stop.wait()
+            log.info("node stopping", node_id=node_id)
+    engine.dispose()
+    log.info("node stopped", node_id=node_id)

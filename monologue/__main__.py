@@ -1,0 +1,3 @@
+from monologue.cli import main
+
+main()

@@ -1,0 +1,163 @@
+"""`monologue`: run the embedded stack, its services, and renders from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from monologue.settings import Settings, describe_settings, get_settings
+
+SAMPLES = Path(__file__).resolve().parent / "samples"
+SETTINGS_HELP = "\b\nSettings (environment variables; nested groups use `__`):\n" + describe_settings()
+
+
+@click.group()
+def main() -> None:
+    """Monologue: a portrait and speech become a talking-avatar video."""
+
+
+def _configured() -> Settings:
+    from monologue.logs import configure_logging
+
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+@main.command(epilog=SETTINGS_HELP)
+def up() -> None:
+    """Start Temporal, the API and one node on this machine; Ctrl-C stops them all."""
+    from monologue.stack import Stack
+
+    settings = get_settings()
+    with Stack(settings) as stack:
+        _print_urls(settings)
+        click.echo(f"logs: {stack.log_dir}\nPress Ctrl-C to stop.")
+        _wait_for_signal()
+    click.echo("stopped")
+
+
+@main.command()
+def api() -> None:
+    """Run the API server (uvicorn) in the foreground."""
+    import uvicorn
+
+    settings = _configured()
+    uvicorn.run("api.app:app_factory", factory=True, host=settings.api.host, port=settings.api.port,
+                log_config=None, access_log=False)
+
+
+@main.command()
+def node() -> None:
+    """Run one node: poll the shared queue and this node's own queue."""
+    from gpu_worker.node import run_node
+
+    asyncio.run(run_node(_configured()))
+
+
+@main.command()
+def migrate() -> None:
+    """Apply the database migrations (MONOLOGUE_DATABASE_URL)."""
+    from monologue.db import migrate as run_migrations
+
+    settings = get_settings()
+    run_migrations(settings.db_url)
+    click.echo(f"migrated {settings.db_url}")
+
+
+@main.command()
+@click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("out.mp4"),
+              show_default=True, help="Where to write the MP4.")
+@click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
+@click.option("--fps", type=int, default=None, help="Frames per second (default 25).")
+@click.option("--seed", type=int, default=None, help="Seed; the same seed gives the same frames.")
+@click.option("--chunk-frames", type=int, default=None, help="Frames per chunk (default 40).")
+def render(portrait: Path, audio: Path, output: Path, api_url: str | None, fps: int | None,
+           seed: int | None, chunk_frames: int | None) -> None:
+    """Render PORTRAIT speaking AUDIO through the API and download the MP4."""
+    settings = get_settings()
+    options = {k: v for k, v in {"fps": fps, "seed": seed, "chunk_frames": chunk_frames}.items() if v is not None}
+    _render(api_url or str(settings.api.public_url), portrait, audio, output, options)
+
+
+@main.command(epilog=SETTINGS_HELP)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the MP4 (default: <home>/demo.mp4).")
+@click.option("--keep-running/--exit", default=None,
+              help="Keep the stack up after the render (default: only when run in a terminal).")
+def demo(output: Path | None, keep_running: bool | None) -> None:
+    """Start the embedded stack and render the bundled sample (a real portrait, real speech)."""
+    from monologue.stack import Stack, http_ok
+
+    settings = get_settings()
+    output = output or settings.home / "demo.mp4"
+    api_url = str(settings.api.public_url)
+    started = time.monotonic()
+    stack = None
+    if not http_ok(f"{api_url}/healthz"):
+        click.echo("starting Temporal, the API and a node…")
+        stack = Stack(settings)
+        stack.start()
+    try:
+        _render(api_url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", output, {})
+        click.echo(f"\nvideo:       {output.resolve()}  ({time.monotonic() - started:.1f} s in all)")
+        _print_urls(settings)
+        if stack is not None and (keep_running if keep_running is not None else sys.stdout.isatty()):
+            click.echo("The stack is still running; press Ctrl-C to stop it.")
+            _wait_for_signal()
+    finally:
+        if stack is not None:
+            stack.stop()
+
+
+def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
+    from monologue.client import RenderFailed, download, submit, wait
+
+    try:
+        created = submit(api_url, portrait, audio, options=options)
+        session_id = created["id"]
+        click.echo(f"render {session_id} started ({created['audio_seconds']:.1f} s of audio)")
+        bar: Any = None
+        state = {"done": 0}
+
+        def on_progress(render: dict[str, Any]) -> None:
+            nonlocal bar
+            total, done = render["progress"]["chunks_total"], render["progress"]["chunks_done"]
+            if bar is None and total:
+                bar = click.progressbar(length=total, label="chunks", show_pos=True, file=sys.stderr)
+                bar.__enter__()
+            if bar is not None:
+                bar.update(done - state["done"])
+                state["done"] = done
+
+        try:
+            render = wait(api_url, session_id, on_progress=on_progress)
+        finally:
+            if bar is not None:
+                bar.__exit__(None, None, None)
+        size = download(api_url, session_id, output)
+    except RenderFailed as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
+               f" first frame after {render['ttff_ms']:.0f} ms)")
+
+
+def _print_urls(settings: Settings) -> None:
+    click.echo(f"API:         {settings.api.public_url}  (docs: {settings.api.public_url}/docs)")
+    click.echo(f"Temporal UI: {settings.temporal.ui_url}")
+
+
+def _wait_for_signal() -> None:
+    received: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda s, _f: received.append(s))
+    while not received:
+        time.sleep(0.2)

@@ -1,0 +1,69 @@
+"""A small HTTP client for the API, used by `monologue render` and `monologue demo`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class RenderFailed(RuntimeError):
+    pass
+
+
+def submit(api_url: str, portrait: Path, audio: Path, *, options: dict[str, int] | None = None,
+           timeout_s: float = 120.0) -> dict[str, Any]:
+    """POST the files; returns the created render (raises RenderFailed with the API's message on 4xx)."""
+    with portrait.open("rb") as image, audio.open("rb") as speech:
+        response = httpx.post(
+            f"{api_url}/v1/renders",
+            files={"portrait": (portrait.name, image), "audio": (audio.name, speech)},
+            data={k: str(v) for k, v in (options or {}).items()}, timeout=timeout_s,
+        )
+    if response.status_code != 201:
+        raise RenderFailed(f"the API refused the render ({response.status_code}): {_detail(response)}")
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def wait(api_url: str, session_id: str, *, on_progress: Callable[[dict[str, Any]], None] | None = None,
+         poll_s: float = 0.5, timeout_s: float = 3600.0) -> dict[str, Any]:
+    """Poll until the render completes; raises RenderFailed if it fails."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=30)
+        response.raise_for_status()
+        render: dict[str, Any] = response.json()
+        if on_progress is not None:
+            on_progress(render)
+        if render["status"] == "completed":
+            return render
+        if render["status"] == "failed":
+            raise RenderFailed(f"render {session_id} failed: {render['error']}")
+        time.sleep(poll_s)
+    raise RenderFailed(f"render {session_id} did not finish within {timeout_s:.0f} s")
+
+
+def download(api_url: str, session_id: str, output: Path) -> int:
+    """Stream the finished MP4 to `output`; returns its size in bytes."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    with httpx.stream("GET", f"{api_url}/v1/renders/{session_id}/video.mp4", timeout=60) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RenderFailed(f"download failed ({response.status_code}): {_detail(response)}")
+        with output.open("wb") as out:
+            for block in response.iter_bytes():
+                out.write(block)
+                size += len(block)
+    return size
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", response.text))
+    except ValueError:
+        return response.text

@@ -1,0 +1,113 @@
+"""Database models (SQLAlchemy 2) and the engine. The schema is owned by the Alembic migrations in
+`migrations/`; `migrate()` applies them. SQLite (embedded default) and PostgreSQL (psycopg) both work."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class SessionRow(Base):
+    """One render request. Activities move it through queued → running → completed | failed."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), default="local", index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="render")
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    node_id: Mapped[str | None] = mapped_column(String(128))
+    workflow_id: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    ttff_ms: Mapped[float | None] = mapped_column(Float)  # submit → first chunk encoded
+    audio_seconds: Mapped[float | None] = mapped_column(Float)
+    frames: Mapped[int | None] = mapped_column(Integer)
+    chunks_total: Mapped[int | None] = mapped_column(Integer)
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    video_key: Mapped[str | None] = mapped_column(String(512))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class ChunkRow(Base):
+    """One generated chunk; keyed by (session, kind, index) so a retried activity overwrites it."""
+
+    __tablename__ = "chunks"
+
+    session_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(1), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    first_frame: Mapped[int] = mapped_column(Integer)
+    frames: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="done")
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node_id: Mapped[str | None] = mapped_column(String(128))
+    generate_ms: Mapped[float | None] = mapped_column(Float)
+    encode_ms: Mapped[float | None] = mapped_column(Float)
+    segment_key: Mapped[str | None] = mapped_column(String(512))
+    frames_sha256: Mapped[str | None] = mapped_column(String(64))  # hash of the per-frame hashes
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite gets WAL and a busy timeout because the API and nodes share it."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Bring the schema at `url` up to `revision` (creating the SQLite folder if needed)."""
+    from alembic import command
+
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(url), revision)

@@ -1,0 +1,41 @@
+"""structlog setup: JSON lines when not on a TTY (services, CI), readable console output on a TTY.
+Bind session, workflow, chunk and node ids with `structlog.contextvars.bound_contextvars` at every
+boundary so every line carries them. Never used inside workflow code (that uses `workflow.logger`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+import structlog
+
+
+def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "info") -> None:
+    """Configure structlog and the standard library's root logger for this process."""
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # Route third-party stdlib logging (uvicorn, temporalio, alembic) through the same renderer.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

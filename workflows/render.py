@@ -1,0 +1,104 @@
+"""RenderWorkflow: one render session, from stored inputs to a final MP4.
+
+Pure orchestration: no I/O, clocks or randomness here, and no heavy imports (only the standard
+library, temporalio and the stdlib-only contracts and plan modules). Activities are called by name
+so their modules (numpy, PyAV, SQLAlchemy) never enter the workflow sandbox.
+
+    prepare (shared queue) → acquire_node (shared queue, answered by a free node)
+      → init_session → generate_chunk × N → finalize   (all on the node's own queue `node-<id>`)
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from monologue import contracts as c
+    from monologue.plan import plan_chunks
+
+# Bad input is marked non-retryable by the activities themselves; everything else retries with backoff.
+RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+SHARED = {"start_to_close_timeout": timedelta(minutes=5), "retry_policy": RETRY}
+# Pinned activities: a node that dies leaves its queue without a poller, and only
+# schedule_to_start notices that; heartbeats notice a node that dies mid-activity.
+PINNED = {
+    "schedule_to_start_timeout": timedelta(minutes=2),
+    "start_to_close_timeout": timedelta(minutes=15),
+    "heartbeat_timeout": timedelta(seconds=30),
+    "retry_policy": RETRY,
+}
+
+
+@workflow.defn(name="RenderWorkflow")
+class RenderWorkflow:
+    def __init__(self) -> None:
+        self._progress = c.Progress()
+
+    @workflow.query
+    def progress(self) -> c.Progress:
+        return self._progress
+
+    @workflow.run
+    async def run(self, request: c.RenderInput) -> c.RenderResult:
+        session_id = request.session_id
+        try:
+            return await self._render(request)
+        except ActivityError as err:
+            message = _root_message(err)
+            workflow.logger.warning("session failed", extra={"session_id": session_id, "error": message})
+            self._progress.status = "failed"
+            await workflow.execute_activity(
+                c.RECORD_FAILURE, c.RecordFailureInput(session_id=session_id, error=message), **SHARED
+            )
+            raise ApplicationError(f"session {session_id} failed: {message}", non_retryable=True) from err
+
+    async def _render(self, request: c.RenderInput) -> c.RenderResult:
+        session_id = request.session_id
+        prepared = await workflow.execute_activity(
+            c.PREPARE, c.PrepareInput(session_id=session_id, fps=request.fps, chunk_frames=request.chunk_frames),
+            result_type=c.PrepareResult, **SHARED,
+        )
+        plan = plan_chunks(prepared.frames, chunk_frames=request.chunk_frames)
+        self._progress.chunks_total = len(plan)
+
+        node = await workflow.execute_activity(
+            c.ACQUIRE_NODE, c.AcquireNodeInput(session_id=session_id),
+            result_type=c.AcquireNodeResult, **SHARED,
+        )
+        self._progress.node_id = node.node_id
+        self._progress.status = "running"
+        await workflow.execute_activity(
+            c.INIT_SESSION, c.InitSessionInput(session_id=session_id, node_id=node.node_id),
+            result_type=c.InitSessionResult, task_queue=node.task_queue, **PINNED,
+        )
+        for spec in plan:
+            await workflow.execute_activity(
+                c.GENERATE_CHUNK,
+                c.GenerateChunkInput(session_id=session_id, node_id=node.node_id, kind=spec.kind,
+                                     index=spec.index, first_frame=spec.first_frame, n_frames=spec.n_frames,
+                                     fps=request.fps, seed=request.seed),
+                result_type=c.GenerateChunkResult, task_queue=node.task_queue, **PINNED,
+            )
+            self._progress.chunks_done += 1
+
+        final = await workflow.execute_activity(
+            c.FINALIZE,
+            c.FinalizeInput(session_id=session_id, node_id=node.node_id, fps=request.fps,
+                            frames=prepared.frames, chunk_frames=request.chunk_frames),
+            result_type=c.FinalizeResult, task_queue=node.task_queue, **PINNED,
+        )
+        self._progress.status = "completed"
+        return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=prepared.frames,
+                              chunks=len(plan))
+
+
+def _root_message(err: BaseException) -> str:
+    """The innermost cause's message: what actually went wrong, without Temporal's wrapping."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return str(err.message) if isinstance(err, ApplicationError) else str(err)
