@@ -64,7 +64,7 @@ def _segment_frame_count(path: Path) -> int:
 
 
 def _video_packets(segment_paths: Sequence[Path], fps: int) -> Iterator[tuple[Fraction, av.Packet]]:
-    """Every segment's packets in order, timestamps in frames (time_base 1/fps) shifted past earlier segments."""
+    """Every segment's packets in order, in frames (time_base 1/fps), shifted past the earlier segments."""
     frame_base = Fraction(1, fps)
     offset = 0
     for path in segment_paths:
@@ -86,15 +86,20 @@ def _video_packets(segment_paths: Sequence[Path], fps: int) -> Iterator[tuple[Fr
             offset += count
 
 
-def _silence(samples: int) -> av.AudioFrame:
-    return av.AudioFrame.from_ndarray(np.zeros((1, samples), dtype=np.float32), format="fltp", layout="mono")
+def _stamped(samples: np.ndarray, pts: int) -> av.AudioFrame:
+    """A 48 kHz mono frame from (1, n) float32 samples, timed in samples so the encoder keeps them gapless."""
+    contiguous = np.ascontiguousarray(samples, dtype=np.float32)  # (1, n)
+    frame = av.AudioFrame.from_ndarray(contiguous, format="fltp", layout="mono")
+    frame.pts = pts
+    frame.sample_rate = _AUDIO_RATE
+    frame.time_base = Fraction(1, _AUDIO_RATE)
+    return frame
 
 
 def _audio_frames(audio: np.ndarray, rate: int, total: int) -> Iterator[av.AudioFrame]:
-    """`audio` resampled to 48 kHz in 1024-sample frames, trimmed or padded with silence to `total` samples."""
+    """`audio` at 48 kHz in 1024-sample frames, trimmed or padded with silence to exactly `total` samples."""
     resampler = av.AudioResampler(format="fltp", layout="mono", rate=_AUDIO_RATE, frame_size=_AUDIO_FRAME)
     block = _AUDIO_BLOCK_SECONDS * rate
-    emitted = 0
 
     def resampled() -> Iterator[av.AudioFrame]:
         for start in range(0, audio.shape[0], block):
@@ -104,37 +109,28 @@ def _audio_frames(audio: np.ndarray, rate: int, total: int) -> Iterator[av.Audio
             yield from resampler.resample(frame)
         yield from resampler.resample(None)
 
+    emitted = 0
     for frame in resampled():
         keep = min(frame.samples, total - emitted)
         if keep <= 0:
-            break
-        if keep < frame.samples:
-            samples = frame.to_ndarray()[:, :keep]  # (1, keep)
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples), format="fltp", layout="mono")
-        frame.pts = emitted
-        frame.sample_rate = _AUDIO_RATE
-        frame.time_base = Fraction(1, _AUDIO_RATE)
-        emitted += frame.samples
-        yield frame
-    while emitted < total:
-        frame = _silence(min(_AUDIO_FRAME, total - emitted))
-        frame.pts = emitted
-        frame.sample_rate = _AUDIO_RATE
-        frame.time_base = Fraction(1, _AUDIO_RATE)
-        emitted += frame.samples
-        yield frame
+            break  # speech longer than the video: the rest is dropped
+        yield _stamped(frame.to_ndarray()[:, :keep], emitted)  # (1, keep)
+        emitted += keep
+    while emitted < total:  # speech shorter than the video: pad with silence
+        keep = min(_AUDIO_FRAME, total - emitted)
+        yield _stamped(np.zeros((1, keep), dtype=np.float32), emitted)
+        emitted += keep
 
 
-def _audio_packets(stream: av.AudioStream, frames: Iterator[av.AudioFrame]) -> Iterator[tuple[Fraction, av.Packet]]:
-    """Encoded AAC packets with their presentation time in seconds, for interleaving with the video."""
-    for frame in _with_flush(frames):
+def _audio_packets(
+    stream: av.AudioStream, frames: Iterator[av.AudioFrame]
+) -> Iterator[tuple[Fraction, av.Packet]]:
+    """Encoded AAC packets with their decode time in seconds, for interleaving with the video."""
+    for frame in frames:
         for packet in stream.encode(frame):
             yield _packet_time(packet), packet
-
-
-def _with_flush(frames: Iterator[av.AudioFrame]) -> Iterator[av.AudioFrame | None]:
-    yield from frames
-    yield None
+    for packet in stream.encode(None):
+        yield _packet_time(packet), packet
 
 
 def _packet_time(packet: av.Packet) -> Fraction:
@@ -154,6 +150,8 @@ def mux_final(
         raise ValueError("mux_final needs at least one segment")
     if audio.ndim != 1:
         raise ValueError(f"audio must be mono (N,), got shape {audio.shape}")
+    if rate <= 0 or fps <= 0 or n_frames <= 0:
+        raise ValueError(f"bad timing: rate={rate} fps={fps} n_frames={n_frames}")
     counted = sum(_segment_frame_count(segment) for segment in segment_paths)
     if counted != n_frames:
         raise ValueError(f"segments hold {counted} frames but the video needs n_frames={n_frames}")
@@ -163,7 +161,7 @@ def mux_final(
         for segment in segment_paths[1:]:
             with av.open(str(segment)) as other:
                 if other.streams.video[0].codec_context.extradata != extradata:
-                    raise ValueError(f"segment {segment} was encoded with different settings (SPS/PPS differ)")
+                    raise ValueError(f"segment {segment} was encoded with other settings (SPS/PPS differ)")
 
         total_samples = round(n_frames * _AUDIO_RATE / fps)
         with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as output:

@@ -101,6 +101,7 @@ class TalkingPhoto:
         self._mouth_half_width = max(face.mouth_width / 2.0, 1.0)
         self._max_drop = _MAX_DROP * face.height
         self._cheek_span = max(_CHEEK_SPAN * face.height, 1.0)
+        self._feather_pixels = max(1.5, face.height / 70.0)
         self._rows = np.arange(y1 - y0, dtype=np.float32)  # (h,)
         self._columns = np.arange(x1 - x0, dtype=np.float32)  # (w,)
         self._grid_x = np.broadcast_to(self._columns[None, :], (self._rows.size, self._columns.size)).copy()
@@ -156,8 +157,8 @@ class TalkingPhoto:
         dx = (self._columns[x0:x1] - self._mouth_x) / half_width  # (w',)
         dy = (self._rows[y0:y1] - centre_y) / half_height  # (h',)
         radius = np.sqrt(dx[None, :] ** 2 + dy[:, None] ** 2)  # (h', w')
-        # Feathered edge about 1.5 px wide whatever the size, so small mouths stay crisp and large ones soft.
-        feather = min(0.5, 1.5 / half_height)
+        # Feathered edge in pixels that grows with the face, so small mouths stay crisp and large ones soft.
+        feather = min(0.5, self._feather_pixels / half_height)
         alpha = (np.clip((1.0 - radius) / feather, 0.0, 1.0) * 0.95)[..., None]  # (h', w', 1)
         # Darkest just under the upper lip, warmer lower down where the tongue catches light.
         depth = np.clip(0.5 + 0.5 * dy, 0.0, 1.0)[:, None, None] ** 1.5  # (h', 1, 1)

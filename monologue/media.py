@@ -62,7 +62,7 @@ class Speech:
 # --------------------------------------------------------------------------- images
 
 
-def _open_image(data: bytes, what: str, formats: tuple[str, ...]) -> Image.Image:
+def _open_image(data: bytes, what: str, formats: tuple[str, ...], max_side: int) -> Image.Image:
     """Open and fully decode untrusted bytes; any decoder failure is the caller's input problem."""
     if not data:
         raise InputError(f"{what}: the file is empty (0 bytes); {_IMAGE_HINT}")
@@ -70,10 +70,18 @@ def _open_image(data: bytes, what: str, formats: tuple[str, ...]) -> Image.Image
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=formats)
+            w, h = img.size  # from the header: refuse before spending memory on the pixels
+            if max(w, h) > max_side:
+                raise InputError(
+                    f"{what}: the image is {w}x{h}, larger than the {max_side}px limit on its longer side; "
+                    f"resize it to at most {max_side}x{max_side}"
+                )
             img.load()  # lazy by default: force the full decode so truncation shows up here
             return img
+    except InputError:
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InputError(f"{what}: the image has too many pixels ({e}); {_IMAGE_HINT} under 4096x4096") from e
+        raise InputError(f"{what}: the image has too many pixels ({e}); {_IMAGE_HINT} of normal size") from e
     except UnidentifiedImageError as e:
         raise InputError(f"{what}: the file is not an image{_sniff(data)}; {_IMAGE_HINT}") from e
     except Exception as e:  # Pillow's plugins raise OSError, SyntaxError, ValueError, struct.error...
@@ -96,13 +104,8 @@ def _to_rgb(img: Image.Image) -> np.ndarray:
 
 def normalise_portrait(data: bytes, *, max_side: int = 4096) -> Portrait:
     """Decode any common image into an upright RGB PNG with even sides (cropped, never rescaled)."""
-    img = _open_image(data, "portrait", _IMAGE_FORMATS)
+    img = _open_image(data, "portrait", _IMAGE_FORMATS, max_side)
     w, h = img.size
-    if max(w, h) > max_side:
-        raise InputError(
-            f"portrait: the image is {w}x{h}, larger than the {max_side}px limit on its longer side; "
-            f"resize it to at most {max_side}x{max_side}"
-        )
     if min(w, h) < MIN_SIDE:
         msg = f"portrait: the image is {w}x{h}, smaller than {MIN_SIDE}x{MIN_SIDE}; send a larger photo"
         raise InputError(msg)
@@ -119,7 +122,7 @@ def normalise_portrait(data: bytes, *, max_side: int = 4096) -> Portrait:
 
 def decode_png(data: bytes) -> np.ndarray:
     """A normalised portrait PNG -> (H, W, 3) uint8 RGB array."""
-    img = _open_image(data, "png", ("PNG",))
+    img = _open_image(data, "png", ("PNG",), max_side=1 << 16)
     return _to_rgb(img).copy()
 
 

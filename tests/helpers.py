@@ -50,7 +50,8 @@ def decode_video(data: bytes) -> tuple[np.ndarray, float, float]:
         audio = container.streams.audio[0]
         samples = sum(frame.samples for frame in container.decode(audio))
         audio_seconds = samples / audio.rate
-    return frames, len(frames) / float(video.average_rate), audio_seconds
+    video_seconds = float(video.duration * video.time_base) if video.duration else float("nan")
+    return frames, video_seconds, audio_seconds
 
 
 def workflow_count(settings: Settings) -> int:

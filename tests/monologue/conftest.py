@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -95,55 +97,67 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes], cmd: list[str]) -> None:
+    """Poll until S3 answers a signed request (the port opens before the filer behind it is ready)."""
+    probe = server.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            tail = _log_tail(server.log_path)
+            pytest.fail(f"weed mini exited with {proc.returncode}:\n{tail}", pytrace=False)
+        try:
+            probe.list_buckets()
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"SeaweedFS S3 did not answer on {server.endpoint_url} within {START_TIMEOUT_S:.0f}s "
+                    f"({exc}); command: {' '.join(cmd)}\nlog tail:\n{_log_tail(server.log_path)}",
+                    pytrace=False,
+                )
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     weed = _weed_binary()
     root = tmp_path_factory.mktemp("seaweedfs")
-    data = root / "data"
-    data.mkdir()
+    (root / "data").mkdir()
+    (root / "tmp").mkdir()
     access_key, secret_key = "monologue-test", secrets.token_hex(16)
     identity = {
         "name": "monologue-test",
         "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
     }
-    config = root / "s3.json"
-    config.write_text(json.dumps({"identities": [identity]}))
-
+    (root / "s3.json").write_text(json.dumps({"identities": [identity]}))
     taken: set[int] = set()
     ports = {name: _port_pair(taken) for name in ("master", "volume", "filer", "s3", "admin")}
+    server = S3Server(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log_path=root / "weed.log")
+
+    # SeaweedFS writes glog files to $TMPDIR and unix sockets to /tmp (the S3 one survives exit); point
+    # both at folders of ours. Socket paths must stay under 108 bytes, hence a short mkdtemp folder.
+    sockets = Path(tempfile.mkdtemp(prefix="weed-"))
     cmd = [
-        weed, "mini", f"-dir={data}",
+        weed, "mini", f"-dir={root / 'data'}",
         "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=64",  # every bucket gets its own volumes; keep them small
         *(f"-{name}.port={port}" for name, port in ports.items()),
         *(f"-{name}.port.grpc={port + GRPC_OFFSET}" for name, port in ports.items()),
         "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-        f"-s3.config={config}",
+        f"-s3.config={root / 's3.json'}",
+        f"-s3.localSocket={sockets / 's3.sock'}", f"-filer.localSocket={sockets / 'filer.sock'}",
         "-s3.allowDeleteBucketNotEmpty=true",
     ]  # fmt: skip
-    log_path = root / "weed.log"
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log_path=log_path)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    env = {**os.environ, "TMPDIR": str(root / "tmp")}
     try:
-        probe = server.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=2)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"weed mini exited with {proc.returncode}:\n{_log_tail(log_path)}", pytrace=False)
-            try:
-                probe.list_buckets()
-                break
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"SeaweedFS S3 did not answer on {server.endpoint_url} within {START_TIMEOUT_S:.0f}s "
-                        f"({exc}); command: {' '.join(cmd)}\nlog tail:\n{_log_tail(log_path)}",
-                        pytrace=False,
-                    )
-                time.sleep(0.2)
-        yield server
+        with open(server.log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        try:
+            _wait_ready(server, proc, cmd)
+            yield server
+        finally:
+            _stop(proc)
     finally:
-        _stop(proc)
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -16,7 +16,8 @@ import pytest
 
 from monologue import storage
 from monologue.errors import NotFound, TransientError
-from monologue.storage import LocalStore, ObjectStore, S3Store
+from monologue.settings import StorageSettings
+from monologue.storage import LocalStore, ObjectStore, S3Store, open_store
 from tests.monologue.conftest import S3Server
 
 KEY = "sessions/abc123/input/portrait.png"
@@ -251,3 +252,26 @@ def test_s3_5xx_is_transient() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_open_store_builds_each_backend(
+    s3_server: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = open_store(StorageSettings(backend="local", root=tmp_path / "objects"))
+    assert isinstance(local, LocalStore)
+    local.put(KEY, b"l")
+    assert (tmp_path / "objects" / KEY).read_bytes() == b"l"
+
+    # The S3 store makes its own client here, from boto3's usual credential chain (the environment).
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    settings = StorageSettings(
+        backend="s3", bucket=bucket, prefix="env-c", endpoint_url=s3_server.endpoint_url, region="us-east-1"
+    )
+    remote = open_store(settings)
+    assert isinstance(remote, S3Store)
+    remote.put(KEY, b"s")
+    assert remote.get(KEY) == b"s"
+    assert s3_server.client().get_object(Bucket=bucket, Key=f"env-c/{KEY}")["Body"].read() == b"s"
