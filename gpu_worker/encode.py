@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, cast
 
 import av
 import numpy as np
@@ -40,7 +41,9 @@ def encode_video_segment(frames: np.ndarray, *, fps: int, path: Path) -> None:
         raise ValueError(f"frames: yuv420p needs even sizes, got {width}x{height}")
     time_base = Fraction(1, fps)
     with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream(_VIDEO_CODEC, rate=fps, options=dict(_X264_OPTIONS))
+        stream = cast(
+            av.VideoStream, container.add_stream(_VIDEO_CODEC, rate=fps, options=dict(_X264_OPTIONS))
+        )
         stream.width = width
         stream.height = height
         stream.pix_fmt = "yuv420p"
@@ -63,7 +66,7 @@ def _segment_frame_count(path: Path) -> int:
         return sum(1 for packet in container.demux(stream) if packet.size > 0)
 
 
-def _video_packets(segment_paths: Sequence[Path], fps: int) -> Iterator[tuple[Fraction, av.Packet]]:
+def _video_packets(segment_paths: Sequence[Path], fps: int) -> Iterator[tuple[Fraction, av.Packet[Any]]]:
     """Every segment's packets in order, in frames (time_base 1/fps), shifted past the earlier segments."""
     frame_base = Fraction(1, fps)
     offset = 0
@@ -71,10 +74,14 @@ def _video_packets(segment_paths: Sequence[Path], fps: int) -> Iterator[tuple[Fr
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
             source_base = stream.time_base
+            if source_base is None:
+                raise ValueError(f"segment {path} has no video time base")
             count = 0
             for packet in container.demux(stream):
                 if packet.size == 0:
                     continue  # the demuxer's end-of-stream marker
+                if packet.pts is None:
+                    raise ValueError(f"segment {path} has a video packet without a timestamp")
                 # No B-frames, so dts == pts and each packet is one frame.
                 index = offset + round(packet.pts * source_base * fps)
                 packet.pts = index
@@ -124,7 +131,7 @@ def _audio_frames(audio: np.ndarray, rate: int, total: int) -> Iterator[av.Audio
 
 def _audio_packets(
     stream: av.AudioStream, frames: Iterator[av.AudioFrame]
-) -> Iterator[tuple[Fraction, av.Packet]]:
+) -> Iterator[tuple[Fraction, av.Packet[Any]]]:
     """Encoded AAC packets with their decode time in seconds, for interleaving with the video."""
     for frame in frames:
         for packet in stream.encode(frame):
@@ -133,7 +140,7 @@ def _audio_packets(
         yield _packet_time(packet), packet
 
 
-def _packet_time(packet: av.Packet) -> Fraction:
+def _packet_time(packet: av.Packet[Any]) -> Fraction:
     if packet.dts is None or packet.time_base is None:
         return Fraction(0)
     return packet.dts * packet.time_base

@@ -69,9 +69,10 @@ class FaceRegion:
 @cache
 def _cascade(name: str) -> cv2.CascadeClassifier:
     """Loading a cascade parses a large XML file; do it once per process."""
-    classifier = cv2.CascadeClassifier(cv2.data.haarcascades + name)
+    folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]  # missing from OpenCV's stubs
+    classifier = cv2.CascadeClassifier(folder + name)
     if classifier.empty():
-        raise RuntimeError(f"OpenCV cascade {name} is missing from {cv2.data.haarcascades}")
+        raise RuntimeError(f"OpenCV cascade {name} is missing from {folder}")
     return classifier
 
 

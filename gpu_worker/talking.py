@@ -79,8 +79,9 @@ def mouth_openings(audio: np.ndarray, *, rate: int, fps: int, first_frame: int, 
 
 def _smoothstep(values: np.ndarray) -> np.ndarray:
     """0 -> 0 and 1 -> 1 with zero slope at both ends, so warped regions meet still ones without a crease."""
-    values = np.clip(values, 0.0, 1.0)
-    return values * values * (3.0 - 2.0 * values)
+    clipped: np.ndarray = np.clip(values, 0.0, 1.0)
+    eased: np.ndarray = clipped * clipped * (3.0 - 2.0 * clipped)
+    return eased
 
 
 class TalkingPhoto:

@@ -46,11 +46,16 @@ def decode_video(data: bytes) -> tuple[np.ndarray, float, float]:
     with av.open(io.BytesIO(data)) as container:
         video = container.streams.video[0]
         frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video)])
+        video_seconds = float(video.duration * video.time_base)
+        frame_rate = video.average_rate
     with av.open(io.BytesIO(data)) as container:
         audio = container.streams.audio[0]
         samples = sum(frame.samples for frame in container.decode(audio))
         audio_seconds = samples / audio.rate
-    video_seconds = float(video.duration * video.time_base) if video.duration else float("nan")
+    # The declared rate must agree with the timestamps, or players run the video at the wrong speed.
+    if frame_rate is None or abs(len(frames) / float(frame_rate) - video_seconds) > 1.5 / float(frame_rate):
+        raise AssertionError(f"declared frame rate {frame_rate} disagrees with {len(frames)} frames"
+                             f" over {video_seconds:.3f} s")
     return frames, video_seconds, audio_seconds
 
 
