@@ -17,8 +17,11 @@ def activity_context(**ids: object) -> Iterator[structlog.stdlib.BoundLogger]:
     """Bind the workflow's and the caller's ids to every log line, and make bad input non-retryable."""
     info = activity.info()
     with structlog.contextvars.bound_contextvars(
-        workflow_id=info.workflow_id, run_id=info.workflow_run_id, activity=info.activity_type,
-        attempt=info.attempt, **ids,
+        workflow_id=info.workflow_id,
+        run_id=info.workflow_run_id,
+        activity=info.activity_type,
+        attempt=info.attempt,
+        **ids,
     ):
         log = structlog.get_logger("activity")
         try:

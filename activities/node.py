@@ -60,12 +60,18 @@ class NodeActivities:
     @activity.defn(name=c.GENERATE_CHUNK)
     def generate_chunk(self, request: c.GenerateChunkInput) -> c.GenerateChunkResult:
         """Render one chunk's frames, encode them to a segment, and record the chunk."""
-        with activity_context(session_id=request.session_id, node_id=self._node_id,
-                              chunk=f"{request.kind}{request.index}") as log:
+        with activity_context(
+            session_id=request.session_id, node_id=self._node_id, chunk=f"{request.kind}{request.index}"
+        ) as log:
             state = self._load(request.session_id)
             started = time.perf_counter()
-            openings = mouth_openings(state.audio, rate=AUDIO_RATE, fps=request.fps,
-                                      first_frame=request.first_frame, n_frames=request.n_frames)
+            openings = mouth_openings(
+                state.audio,
+                rate=AUDIO_RATE,
+                fps=request.fps,
+                first_frame=request.first_frame,
+                n_frames=request.n_frames,
+            )
             frames = state.model.render(openings)  # (T, H, W, 3) uint8
             generated = time.perf_counter()
             activity.heartbeat("generated")
@@ -76,22 +82,38 @@ class NodeActivities:
                 encode_video_segment(frames, fps=request.fps, path=path)
                 del frames
                 self._store.put_file(segment_key, path, content_type="video/mp4")
-            self._store.put(keys.frame_hashes(request.session_id, request.kind, request.index),
-                            json.dumps(frame_hashes).encode(), content_type="application/json")
+            self._store.put(
+                keys.frame_hashes(request.session_id, request.kind, request.index),
+                json.dumps(frame_hashes).encode(),
+                content_type="application/json",
+            )
             encoded = time.perf_counter()
             generate_ms, encode_ms = (generated - started) * 1000, (encoded - generated) * 1000
             with self._sessions() as db:
                 repo.record_chunk(
-                    db, session_id=request.session_id, kind=request.kind, index=request.index,
-                    first_frame=request.first_frame, frames=request.n_frames, node_id=self._node_id,
-                    attempt=activity.info().attempt, generate_ms=generate_ms, encode_ms=encode_ms,
-                    segment_key=segment_key, frames_sha256=_digest(frame_hashes),
+                    db,
+                    session_id=request.session_id,
+                    kind=request.kind,
+                    index=request.index,
+                    first_frame=request.first_frame,
+                    frames=request.n_frames,
+                    node_id=self._node_id,
+                    attempt=activity.info().attempt,
+                    generate_ms=generate_ms,
+                    encode_ms=encode_ms,
+                    segment_key=segment_key,
+                    frames_sha256=_digest(frame_hashes),
                 )
-            log.info("chunk done", frames=request.n_frames, generate_ms=round(generate_ms, 1),
-                     encode_ms=round(encode_ms, 1))
-            return c.GenerateChunkResult(segment_key=segment_key, frames=request.n_frames,
-                                         frames_sha256=frame_hashes, generate_ms=generate_ms,
-                                         encode_ms=encode_ms)
+            log.info(
+                "chunk done", frames=request.n_frames, generate_ms=round(generate_ms, 1), encode_ms=round(encode_ms, 1)
+            )
+            return c.GenerateChunkResult(
+                segment_key=segment_key,
+                frames=request.n_frames,
+                frames_sha256=frame_hashes,
+                generate_ms=generate_ms,
+                encode_ms=encode_ms,
+            )
 
     @activity.defn(name=c.FINALIZE)
     def finalize(self, request: c.FinalizeInput) -> c.FinalizeResult:
@@ -106,19 +128,24 @@ class NodeActivities:
                     path = Path(scratch) / f"{spec.kind}{spec.index:05d}.mp4"
                     self._store.get_file(keys.segment(request.session_id, spec.kind, spec.index), path)
                     segment_paths.append(path)
-                    hashes = json.loads(self._store.get(keys.frame_hashes(request.session_id, spec.kind,
-                                                                          spec.index)))
-                    manifest.extend(json.dumps({"frame": spec.first_frame + offset, "sha256": digest})
-                                    for offset, digest in enumerate(hashes))
+                    hashes = json.loads(self._store.get(keys.frame_hashes(request.session_id, spec.kind, spec.index)))
+                    manifest.extend(
+                        json.dumps({"frame": spec.first_frame + offset, "sha256": digest})
+                        for offset, digest in enumerate(hashes)
+                    )
                     activity.heartbeat(spec.index)
                 final_path = Path(scratch) / "final.mp4"
-                mux_final(segment_paths, audio, rate=AUDIO_RATE, fps=request.fps, n_frames=request.frames,
-                          path=final_path)
+                mux_final(
+                    segment_paths, audio, rate=AUDIO_RATE, fps=request.fps, n_frames=request.frames, path=final_path
+                )
                 video_key = keys.final_video(request.session_id)
                 size = final_path.stat().st_size
                 self._store.put_file(video_key, final_path, content_type="video/mp4")
-            self._store.put(keys.frames_manifest(request.session_id), ("\n".join(manifest) + "\n").encode(),
-                            content_type="application/x-ndjson")
+            self._store.put(
+                keys.frames_manifest(request.session_id),
+                ("\n".join(manifest) + "\n").encode(),
+                content_type="application/x-ndjson",
+            )
             with self._sessions() as db:
                 repo.mark_completed(db, session_id=request.session_id, video_key=video_key)
             self._cache.pop(request.session_id, None)
@@ -136,8 +163,7 @@ class NodeActivities:
             face = FaceRegion.from_dict(json.loads(self._store.get(keys.face(session_id))))
         except NotFound:
             face = detect_face(portrait)
-            self._store.put(keys.face(session_id), json.dumps(face.to_dict()).encode(),
-                            content_type="application/json")
+            self._store.put(keys.face(session_id), json.dumps(face.to_dict()).encode(), content_type="application/json")
         state = SessionState(audio=audio, face=face, model=TalkingPhoto(portrait, face))
         self._cache[session_id] = state
         while len(self._cache) > CACHED_SESSIONS:

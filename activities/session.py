@@ -36,8 +36,9 @@ class SessionActivities:
             with self._sessions() as db:
                 repo.mark_running(db, session_id=request.session_id, frames=frames, chunks_total=chunks)
             log.info("prepared", frames=frames, chunks=chunks, audio_samples=len(audio))
-            return c.PrepareResult(frames=frames, audio_samples=len(audio), width=portrait.shape[1],
-                                   height=portrait.shape[0])
+            return c.PrepareResult(
+                frames=frames, audio_samples=len(audio), width=portrait.shape[1], height=portrait.shape[0]
+            )
 
     @activity.defn(name=c.ACQUIRE_NODE)
     def acquire_node(self, request: c.AcquireNodeInput) -> c.AcquireNodeResult:

@@ -28,14 +28,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.db_url)
         temporal = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
-        app.state.services = Services(settings=settings, store=open_store(settings.storage),
-                                      sessions=make_sessionmaker(engine), temporal=temporal)
+        app.state.services = Services(
+            settings=settings, store=open_store(settings.storage), sessions=make_sessionmaker(engine), temporal=temporal
+        )
         log.info("api ready", temporal=settings.temporal.address)
         yield
         engine.dispose()
 
-    app = FastAPI(title="Monologue", version=__version__, lifespan=lifespan,
-                  description="Turn a portrait and speech into a talking-avatar video.")
+    app = FastAPI(
+        title="Monologue",
+        version=__version__,
+        lifespan=lifespan,
+        description="Turn a portrait and speech into a talking-avatar video.",
+    )
     app.include_router(renders.router)
 
     @app.middleware("http")

@@ -40,8 +40,9 @@ def validate_inputs(*, portrait: bytes, audio: bytes, settings: Settings) -> Val
     return ValidInputs(portrait=image, speech=speech)
 
 
-async def start_render(services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate,
-                       tenant: str = "local") -> str:
+async def start_render(
+    services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate, tenant: str = "local"
+) -> str:
     """Store the inputs, write the session row and start the workflow; undo all of it on failure."""
     session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
@@ -49,9 +50,16 @@ async def start_render(services: Services, *, inputs: ValidInputs, options: Rend
         try:
             _store_inputs(services.store, session_id, inputs)
             with services.sessions() as db:
-                repo.create_session(db, session_id=session_id, tenant=tenant, options=options.model_dump(),
-                                    workflow_id=workflow_id, audio_seconds=inputs.speech.seconds,
-                                    width=inputs.portrait.width, height=inputs.portrait.height)
+                repo.create_session(
+                    db,
+                    session_id=session_id,
+                    tenant=tenant,
+                    options=options.model_dump(),
+                    workflow_id=workflow_id,
+                    audio_seconds=inputs.speech.seconds,
+                    width=inputs.portrait.width,
+                    height=inputs.portrait.height,
+                )
             await _start_workflow(services.temporal, services.settings, session_id, options)
         except BaseException:
             log.exception("submit failed; removing what was written")
@@ -59,8 +67,12 @@ async def start_render(services: Services, *, inputs: ValidInputs, options: Rend
             with services.sessions() as db:
                 repo.delete_session(db, session_id=session_id)
             raise
-        log.info("render started", seconds=round(inputs.speech.seconds, 3),
-                 width=inputs.portrait.width, height=inputs.portrait.height)
+        log.info(
+            "render started",
+            seconds=round(inputs.speech.seconds, 3),
+            width=inputs.portrait.width,
+            height=inputs.portrait.height,
+        )
     return session_id
 
 
@@ -69,12 +81,10 @@ def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> N
     store.put(keys.audio(session_id), inputs.speech.wav, content_type="audio/wav")
 
 
-async def _start_workflow(client: Client, settings: Settings, session_id: str,
-                          options: RenderOptionsCreate) -> None:
+async def _start_workflow(client: Client, settings: Settings, session_id: str, options: RenderOptionsCreate) -> None:
     await client.start_workflow(
         "RenderWorkflow",
-        c.RenderInput(session_id=session_id, fps=options.fps, chunk_frames=options.chunk_frames,
-                      seed=options.seed),
+        c.RenderInput(session_id=session_id, fps=options.fps, chunk_frames=options.chunk_frames, seed=options.seed),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

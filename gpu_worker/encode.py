@@ -41,9 +41,7 @@ def encode_video_segment(frames: np.ndarray, *, fps: int, path: Path) -> None:
         raise ValueError(f"frames: yuv420p needs even sizes, got {width}x{height}")
     time_base = Fraction(1, fps)
     with av.open(str(path), mode="w", format="mp4") as container:
-        stream = cast(
-            av.VideoStream, container.add_stream(_VIDEO_CODEC, rate=fps, options=dict(_X264_OPTIONS))
-        )
+        stream = cast(av.VideoStream, container.add_stream(_VIDEO_CODEC, rate=fps, options=dict(_X264_OPTIONS)))
         stream.width = width
         stream.height = height
         stream.pix_fmt = "yuv420p"

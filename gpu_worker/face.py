@@ -87,9 +87,7 @@ def _largest(boxes: np.ndarray) -> tuple[int, int, int, int] | None:
     return x, y, w, h
 
 
-def _find_mouth(
-    grey: np.ndarray, face: tuple[int, int, int, int], guess: tuple[float, float]
-) -> tuple[float, float]:
+def _find_mouth(grey: np.ndarray, face: tuple[int, int, int, int], guess: tuple[float, float]) -> tuple[float, float]:
     """Refine the geometric mouth centre with the smile cascade, but only when it agrees with geometry.
 
     The smile cascade fires on many textures, so a hit far from where a mouth should be is ignored.

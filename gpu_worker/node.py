@@ -46,19 +46,25 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
 
     with ThreadPoolExecutor(max_workers=capacity + 4, thread_name_prefix="activity") as executor:
         shared_worker = Worker(
-            client, task_queue=settings.temporal.task_queue, workflows=[RenderWorkflow],
+            client,
+            task_queue=settings.temporal.task_queue,
+            workflows=[RenderWorkflow],
             activities=[shared.prepare, shared.acquire_node, shared.record_failure],
-            activity_executor=executor, max_concurrent_activities=4, graceful_shutdown_timeout=grace,
+            activity_executor=executor,
+            max_concurrent_activities=4,
+            graceful_shutdown_timeout=grace,
         )
         node_worker = Worker(
-            client, task_queue=c.node_task_queue(node_id),
+            client,
+            task_queue=c.node_task_queue(node_id),
             activities=[pinned.init_session, pinned.generate_chunk, pinned.finalize],
             # One chunk at a time per session slot: chunks of one session are sequential anyway.
-            activity_executor=executor, max_concurrent_activities=capacity, graceful_shutdown_timeout=grace,
+            activity_executor=executor,
+            max_concurrent_activities=capacity,
+            graceful_shutdown_timeout=grace,
         )
         async with shared_worker, node_worker:
-            log.info("node ready", node_id=node_id, queues=[settings.temporal.task_queue,
-                                                             c.node_task_queue(node_id)])
+            log.info("node ready", node_id=node_id, queues=[settings.temporal.task_queue, c.node_task_queue(node_id)])
             await stop.wait()
             log.info("node stopping", node_id=node_id)
     engine.dispose()

@@ -49,8 +49,14 @@ def api() -> None:
     import uvicorn
 
     settings = _configured()
-    uvicorn.run("api.app:app_factory", factory=True, host=settings.api.host, port=settings.api.port,
-                log_config=None, access_log=False)
+    uvicorn.run(
+        "api.app:app_factory",
+        factory=True,
+        host=settings.api.host,
+        port=settings.api.port,
+        log_config=None,
+        access_log=False,
+    )
 
 
 @main.command()
@@ -74,14 +80,27 @@ def migrate() -> None:
 @main.command()
 @click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("out.mp4"),
-              show_default=True, help="Where to write the MP4.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("out.mp4"),
+    show_default=True,
+    help="Where to write the MP4.",
+)
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
 @click.option("--fps", type=int, default=None, help="Frames per second (default 25).")
 @click.option("--seed", type=int, default=None, help="Seed; the same seed gives the same frames.")
 @click.option("--chunk-frames", type=int, default=None, help="Frames per chunk (default 40).")
-def render(portrait: Path, audio: Path, output: Path, api_url: str | None, fps: int | None,
-           seed: int | None, chunk_frames: int | None) -> None:
+def render(
+    portrait: Path,
+    audio: Path,
+    output: Path,
+    api_url: str | None,
+    fps: int | None,
+    seed: int | None,
+    chunk_frames: int | None,
+) -> None:
     """Render PORTRAIT speaking AUDIO through the API and download the MP4."""
     settings = get_settings()
     options = {k: v for k, v in {"fps": fps, "seed": seed, "chunk_frames": chunk_frames}.items() if v is not None}
@@ -89,10 +108,18 @@ def render(portrait: Path, audio: Path, output: Path, api_url: str | None, fps: 
 
 
 @main.command(epilog=SETTINGS_HELP)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Where to write the MP4 (default: <home>/demo.mp4).")
-@click.option("--keep-running/--exit", default=None,
-              help="Keep the stack up after the render (default: only when run in a terminal).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the MP4 (default: <home>/demo.mp4).",
+)
+@click.option(
+    "--keep-running/--exit",
+    default=None,
+    help="Keep the stack up after the render (default: only when run in a terminal).",
+)
 def demo(output: Path | None, keep_running: bool | None) -> None:
     """Start the embedded stack and render the bundled sample (a real portrait, real speech)."""
     from monologue.stack import Stack, http_ok
@@ -146,8 +173,10 @@ def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: di
         size = download(api_url, session_id, output)
     except RenderFailed as err:
         raise click.ClickException(str(err)) from err
-    click.echo(f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
-               f" first frame after {render['ttff_ms']:.0f} ms)")
+    click.echo(
+        f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
+        f" first frame after {render['ttff_ms']:.0f} ms)"
+    )
 
 
 def _print_urls(settings: Settings) -> None:

@@ -14,14 +14,16 @@ class RenderFailed(RuntimeError):
     pass
 
 
-def submit(api_url: str, portrait: Path, audio: Path, *, options: dict[str, int] | None = None,
-           timeout_s: float = 120.0) -> dict[str, Any]:
+def submit(
+    api_url: str, portrait: Path, audio: Path, *, options: dict[str, int] | None = None, timeout_s: float = 120.0
+) -> dict[str, Any]:
     """POST the files; returns the created render (raises RenderFailed with the API's message on 4xx)."""
     with portrait.open("rb") as image, audio.open("rb") as speech:
         response = httpx.post(
             f"{api_url}/v1/renders",
             files={"portrait": (portrait.name, image), "audio": (audio.name, speech)},
-            data={k: str(v) for k, v in (options or {}).items()}, timeout=timeout_s,
+            data={k: str(v) for k, v in (options or {}).items()},
+            timeout=timeout_s,
         )
     if response.status_code != 201:
         raise RenderFailed(f"the API refused the render ({response.status_code}): {_detail(response)}")
@@ -29,8 +31,14 @@ def submit(api_url: str, portrait: Path, audio: Path, *, options: dict[str, int]
     return result
 
 
-def wait(api_url: str, session_id: str, *, on_progress: Callable[[dict[str, Any]], None] | None = None,
-         poll_s: float = 0.5, timeout_s: float = 3600.0) -> dict[str, Any]:
+def wait(
+    api_url: str,
+    session_id: str,
+    *,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    poll_s: float = 0.5,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
     """Poll until the render completes; raises RenderFailed if it fails."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

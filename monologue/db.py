@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event
 from sqlalchemy.engine import Engine
@@ -19,7 +19,7 @@ def utcnow() -> datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
 
 
 class SessionRow(Base):
@@ -52,9 +52,7 @@ class ChunkRow(Base):
 
     __tablename__ = "chunks"
 
-    session_id: Mapped[str] = mapped_column(
-        String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True
-    )
+    session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(1), primary_key=True)
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     first_frame: Mapped[int] = mapped_column(Integer)

@@ -11,11 +11,29 @@ from sqlalchemy.orm import Session
 from monologue.db import ChunkRow, SessionRow, utcnow
 
 
-def create_session(db: Session, *, session_id: str, tenant: str, options: dict[str, Any],
-                   workflow_id: str, audio_seconds: float, width: int, height: int) -> SessionRow:
-    row = SessionRow(id=session_id, tenant=tenant, kind="render", status="queued", options=options,
-                     workflow_id=workflow_id, audio_seconds=audio_seconds, width=width, height=height,
-                     created_at=utcnow())
+def create_session(
+    db: Session,
+    *,
+    session_id: str,
+    tenant: str,
+    options: dict[str, Any],
+    workflow_id: str,
+    audio_seconds: float,
+    width: int,
+    height: int,
+) -> SessionRow:
+    row = SessionRow(
+        id=session_id,
+        tenant=tenant,
+        kind="render",
+        status="queued",
+        options=options,
+        workflow_id=workflow_id,
+        audio_seconds=audio_seconds,
+        width=width,
+        height=height,
+        created_at=utcnow(),
+    )
     db.add(row)
     db.commit()
     return row
@@ -54,14 +72,39 @@ def set_node(db: Session, *, session_id: str, node_id: str) -> None:
     db.commit()
 
 
-def record_chunk(db: Session, *, session_id: str, kind: str, index: int, first_frame: int, frames: int,
-                 node_id: str, attempt: int, generate_ms: float, encode_ms: float, segment_key: str,
-                 frames_sha256: str) -> None:
+def record_chunk(
+    db: Session,
+    *,
+    session_id: str,
+    kind: str,
+    index: int,
+    first_frame: int,
+    frames: int,
+    node_id: str,
+    attempt: int,
+    generate_ms: float,
+    encode_ms: float,
+    segment_key: str,
+    frames_sha256: str,
+) -> None:
     """Upsert the chunk row; the first chunk done also sets the session's time to first frame."""
-    db.merge(ChunkRow(session_id=session_id, kind=kind, index=index, first_frame=first_frame, frames=frames,
-                      status="done", attempt=attempt, node_id=node_id, generate_ms=generate_ms,
-                      encode_ms=encode_ms, segment_key=segment_key, frames_sha256=frames_sha256,
-                      updated_at=utcnow()))
+    db.merge(
+        ChunkRow(
+            session_id=session_id,
+            kind=kind,
+            index=index,
+            first_frame=first_frame,
+            frames=frames,
+            status="done",
+            attempt=attempt,
+            node_id=node_id,
+            generate_ms=generate_ms,
+            encode_ms=encode_ms,
+            segment_key=segment_key,
+            frames_sha256=frames_sha256,
+            updated_at=utcnow(),
+        )
+    )
     row = _require(db, session_id)
     if row.ttff_ms is None:
         row.ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
@@ -69,8 +112,9 @@ def record_chunk(db: Session, *, session_id: str, kind: str, index: int, first_f
 
 
 def chunks_done(db: Session, *, session_id: str) -> int:
-    query = select(func.count()).select_from(ChunkRow).where(
-        ChunkRow.session_id == session_id, ChunkRow.status == "done")
+    query = (
+        select(func.count()).select_from(ChunkRow).where(ChunkRow.session_id == session_id, ChunkRow.status == "done")
+    )
     return int(db.scalar(query) or 0)
 
 

@@ -70,7 +70,8 @@ class Settings(BaseSettings):
 
     home: Path = Field(default=Path("var"), description="local state: Temporal's DB, SQLite, objects, logs")
     database_url: str | None = Field(
-        default=None, description="default sqlite:///<home>/monologue.db; or postgresql+psycopg://user@host/db")
+        default=None, description="default sqlite:///<home>/monologue.db; or postgresql+psycopg://user@host/db"
+    )
     log_format: Literal["auto", "json", "console"] = "auto"  # auto: console on a TTY, JSON elsewhere
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     storage: StorageSettings = StorageSettings()

@@ -6,6 +6,7 @@ users start. Every child dies with its parent (PR_SET_PDEATHSIG) and is stopped 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import shutil
@@ -42,10 +43,8 @@ def temporal_binary() -> str:
 
 def _die_with_parent() -> None:
     # Linux: the kernel sends SIGTERM to the child when the parent dies, even by SIGKILL.
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -76,8 +75,7 @@ class Stack:
 
     def start_node(self, node_id: str | None = None) -> Child:
         env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
-        return self._spawn(f"node-{node_id or self.settings.node.id}",
-                           [sys.executable, "-m", "monologue", "node"], env)
+        return self._spawn(f"node-{node_id or self.settings.node.id}", [sys.executable, "-m", "monologue", "node"], env)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM every child (newest first), then SIGKILL whatever is still alive."""
@@ -103,20 +101,41 @@ class Stack:
     def _start_temporal(self, timeout_s: float) -> None:
         host, port = self.settings.temporal.address.rsplit(":", 1)
         self.settings.home.mkdir(parents=True, exist_ok=True)
-        self._spawn("temporal", [
-            temporal_binary(), "server", "start-dev", "--ip", host, "--port", port,
-            "--ui-port", str(self.settings.temporal.ui_port), "--ui-disable-news-fetch",
-            "--db-filename", str(self.settings.home / "temporal.db"), "--log-level", "warn",
-            "--namespace", self.settings.temporal.namespace,
-        ])
+        self._spawn(
+            "temporal",
+            [
+                temporal_binary(),
+                "server",
+                "start-dev",
+                "--ip",
+                host,
+                "--port",
+                port,
+                "--ui-port",
+                str(self.settings.temporal.ui_port),
+                "--ui-disable-news-fetch",
+                "--db-filename",
+                str(self.settings.home / "temporal.db"),
+                "--log-level",
+                "warn",
+                "--namespace",
+                self.settings.temporal.namespace,
+            ],
+        )
         self._wait(lambda: _port_open(host, int(port)), "temporal", timeout_s)
 
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
         env = {**os.environ, **to_env(self.settings), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
         child = Child(name, process, log_path)
         self.children.append(child)
         return child
@@ -156,11 +175,13 @@ def _has_poller(settings: Settings) -> bool:
 
     async def check() -> bool:
         client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
-        response = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-            namespace=settings.temporal.namespace,
-            task_queue=TaskQueue(name=c.node_task_queue(settings.node.id)),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-        ))
+        response = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=settings.temporal.namespace,
+                task_queue=TaskQueue(name=c.node_task_queue(settings.node.id)),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
+        )
         return len(response.pollers) > 0
 
     try:

@@ -17,8 +17,7 @@ from monologue.settings import Settings
 
 def submit(api_url: str, portrait: bytes, audio: bytes, **options: Any) -> httpx.Response:
     files = {"portrait": ("portrait.jpg", portrait), "audio": ("speech.wav", audio)}
-    return httpx.post(f"{api_url}/v1/renders", files=files, data={k: str(v) for k, v in options.items()},
-                      timeout=60)
+    return httpx.post(f"{api_url}/v1/renders", files=files, data={k: str(v) for k, v in options.items()}, timeout=60)
 
 
 def wait_done(api_url: str, session_id: str, timeout_s: float = 240) -> dict[str, Any]:
@@ -54,8 +53,9 @@ def decode_video(data: bytes) -> tuple[np.ndarray, float, float]:
         audio_seconds = samples / audio.rate
     # The declared rate must agree with the timestamps, or players run the video at the wrong speed.
     if frame_rate is None or abs(len(frames) / float(frame_rate) - video_seconds) > 1.5 / float(frame_rate):
-        raise AssertionError(f"declared frame rate {frame_rate} disagrees with {len(frames)} frames"
-                             f" over {video_seconds:.3f} s")
+        raise AssertionError(
+            f"declared frame rate {frame_rate} disagrees with {len(frames)} frames over {video_seconds:.3f} s"
+        )
     return frames, video_seconds, audio_seconds
 
 

@@ -40,9 +40,14 @@ def rendered(api_url: str, sample_portrait: bytes, sample_speech: bytes) -> Rend
     video = httpx.get(render["links"]["video"], timeout=60)
     assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
     frames, video_seconds, audio_seconds = decode_video(video.content)
-    return Rendered(render, frames, video_seconds, audio_seconds,
-                    decode_wav(normalise_audio(sample_speech).wav),
-                    decode_png(normalise_portrait(sample_portrait).png))
+    return Rendered(
+        render,
+        frames,
+        video_seconds,
+        audio_seconds,
+        decode_wav(normalise_audio(sample_speech).wav),
+        decode_png(normalise_portrait(sample_portrait).png),
+    )
 
 
 def test_sample_becomes_an_mp4_whose_audio_and_video_match_the_speech(rendered: Rendered) -> None:
@@ -74,7 +79,7 @@ def test_pixels_away_from_the_face_stay_the_portrait(rendered: Rendered) -> None
     face = detect_face(rendered.portrait)
     x0, y0, x1, y1 = face.animated_box(rendered.portrait.shape[1], rendered.portrait.shape[0])
     outside = np.ones(rendered.portrait.shape[:2], dtype=bool)
-    outside[max(0, y0 - 16):y1 + 16, max(0, x0 - 16):x1 + 16] = False  # codec blocks bleed a little
+    outside[max(0, y0 - 16) : y1 + 16, max(0, x0 - 16) : x1 + 16] = False  # codec blocks bleed a little
     difference = np.abs(rendered.frames.astype(np.int16) - rendered.portrait.astype(np.int16))
     assert difference[:, outside].mean() < 3.0  # H.264 at crf 20 on a detailed photo; a leak would be far more
     # and it is the same in every frame: the background does not shimmer
@@ -94,8 +99,9 @@ def test_progress_timings_and_manifest_are_recorded(rendered: Rendered, stack: S
     assert [json.loads(line)["frame"] for line in lines] == list(range(frames))
 
 
-def test_same_inputs_and_seed_give_identical_frames(api_url: str, stack: Stack, rendered: Rendered,
-                                                   sample_portrait: bytes, sample_speech: bytes) -> None:
+def test_same_inputs_and_seed_give_identical_frames(
+    api_url: str, stack: Stack, rendered: Rendered, sample_portrait: bytes, sample_speech: bytes
+) -> None:
     again = wait_done(api_url, submit(api_url, sample_portrait, sample_speech, chunk_frames=30).json()["id"])
     assert again["status"] == "completed"
     root = stack.settings.storage.root

@@ -11,6 +11,7 @@ so their modules (numpy, PyAV, SQLAlchemy) never enter the workflow sandbox.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -20,18 +21,39 @@ with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
     from monologue.plan import plan_chunks
 
+Result = TypeVar("Result")
+
 # Bad input is marked non-retryable by the activities themselves; everything else retries with backoff.
-RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=30), maximum_attempts=5)
-SHARED = {"start_to_close_timeout": timedelta(minutes=5), "retry_policy": RETRY}
-# Pinned activities: a node that dies leaves its queue without a poller, and only
-# schedule_to_start notices that; heartbeats notice a node that dies mid-activity.
-PINNED = {
-    "schedule_to_start_timeout": timedelta(minutes=2),
-    "start_to_close_timeout": timedelta(minutes=15),
-    "heartbeat_timeout": timedelta(seconds=30),
-    "retry_policy": RETRY,
-}
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+)
+
+
+async def _shared(name: str, arg: Any, result_type: type[Result]) -> Result:
+    """An activity on the shared queue (any node may run it)."""
+    result: Result = await workflow.execute_activity(
+        name, arg, result_type=result_type, start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY
+    )
+    return result
+
+
+async def _pinned(name: str, arg: Any, result_type: type[Result], *, task_queue: str) -> Result:
+    """An activity on one node's own queue. A dead node leaves its queue without a poller, which only
+    schedule_to_start notices; the heartbeat timeout notices a node that dies mid-activity."""
+    result: Result = await workflow.execute_activity(
+        name,
+        arg,
+        result_type=result_type,
+        task_queue=task_queue,
+        schedule_to_start_timeout=timedelta(minutes=2),
+        start_to_close_timeout=timedelta(minutes=15),
+        heartbeat_timeout=timedelta(seconds=30),
+        retry_policy=RETRY,
+    )
+    return result
 
 
 @workflow.defn(name="RenderWorkflow")
@@ -52,49 +74,59 @@ class RenderWorkflow:
             message = _root_message(err)
             workflow.logger.warning("session failed", extra={"session_id": session_id, "error": message})
             self._progress.status = "failed"
-            await workflow.execute_activity(
-                c.RECORD_FAILURE, c.RecordFailureInput(session_id=session_id, error=message), **SHARED
-            )
+            await _shared(c.RECORD_FAILURE, c.RecordFailureInput(session_id=session_id, error=message), type(None))
             raise ApplicationError(f"session {session_id} failed: {message}", non_retryable=True) from err
 
     async def _render(self, request: c.RenderInput) -> c.RenderResult:
         session_id = request.session_id
-        prepared = await workflow.execute_activity(
-            c.PREPARE, c.PrepareInput(session_id=session_id, fps=request.fps, chunk_frames=request.chunk_frames),
-            result_type=c.PrepareResult, **SHARED,
+        prepared = await _shared(
+            c.PREPARE,
+            c.PrepareInput(session_id=session_id, fps=request.fps, chunk_frames=request.chunk_frames),
+            c.PrepareResult,
         )
         plan = plan_chunks(prepared.frames, chunk_frames=request.chunk_frames)
         self._progress.chunks_total = len(plan)
 
-        node = await workflow.execute_activity(
-            c.ACQUIRE_NODE, c.AcquireNodeInput(session_id=session_id),
-            result_type=c.AcquireNodeResult, **SHARED,
-        )
+        node = await _shared(c.ACQUIRE_NODE, c.AcquireNodeInput(session_id=session_id), c.AcquireNodeResult)
         self._progress.node_id = node.node_id
         self._progress.status = "running"
-        await workflow.execute_activity(
-            c.INIT_SESSION, c.InitSessionInput(session_id=session_id, node_id=node.node_id),
-            result_type=c.InitSessionResult, task_queue=node.task_queue, **PINNED,
+        queue = node.task_queue
+        await _pinned(
+            c.INIT_SESSION,
+            c.InitSessionInput(session_id=session_id, node_id=node.node_id),
+            c.InitSessionResult,
+            task_queue=queue,
         )
         for spec in plan:
-            await workflow.execute_activity(
-                c.GENERATE_CHUNK,
-                c.GenerateChunkInput(session_id=session_id, node_id=node.node_id, kind=spec.kind,
-                                     index=spec.index, first_frame=spec.first_frame, n_frames=spec.n_frames,
-                                     fps=request.fps, seed=request.seed),
-                result_type=c.GenerateChunkResult, task_queue=node.task_queue, **PINNED,
+            chunk = c.GenerateChunkInput(
+                session_id=session_id,
+                node_id=node.node_id,
+                kind=spec.kind,
+                index=spec.index,
+                first_frame=spec.first_frame,
+                n_frames=spec.n_frames,
+                fps=request.fps,
+                seed=request.seed,
             )
+            await _pinned(c.GENERATE_CHUNK, chunk, c.GenerateChunkResult, task_queue=queue)
             self._progress.chunks_done += 1
 
-        final = await workflow.execute_activity(
+        final = await _pinned(
             c.FINALIZE,
-            c.FinalizeInput(session_id=session_id, node_id=node.node_id, fps=request.fps,
-                            frames=prepared.frames, chunk_frames=request.chunk_frames),
-            result_type=c.FinalizeResult, task_queue=node.task_queue, **PINNED,
+            c.FinalizeInput(
+                session_id=session_id,
+                node_id=node.node_id,
+                fps=request.fps,
+                frames=prepared.frames,
+                chunk_frames=request.chunk_frames,
+            ),
+            c.FinalizeResult,
+            task_queue=queue,
         )
         self._progress.status = "completed"
-        return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=prepared.frames,
-                              chunks=len(plan))
+        return c.RenderResult(
+            session_id=session_id, video_key=final.video_key, frames=prepared.frames, chunks=len(plan)
+        )
 
 
 def _root_message(err: BaseException) -> str:

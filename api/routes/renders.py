@@ -37,17 +37,20 @@ async def create_render(
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs."""
     defaults = services.settings.render
     try:
-        options = RenderOptionsCreate(fps=defaults.fps if fps is None else fps,
-                                      chunk_frames=defaults.chunk_frames if chunk_frames is None else chunk_frames,
-                                      seed=defaults.seed if seed is None else seed)
+        options = RenderOptionsCreate(
+            fps=defaults.fps if fps is None else fps,
+            chunk_frames=defaults.chunk_frames if chunk_frames is None else chunk_frames,
+            seed=defaults.seed if seed is None else seed,
+        )
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
     limit = services.settings.limits.max_upload_bytes
     portrait_bytes = await _read_limited(portrait, "portrait", limit)
     audio_bytes = await _read_limited(audio, "audio", limit)
     try:
-        inputs = await run_in_threadpool(validate_inputs, portrait=portrait_bytes, audio=audio_bytes,
-                                         settings=services.settings)
+        inputs = await run_in_threadpool(
+            validate_inputs, portrait=portrait_bytes, audio=audio_bytes, settings=services.settings
+        )
     except InputError as err:
         raise HTTPException(422, str(err)) from err
     session_id = await start_render(services, inputs=inputs, options=options)
@@ -58,10 +61,14 @@ async def create_render(
 
 
 @router.get("", response_model=RenderList)
-def list_renders(request: Request, services: ServicesDep, db: DbDep,
-                 limit: Annotated[int, Query(ge=1, le=200)] = 50,
-                 offset: Annotated[int, Query(ge=0)] = 0,
-                 status_: Annotated[str | None, Query(alias="status")] = None) -> RenderList:
+def list_renders(
+    request: Request,
+    services: ServicesDep,
+    db: DbDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    status_: Annotated[str | None, Query(alias="status")] = None,
+) -> RenderList:
     rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_)
     return RenderList(items=[_public(request, services, db, row) for row in rows], limit=limit, offset=offset)
 
@@ -71,15 +78,21 @@ def get_render(session_id: str, request: Request, services: ServicesDep, db: DbD
     return _public(request, services, db, _find(db, session_id))
 
 
-@router.get("/{session_id}/video.mp4", response_class=Response,
-            responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}})
+@router.get(
+    "/{session_id}/video.mp4",
+    response_class=Response,
+    responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}},
+)
 def get_video(session_id: str, services: ServicesDep, db: DbDep) -> Response:
     """The finished MP4 (H.264 + AAC). 409 while the render is still going."""
     row = _find(db, session_id)
     if row.status != "completed" or row.video_key is None:
         done = repo.chunks_done(db, session_id=session_id)
-        raise HTTPException(409, f"render {session_id} is {row.status} ({done}/{row.chunks_total or '?'} chunks);"
-                                 " the video is available once status is 'completed'")
+        raise HTTPException(
+            409,
+            f"render {session_id} is {row.status} ({done}/{row.chunks_total or '?'} chunks);"
+            " the video is available once status is 'completed'",
+        )
     store = services.store
     headers = {"Content-Disposition": f'inline; filename="{session_id}.mp4"'}
     if isinstance(store, LocalStore):
@@ -100,22 +113,37 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
     ui = services.settings.temporal.ui_url
     namespace = services.settings.temporal.namespace
     return RenderPublic(
-        id=row.id, status=row.status, created_at=row.created_at, started_at=row.started_at,
-        finished_at=row.finished_at, options=RenderOptionsBase.model_validate(row.options),
-        width=row.width, height=row.height, audio_seconds=row.audio_seconds, node_id=row.node_id,
-        ttff_ms=row.ttff_ms, error=row.error,
-        progress=Progress(chunks_done=repo.chunks_done(db, session_id=row.id), chunks_total=row.chunks_total,
-                          frames_total=row.frames),
-        links=RenderLinks(self=f"{base}/v1/renders/{row.id}", video=f"{base}/v1/renders/{row.id}/video.mp4",
-                          workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}"),
+        id=row.id,
+        status=row.status,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        options=RenderOptionsBase.model_validate(row.options),
+        width=row.width,
+        height=row.height,
+        audio_seconds=row.audio_seconds,
+        node_id=row.node_id,
+        ttff_ms=row.ttff_ms,
+        error=row.error,
+        progress=Progress(
+            chunks_done=repo.chunks_done(db, session_id=row.id), chunks_total=row.chunks_total, frames_total=row.frames
+        ),
+        links=RenderLinks(
+            self=f"{base}/v1/renders/{row.id}",
+            video=f"{base}/v1/renders/{row.id}/video.mp4",
+            workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",
+        ),
     )
 
 
 async def _read_limited(upload: UploadFile, field: str, limit: int) -> bytes:
     data = await upload.read(limit + 1)
     if len(data) > limit:
-        raise HTTPException(413, f"{field}: the upload is larger than the limit of {limit} bytes"
-                                 " (setting MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES)")
+        raise HTTPException(
+            413,
+            f"{field}: the upload is larger than the limit of {limit} bytes"
+            " (setting MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES)",
+        )
     if not data:
         raise HTTPException(422, f"{field}: the uploaded file is empty")
     return data

@@ -42,8 +42,7 @@ def upgrade() -> None:
     op.create_index("ix_sessions_status", "sessions", ["status"])
     op.create_table(
         "chunks",
-        sa.Column("session_id", sa.String(64), sa.ForeignKey("sessions.id", ondelete="CASCADE"),
-                  primary_key=True),
+        sa.Column("session_id", sa.String(64), sa.ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("kind", sa.String(1), primary_key=True),
         sa.Column("index", sa.Integer(), primary_key=True),
         sa.Column("first_frame", sa.Integer(), nullable=False),

@@ -30,19 +30,29 @@ def _state(stack: Stack, api_url: str) -> tuple[int, list[Path], int]:
     return len(renders), objects, workflow_count(stack.settings)
 
 
-@pytest.mark.parametrize(("case", "expected_status", "message"), [
-    ("portrait_is_audio", 422, "portrait"),
-    ("audio_is_image", 422, "audio"),
-    ("audio_is_random_bytes", 422, "audio"),
-    ("audio_is_zero_length", 422, "audio"),
-    ("portrait_is_truncated", 422, "portrait"),
-    ("portrait_too_large", 422, "4096"),
-    ("portrait_has_no_face", 422, "face"),
-    ("empty_portrait_file", 422, "empty"),
-    ("fps_out_of_range", 422, "fps"),
-])
-def test_bad_input_is_refused_and_leaves_nothing(case: str, expected_status: int, message: str, stack: Stack,
-                                                 api_url: str, sample_portrait: bytes, sample_speech: bytes) -> None:
+@pytest.mark.parametrize(
+    ("case", "expected_status", "message"),
+    [
+        ("portrait_is_audio", 422, "portrait"),
+        ("audio_is_image", 422, "audio"),
+        ("audio_is_random_bytes", 422, "audio"),
+        ("audio_is_zero_length", 422, "audio"),
+        ("portrait_is_truncated", 422, "portrait"),
+        ("portrait_too_large", 422, "4096"),
+        ("portrait_has_no_face", 422, "face"),
+        ("empty_portrait_file", 422, "empty"),
+        ("fps_out_of_range", 422, "fps"),
+    ],
+)
+def test_bad_input_is_refused_and_leaves_nothing(
+    case: str,
+    expected_status: int,
+    message: str,
+    stack: Stack,
+    api_url: str,
+    sample_portrait: bytes,
+    sample_speech: bytes,
+) -> None:
     portrait, audio, options = sample_portrait, sample_speech, {}
     if case == "portrait_is_audio":
         portrait = sample_speech

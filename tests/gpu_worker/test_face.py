@@ -90,7 +90,5 @@ def test_animated_box_holds_the_mouth_and_stays_inside_the_image(astronaut: np.n
     assert 0 <= x0 < face.mouth_x - face.mouth_width < face.mouth_x + face.mouth_width < x1 <= 512
     assert 0 <= y0 < face.mouth_y < y1 <= 512
     # A face at the image corner gets a box clamped to the image.
-    corner = FaceRegion(
-        x=0, y=0, width=100, height=100, mouth_x=50, mouth_y=80, mouth_width=40, mouth_height=13
-    )
+    corner = FaceRegion(x=0, y=0, width=100, height=100, mouth_x=50, mouth_y=80, mouth_width=40, mouth_height=13)
     assert corner.animated_box(100, 100) == (0, 50, 100, 100)

@@ -16,8 +16,10 @@ from monologue.db import downgrade, make_engine, make_sessionmaker, migrate
 def _postgres_admin_url() -> str:
     url = os.environ.get("MONOLOGUE_TEST_POSTGRES_URL")
     if not url:
-        pytest.fail("MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
-                    " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)")
+        pytest.fail(
+            "MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
+            " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)"
+        )
     return url
 
 
@@ -55,12 +57,32 @@ def test_chunk_writes_are_idempotent_and_progress_counts_them(database_url: str)
     engine = make_engine(database_url)
     sessions = make_sessionmaker(engine)
     with sessions() as db:
-        repo.create_session(db, session_id="s1", tenant="local", options={"fps": 25}, workflow_id="render-s1",
-                            audio_seconds=3.0, width=512, height=512)
+        repo.create_session(
+            db,
+            session_id="s1",
+            tenant="local",
+            options={"fps": 25},
+            workflow_id="render-s1",
+            audio_seconds=3.0,
+            width=512,
+            height=512,
+        )
         repo.mark_running(db, session_id="s1", frames=75, chunks_total=2)
         for _ in range(2):  # a retried activity writes the same row again
-            repo.record_chunk(db, session_id="s1", kind="N", index=0, first_frame=0, frames=40, node_id="n",
-                              attempt=1, generate_ms=1.0, encode_ms=2.0, segment_key="k0", frames_sha256="a" * 64)
+            repo.record_chunk(
+                db,
+                session_id="s1",
+                kind="N",
+                index=0,
+                first_frame=0,
+                frames=40,
+                node_id="n",
+                attempt=1,
+                generate_ms=1.0,
+                encode_ms=2.0,
+                segment_key="k0",
+                frames_sha256="a" * 64,
+            )
         assert repo.chunks_done(db, session_id="s1") == 1
         row = repo.get_session(db, session_id="s1")
         assert row is not None and row.status == "running" and row.ttff_ms is not None and row.ttff_ms >= 0

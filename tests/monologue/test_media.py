@@ -92,9 +92,7 @@ def png_header_only(width: int, height: int) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
 
 
 def rms(x: np.ndarray) -> float:
@@ -376,9 +374,7 @@ def test_random_bytes_never_raise_anything_but_input_error(data: bytes) -> None:
     name=st.sampled_from(["mp3", "flac", "ogg-opus", "m4a-aac", "wav-8k-mono"]),
     damage=st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 255)), min_size=1, max_size=8),
 )
-def test_damaged_audio_files_never_raise_anything_but_input_error(
-    name: str, damage: list[tuple[int, int]]
-) -> None:
+def test_damaged_audio_files_never_raise_anything_but_input_error(name: str, damage: list[tuple[int, int]]) -> None:
     data = bytearray(audio_fixture(name))
     for where, value in damage:
         data[where % len(data)] = value

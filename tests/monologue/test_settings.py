@@ -53,6 +53,12 @@ def test_to_env_rebuilds_the_same_settings(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_help_lists_every_setting() -> None:
     text = describe_settings()
-    for name in ("MONOLOGUE_HOME", "MONOLOGUE_DATABASE_URL", "MONOLOGUE_STORAGE__BACKEND",
-                 "MONOLOGUE_TEMPORAL__ADDRESS", "MONOLOGUE_NODE__CAPACITY", "MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES"):
+    for name in (
+        "MONOLOGUE_HOME",
+        "MONOLOGUE_DATABASE_URL",
+        "MONOLOGUE_STORAGE__BACKEND",
+        "MONOLOGUE_TEMPORAL__ADDRESS",
+        "MONOLOGUE_NODE__CAPACITY",
+        "MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES",
+    ):
         assert name in text
