@@ -50,6 +50,7 @@ def _die_with_parent() -> None:
 @dataclass
 class Stack:
     settings: Settings
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for children (e.g. AWS_*)
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -126,7 +127,7 @@ class Stack:
 
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        env = {**os.environ, **to_env(self.settings), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **to_env(self.settings), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 command,

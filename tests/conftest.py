@@ -11,6 +11,7 @@ import pytest
 
 from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
+from tests.s3_server import s3_server  # noqa: F401  (a fixture: a real SeaweedFS S3 server)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 

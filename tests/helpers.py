@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
+import uuid
 import wave
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import av
 import httpx
 import numpy as np
+import pytest
+from sqlalchemy import create_engine, text
 
 from monologue.settings import Settings
 
@@ -67,3 +73,24 @@ def workflow_count(settings: Settings) -> int:
         return (await client.count_workflows()).count
 
     return asyncio.run(count())
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database on the test server; dropped afterwards. Yields its URL."""
+    admin_url = os.environ.get("MONOLOGUE_TEST_POSTGRES_URL")
+    if not admin_url:
+        pytest.fail(
+            "MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
+            " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)"
+        )
+    name = f"monologue_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import inspect
 
 from monologue import repo
 from monologue.db import downgrade, make_engine, make_sessionmaker, migrate
-
-
-def _postgres_admin_url() -> str:
-    url = os.environ.get("MONOLOGUE_TEST_POSTGRES_URL")
-    if not url:
-        pytest.fail(
-            "MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
-            " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)"
-        )
-    return url
+from tests.helpers import postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -28,17 +17,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[s
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/test.db"
         return
-    admin_url = _postgres_admin_url()
-    name = f"monologue_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with postgres_database() as url:
+        yield url
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
