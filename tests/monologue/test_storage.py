@@ -18,7 +18,7 @@ from monologue import storage
 from monologue.errors import NotFound, TransientError
 from monologue.settings import StorageSettings
 from monologue.storage import LocalStore, ObjectStore, S3Store, open_store
-from tests.monologue.conftest import S3Server
+from tests.s3_server import S3Server
 
 KEY = "sessions/abc123/input/portrait.png"
 FAST_FAIL = {"retries": {"max_attempts": 1}, "connect_timeout": 1, "read_timeout": 2}
