@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from monologue.errors import InputError
+from monologue.storage import ObjectStore
 
 AUDIO_RATE = 16_000  # normalised audio: 16 kHz mono signed 16-bit PCM
 MIN_SIDE = 64
@@ -252,3 +253,47 @@ def encode_wav(samples: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
         w.setframerate(rate)
         w.writeframes(pcm.astype("<i2").tobytes())
     return out.getvalue()
+
+
+class StoredWav:
+    """A normalised WAV in object storage, read by sample range (an `AudioSource` for the node).
+
+    Each chunk reads only the samples it needs, so a node's memory does not grow with the length of
+    the audio, and the whole file is never downloaded for one chunk.
+    """
+
+    rate = AUDIO_RATE
+
+    def __init__(self, store: ObjectStore, key: str) -> None:
+        self._store = store
+        self._key = key
+        header = store.get_range(key, 0, 4096)
+        if header[:4] != b"RIFF" or header[8:12] != b"WAVE":
+            raise InputError(f"wav: {key} is not a RIFF/WAVE file")
+        position, fmt = 12, None
+        while position + 8 <= len(header):
+            chunk_id, size = (
+                header[position : position + 4],
+                int.from_bytes(header[position + 4 : position + 8], "little"),
+            )
+            if chunk_id == b"fmt ":
+                fmt = header[position + 8 : position + 24]
+            elif chunk_id == b"data":
+                self._data_offset = position + 8
+                self.total_samples: int | None = size // 2
+                break
+            position += 8 + size + (size & 1)
+        else:
+            raise InputError(f"wav: {key} has no data chunk in its first 4 KiB")
+        if fmt is None or int.from_bytes(fmt[2:4], "little") != 1 or int.from_bytes(fmt[4:8], "little") != AUDIO_RATE:
+            raise InputError(f"wav: {key} is not {AUDIO_RATE} Hz mono; normalise it with normalise_audio first")
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        """float32 samples [start, end); zeros outside the audio."""
+        total = self.total_samples or 0
+        out = np.zeros(max(0, end - start), dtype=np.float32)
+        lo, hi = max(start, 0), min(end, total)
+        if hi > lo:
+            raw = self._store.get_range(self._key, self._data_offset + 2 * lo, self._data_offset + 2 * hi)
+            out[lo - start : hi - start] = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        return out

@@ -1,16 +1,26 @@
 """The chunk plan: a pure function from a frame count and chunk sizes to chunk specs.
 
-Standard library only (workflow code runs it inside Temporal's sandbox). Every frame belongs to
-exactly one chunk; the audio of frame f is samples [f*rate/fps, (f+1)*rate/fps)."""
+Standard library only (workflow code runs it inside Temporal's sandbox).
+
+The timeline alternates N and I chunks, `N0 I0 N1 I1 N2 …`. N chunks carry the timeline; I chunk k
+fills the seam between N(k) and N(k+1) and can only be generated once both exist, so the generation
+order is `N0 N1 I0 N2 I1 N3 I2 …`. Every frame belongs to exactly one chunk; the audio of frame f is
+samples [f*rate/fps, (f+1)*rate/fps).
+
+Near the end an I chunk shrinks so that at least one frame is left for the N chunk after it; a seam
+with no room for an I frame has no I chunk. The incremental planner (live sessions, audio still
+arriving) emits exactly the chunks the finite plan would, as soon as their frames exist.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class ChunkSpec:
-    kind: str  # "N": carries the timeline
+    kind: str  # "N" carries the timeline, "I" interpolates the seam after N(index)
     index: int
     first_frame: int
     n_frames: int
@@ -18,6 +28,17 @@ class ChunkSpec:
     @property
     def end_frame(self) -> int:
         return self.first_frame + self.n_frames
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.index}"
+
+    @property
+    def depends_on(self) -> tuple[tuple[str, int], ...]:
+        """Chunks that must be generated first: N(k) needs N(k-1); I(k) needs N(k) and N(k+1)."""
+        if self.kind == "N":
+            return (("N", self.index - 1),) if self.index > 0 else ()
+        return (("N", self.index), ("N", self.index + 1))
 
 
 def frame_count(samples: int, *, rate: int, fps: int) -> int:
@@ -30,13 +51,79 @@ def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tupl
     return first_frame * rate // fps, (first_frame + n_frames) * rate // fps
 
 
-def plan_chunks(total_frames: int, *, chunk_frames: int) -> list[ChunkSpec]:
-    """N chunks of `chunk_frames` frames; the last one may be shorter."""
+def _check_sizes(n_frames: int, i_frames: int) -> None:
+    if n_frames < 1:
+        raise ValueError(f"N chunks need at least one frame, got n_frames={n_frames}")
+    if i_frames < 0:
+        raise ValueError(f"i_frames must be 0 or more, got {i_frames}")
+
+
+def plan_timeline(total_frames: int, *, n_frames: int, i_frames: int) -> list[ChunkSpec]:
+    """All chunks in timeline order for a video of `total_frames` frames."""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    if chunk_frames < 1:
-        raise ValueError(f"chunk_frames must be positive, got {chunk_frames}")
-    return [
-        ChunkSpec("N", index, first, min(chunk_frames, total_frames - first))
-        for index, first in enumerate(range(0, total_frames, chunk_frames))
-    ]
+    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames)
+    return sorted(planner.advance(total_frames, final=True), key=lambda spec: spec.first_frame)
+
+
+def plan_chunks(total_frames: int, *, n_frames: int, i_frames: int = 0) -> list[ChunkSpec]:
+    """All chunks in generation order: N0 N1 I0 N2 I1 …"""
+    if total_frames < 1:
+        raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
+    return list(IncrementalPlanner(n_frames=n_frames, i_frames=i_frames).advance(total_frames, final=True))
+
+
+def timeline_order(chunks: list[ChunkSpec]) -> list[ChunkSpec]:
+    return sorted(chunks, key=lambda spec: spec.first_frame)
+
+
+class IncrementalPlanner:
+    """Plans chunks as frames become available, in generation order.
+
+    `advance(available, final)` returns the chunks that can now be generated: an N chunk once all its
+    frames exist (or the audio has ended), and the I chunk before it at the same moment (it needs both
+    neighbours). The planner's state is two integers, so a workflow can carry it across continue-as-new.
+    """
+
+    def __init__(self, *, n_frames: int, i_frames: int, next_frame: int = 0, next_index: int = 0) -> None:
+        _check_sizes(n_frames, i_frames)
+        self.n_frames = n_frames
+        self.i_frames = i_frames
+        self.next_frame = next_frame  # first frame not yet in any chunk
+        self.next_index = next_index  # index of the next N chunk
+        self.finished = False
+
+    def advance(self, available: int, *, final: bool) -> Iterator[ChunkSpec]:
+        """Chunks whose frames all exist among the first `available` frames; `final` when no more will come."""
+        if available < self.next_frame:
+            raise ValueError(f"available frames went backwards: {available} < {self.next_frame}")
+        while not self.finished:
+            remaining = available - self.next_frame
+            if self.next_index == 0:
+                size = min(self.n_frames, remaining)
+                if size < 1 or (size < self.n_frames and not final):
+                    return
+                yield from self._emit_n(size, final, available)
+                continue
+            if remaining == 0:
+                if final:
+                    self.finished = True
+                return
+            # The seam after N(k-1): an I chunk, then N(k). Both go out together, N first.
+            gap = min(self.i_frames, remaining - 1)
+            size = min(self.n_frames, remaining - gap)
+            if size < self.n_frames and not final:
+                return
+            seam_start = self.next_frame
+            self.next_frame += gap
+            yield from self._emit_n(size, final, available)
+            if gap > 0:
+                yield ChunkSpec("I", self.next_index - 2, seam_start, gap)
+
+    def _emit_n(self, size: int, final: bool, available: int) -> Iterator[ChunkSpec]:
+        spec = ChunkSpec("N", self.next_index, self.next_frame, size)
+        self.next_frame += size
+        self.next_index += 1
+        if final and self.next_frame == available:
+            self.finished = True
+        yield spec

@@ -40,6 +40,7 @@ class ObjectStore(Protocol):
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None: ...
     def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None: ...
     def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, start: int, end: int) -> bytes: ...  # bytes [start, end), fewer at the end
     def get_file(self, key: str, path: Path) -> None: ...
     def exists(self, key: str) -> bool: ...
     def size(self, key: str) -> int: ...
@@ -70,6 +71,11 @@ def _check_prefix(prefix: str) -> str:
     if prefix:
         _check_key(prefix.removesuffix("/"), what="prefix")
     return prefix
+
+
+def _check_range(start: int, end: int) -> None:
+    if start < 0 or end < start:
+        raise ValueError(f"invalid byte range [{start}, {end})")
 
 
 def _check_chunk(chunk_size: int) -> None:
@@ -120,6 +126,12 @@ class LocalStore:
     def get(self, key: str) -> bytes:
         with self._open(key) as f:
             return f.read()
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        _check_range(start, end)
+        with self._open(key) as f:
+            f.seek(start)
+            return f.read(end - start)
 
     def get_file(self, key: str, path: Path) -> None:
         with self._open(key) as src:
@@ -250,6 +262,20 @@ class S3Store:
         with _s3_errors(key):
             body = self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"]
             with body:
+                return bytes(body.read())
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        _check_range(start, end)
+        if end == start:
+            return b""
+        with _s3_errors(key):
+            try:
+                response = self._s3.get_object(Bucket=self._bucket, Key=self._k(key), Range=f"bytes={start}-{end - 1}")
+            except bce.ClientError as exc:  # a range starting past the end is "not satisfiable": no bytes there
+                if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                    return b""
+                raise
+            with response["Body"] as body:
                 return bytes(body.read())
 
     def get_file(self, key: str, path: Path) -> None:

@@ -393,3 +393,20 @@ def test_damaged_images_never_raise_anything_but_input_error(fmt: str, damage: l
         data[where % len(data)] = value
     with contextlib.suppress(InputError):
         normalise_portrait(bytes(data))
+
+
+def test_stored_wav_reads_sample_ranges_like_the_whole_file(tmp_path: Path) -> None:
+    from monologue.media import StoredWav
+    from monologue.storage import LocalStore
+
+    store = LocalStore(tmp_path)
+    speech = normalise_audio((SAMPLES / "speech.wav").read_bytes())
+    store.put("sessions/a/input/audio.wav", speech.wav)
+    whole = decode_wav(speech.wav)
+    source = StoredWav(store, "sessions/a/input/audio.wav")
+    assert source.total_samples == len(whole) and source.rate == AUDIO_RATE
+    assert np.array_equal(source.read(1000, 17_000), whole[1000:17_000])
+    edges = source.read(-100, 50)  # zeros before the audio starts
+    assert np.array_equal(edges[:100], np.zeros(100, np.float32)) and np.array_equal(edges[100:], whole[:50])
+    tail = source.read(len(whole) - 10, len(whole) + 10)  # and after it ends
+    assert np.array_equal(tail[:10], whole[-10:]) and not tail[10:].any()

@@ -2,19 +2,48 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monologue.plan import audio_range, frame_count, plan_chunks
+from monologue.plan import IncrementalPlanner, audio_range, frame_count, plan_chunks, plan_timeline
+
+totals = st.integers(1, 5_000)
+n_sizes = st.integers(1, 120)
+i_sizes = st.integers(0, 12)
 
 
-@given(total=st.integers(1, 20_000), chunk=st.integers(1, 300))
-def test_every_frame_belongs_to_exactly_one_chunk(total: int, chunk: int) -> None:
-    plan = plan_chunks(total, chunk_frames=chunk)
-    covered = [frame for spec in plan for frame in range(spec.first_frame, spec.end_frame)]
+@given(total=totals, n=n_sizes, i=i_sizes)
+def test_every_frame_belongs_to_exactly_one_chunk(total: int, n: int, i: int) -> None:
+    timeline = plan_timeline(total, n_frames=n, i_frames=i)
+    covered = [frame for spec in timeline for frame in range(spec.first_frame, spec.end_frame)]
     assert covered == list(range(total))
-    assert all(spec.n_frames == chunk for spec in plan[:-1])
-    assert [spec.index for spec in plan] == list(range(len(plan)))
+    assert all(spec.n_frames >= 1 for spec in timeline)
+
+
+@given(total=totals, n=n_sizes, i=i_sizes)
+def test_timeline_alternates_n_and_i_chunks_with_the_configured_sizes(total: int, n: int, i: int) -> None:
+    timeline = plan_timeline(total, n_frames=n, i_frames=i)
+    n_chunks = [spec for spec in timeline if spec.kind == "N"]
+    assert [spec.index for spec in n_chunks] == list(range(len(n_chunks)))
+    assert all(spec.n_frames == n for spec in n_chunks[:-1])
+    for before, after in pairwise(timeline):
+        assert (before.kind, after.kind) != ("I", "I")
+        if after.kind == "I":
+            assert before.kind == "N" and after.index == before.index and after.n_frames <= i
+    assert timeline[0].kind == timeline[-1].kind == "N"
+
+
+@given(total=totals, n=n_sizes, i=i_sizes)
+def test_generation_order_runs_every_chunk_after_its_dependencies(total: int, n: int, i: int) -> None:
+    order = plan_chunks(total, n_frames=n, i_frames=i)
+    done: set[tuple[str, int]] = set()
+    for spec in order:
+        assert set(spec.depends_on) <= done, f"{spec.name} before {spec.depends_on}"
+        done.add((spec.kind, spec.index))
+    names = [spec.name for spec in order]
+    if len(names) >= 5 and i > 0:
+        assert names[:5] == ["N0", "N1", "I0", "N2", "I1"]
 
 
 @given(
@@ -23,22 +52,38 @@ def test_every_frame_belongs_to_exactly_one_chunk(total: int, chunk: int) -> Non
     rate=st.sampled_from([16_000, 44_100, 48_000]),
 )
 def test_frame_count_is_duration_times_fps_rounded(samples: int, fps: int, rate: int) -> None:
-    exact = samples * fps / rate
-    assert abs(frame_count(samples, rate=rate, fps=fps) - exact) <= 0.5
+    assert abs(frame_count(samples, rate=rate, fps=fps) - samples * fps / rate) <= 0.5
 
 
-@given(total=st.integers(1, 5_000), chunk=st.integers(1, 300), fps=st.sampled_from([24, 25, 30]))
-def test_audio_ranges_are_contiguous_and_non_overlapping(total: int, chunk: int, fps: int) -> None:
+@given(total=totals, n=n_sizes, i=i_sizes, fps=st.sampled_from([24, 25, 30]))
+def test_audio_ranges_are_contiguous_and_non_overlapping(total: int, n: int, i: int, fps: int) -> None:
     ranges = [
-        audio_range(s.first_frame, s.n_frames, rate=16_000, fps=fps) for s in plan_chunks(total, chunk_frames=chunk)
+        audio_range(s.first_frame, s.n_frames, rate=16_000, fps=fps)
+        for s in plan_timeline(total, n_frames=n, i_frames=i)
     ]
     assert ranges[0][0] == 0
-    assert all(prev[1] == nxt[0] for prev, nxt in pairwise(ranges))
+    assert all(before[1] == after[0] for before, after in pairwise(ranges))
     assert ranges[-1][1] == total * 16_000 // fps
 
 
-def test_plan_rejects_empty_timelines() -> None:
-    import pytest
+@given(total=totals, n=n_sizes, i=i_sizes, steps=st.lists(st.integers(0, 400), max_size=30))
+def test_incremental_plan_equals_the_finite_plan(total: int, n: int, i: int, steps: list[int]) -> None:
+    """Audio arriving in pieces of any size gives the same chunks, each as soon as its frames exist."""
+    planner = IncrementalPlanner(n_frames=n, i_frames=i)
+    emitted, available = [], 0
+    for step in steps:
+        available = min(total, available + step)
+        for spec in planner.advance(available, final=False):
+            assert spec.end_frame <= available
+            emitted.append(spec)
+    emitted.extend(planner.advance(total, final=True))
+    assert emitted == plan_chunks(total, n_frames=n, i_frames=i)
 
+
+def test_plan_rejects_bad_sizes_with_the_value() -> None:
     with pytest.raises(ValueError, match="at least one frame"):
-        plan_chunks(0, chunk_frames=40)
+        plan_chunks(0, n_frames=40)
+    with pytest.raises(ValueError, match="n_frames=0"):
+        plan_chunks(10, n_frames=0)
+    with pytest.raises(ValueError, match="-1"):
+        plan_chunks(10, n_frames=5, i_frames=-1)

@@ -275,3 +275,17 @@ def test_open_store_builds_each_backend(
     remote.put(KEY, b"s")
     assert remote.get(KEY) == b"s"
     assert s3_server.client().get_object(Bucket=bucket, Key=f"env-c/{KEY}")["Body"].read() == b"s"
+
+
+def test_get_range_reads_exactly_the_requested_bytes(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 40
+    store.put("sessions/r/input/audio.wav", data)
+    assert store.get_range("sessions/r/input/audio.wav", 0, 44) == data[:44]
+    assert store.get_range("sessions/r/input/audio.wav", 1000, 5000) == data[1000:5000]
+    assert store.get_range("sessions/r/input/audio.wav", 10_000, 20_000) == data[10_000:]  # short at the end
+    assert store.get_range("sessions/r/input/audio.wav", 20_000, 30_000) == b""
+    assert store.get_range("sessions/r/input/audio.wav", 7, 7) == b""
+    with pytest.raises(ValueError, match="range"):
+        store.get_range("sessions/r/input/audio.wav", 10, 5)
+    with pytest.raises(NotFound):
+        store.get_range("sessions/r/input/missing.wav", 0, 10)

@@ -1,0 +1,149 @@
+"""Modules: one model (and its weights) each, in five roles that the stages drive.
+
+A family provides one module per role. Modules are stateless between chunks apart from their weights:
+everything a chunk leaves for later is returned explicitly (reference conditioning, anchors) and kept
+by the Pipeline, so memory stays flat and a session can move to another node.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, OutputSpec
+
+# Named arrays: what crosses chunks (anchors) or is computed once per session (the reference
+# conditioning). Flat and numpy so they serialise to safetensors as they are.
+Anchor = dict[str, np.ndarray]
+Reference = dict[str, np.ndarray]
+
+
+class Module:
+    """One model and its weights, with its device placement.
+
+    CPU families inherit the no-op defaults; GPU families override `load` (read safetensors), `to`
+    (move weights) and `offload`/`restore` (park weights in pinned host memory between stages).
+    """
+
+    name: str = "module"
+
+    def __init__(self) -> None:
+        self.device = "cpu"
+        self.loaded = False
+
+    def load(self) -> None:
+        """Read the weights from the files the project ships or is given (never from a hub)."""
+        self.loaded = True
+
+    def to(self, device: str) -> None:
+        self.device = device
+
+    def offload(self) -> None:
+        """Free the accelerator for the next stage's model."""
+        self.to("cpu")
+
+    def restore(self, device: str) -> None:
+        self.to(device)
+
+
+class ReferenceEncoder(Module, ABC):
+    """Encodes the portrait once per session into the static reference conditioning."""
+
+    name = "reference"
+
+    @abstractmethod
+    def encode(self, portrait: np.ndarray, output: OutputSpec) -> Reference:
+        """portrait (H, W, 3) uint8 → named arrays every later chunk reads. Raises InputError if unusable."""
+
+    @staticmethod
+    def frame_size(reference: Reference) -> tuple[int, int]:
+        """(width, height) of the frames this reference renders; every family stores it as `frame_size`."""
+        width, height = (int(v) for v in reference["frame_size"])
+        return width, height
+
+
+class ContextGenerator(Module, ABC):
+    """Audio slice → per-frame conditioning (features, tokens) and the chunk's noise."""
+
+    name = "context"
+    # Audio frames the context needs before and after the chunk (smoothing, look-ahead).
+    margin_frames: tuple[int, int] = (0, 0)
+
+    @abstractmethod
+    def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]: ...
+
+
+@dataclass
+class A2VOutput:
+    latents: Any  # the family's low-resolution video representation for the chunk's frames
+    head: Anchor | None = None  # state at the chunk's first frame (N chunks: the next seam's right anchor)
+    tail: Anchor | None = None  # state at the chunk's last frame (N chunks: conditions the next N chunk)
+
+
+class AudioToVideo(Module, ABC):
+    """Generates a chunk's motion/latents, conditioned on the reference, the context and the anchors."""
+
+    name = "audio_to_video"
+
+    @abstractmethod
+    def generate_n(
+        self,
+        reference: Reference,
+        context: dict[str, Any],
+        previous: Anchor | None,
+        chunk: ChunkRequest,
+        rng: np.random.Generator,
+    ) -> A2VOutput:
+        """An N chunk, continuing from the previous N chunk's tail (None for the first)."""
+
+    @abstractmethod
+    def generate_i(
+        self,
+        reference: Reference,
+        context: dict[str, Any],
+        left: Anchor,
+        right: Anchor,
+        chunk: ChunkRequest,
+        rng: np.random.Generator,
+    ) -> A2VOutput:
+        """An I chunk between the N chunk before (`left`: its last frame) and after (`right`: its first
+        frame). The model may predict the anchor frames themselves; only the inner frames are returned."""
+
+
+class SuperResolution(Module, ABC):
+    name = "super_resolution"
+
+    @abstractmethod
+    def upscale(self, reference: Reference, latents: Any) -> Any:
+        """Low-resolution latents → output-resolution latents (or pixels, for families without a VAE)."""
+
+
+class Decoder(Module, ABC):
+    name = "decoder"
+
+    @abstractmethod
+    def decode(self, reference: Reference, upscaled: Any) -> np.ndarray:
+        """Output-resolution latents → frames (T, H, W, 3) uint8 RGB."""
+
+
+@dataclass
+class Family:
+    """A model family: one module per role, loaded together."""
+
+    name: str
+    reference: ReferenceEncoder
+    context: ContextGenerator
+    audio_to_video: AudioToVideo
+    super_resolution: SuperResolution
+    decoder: Decoder
+
+    def modules(self) -> list[Module]:
+        return [self.reference, self.context, self.audio_to_video, self.super_resolution, self.decoder]
+
+    def load(self) -> None:
+        for module in self.modules():
+            if not module.loaded:
+                module.load()

@@ -1,0 +1,103 @@
+"""The four stages of a chunk, one verb each, in order. A stage reads and writes only its fields of
+`ChunkState` and calls the family's modules; the session (reference, anchors, sink) is passed in."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from gpu_worker.pipeline.module import A2VOutput
+from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink
+
+if TYPE_CHECKING:
+    from gpu_worker.pipeline.pipeline import Session
+
+
+@dataclass
+class ChunkState:
+    """What one chunk carries from stage to stage; dropped when the chunk returns."""
+
+    chunk: ChunkRequest
+    rng: np.random.Generator
+    sink: FrameSink
+    window: AudioWindow | None = None
+    context: dict[str, Any] | None = None
+    generated: A2VOutput | None = None
+    upscaled: Any = None
+    frame_hashes: list[str] = field(default_factory=list)
+
+
+class Stage(Protocol):
+    name: str
+
+    def run(self, session: Session, state: ChunkState) -> None: ...
+
+
+class ContextStage:
+    """Audio slice (with the family's margins) → features and noise."""
+
+    name = "context"
+
+    def run(self, session: Session, state: ChunkState) -> None:
+        module = session.family.context
+        before, after = module.margin_frames
+        chunk, fps, audio = state.chunk, session.output.fps, session.audio
+        start = (chunk.first_frame - before) * audio.rate // fps
+        end = (chunk.end_frame + after) * audio.rate // fps
+        state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps)
+        state.context = module.context(state.window, chunk, state.rng)
+
+
+class AudioToVideoStage:
+    """Context + anchors → the chunk's motion/latents, and the anchors it leaves behind."""
+
+    name = "audio_to_video"
+
+    def run(self, session: Session, state: ChunkState) -> None:
+        if state.context is None:
+            raise RuntimeError("audio_to_video needs the context stage to run first")
+        model, chunk, anchors = session.family.audio_to_video, state.chunk, session.anchors
+        if chunk.kind == "N":
+            previous = anchors.get("N", chunk.index - 1, "tail") if chunk.index > 0 else None
+            state.generated = model.generate_n(session.reference, state.context, previous, chunk, state.rng)
+            anchors.put_n(chunk.index, state.generated)
+        else:
+            left = anchors.get("N", chunk.index, "tail")
+            right = anchors.get("N", chunk.index + 1, "head")
+            state.generated = model.generate_i(session.reference, state.context, left, right, chunk, state.rng)
+        state.context = None  # features and noise are not needed past this point
+
+
+class SuperResolutionStage:
+    """Low-resolution latents → output resolution."""
+
+    name = "super_resolution"
+
+    def run(self, session: Session, state: ChunkState) -> None:
+        if state.generated is None:
+            raise RuntimeError("super_resolution needs audio_to_video to run first")
+        state.upscaled = session.family.super_resolution.upscale(session.reference, state.generated.latents)
+        state.generated = None
+
+
+class DecodePublishStage:
+    """Latents → RGB frames → per-frame SHA-256 → the sink (the segment encoder)."""
+
+    name = "decode_publish"
+
+    def run(self, session: Session, state: ChunkState) -> None:
+        frames = session.family.decoder.decode(session.reference, state.upscaled)  # (T, H, W, 3) uint8
+        state.upscaled = None
+        expected = (state.chunk.n_frames, session.frame_height, session.frame_width, 3)
+        if frames.shape != expected or frames.dtype != np.uint8:
+            raise RuntimeError(
+                f"{session.family.name} decoded {frames.shape} {frames.dtype}, expected {expected} uint8"
+            )
+        state.frame_hashes = [hashlib.sha256(frame.tobytes()).hexdigest() for frame in frames]
+        state.sink.write(frames)
+
+
+DEFAULT_STAGES: tuple[type[Stage], ...] = (ContextStage, AudioToVideoStage, SuperResolutionStage, DecodePublishStage)

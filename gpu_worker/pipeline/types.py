@@ -1,0 +1,122 @@
+"""The small types every stage and family shares: what a chunk is, where its audio comes from, where its
+frames go, and the output format. numpy only (a torch family converts at its own edges)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+Resolution = Literal["source", "512", "720p", "1080p"]
+# Short side in pixels for each named resolution; "source" keeps the portrait's own size.
+_SHORT_SIDE = {"512": 512, "720p": 720, "1080p": 1080}
+_LONG_SIDE = {"512": 512, "720p": 1280, "1080p": 1920}
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Per-session output options (the engine's own configuration lives with its modules)."""
+
+    fps: int = 25
+    resolution: Resolution = "source"
+    # Preview renders fast for iterating on script and motion: half the resolution (and fewer sampling
+    # steps in diffusion families). The motion is the same as at full quality for the same seed.
+    preview: bool = False
+
+
+def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) -> tuple[int, int]:
+    """(width, height) of the output frames, both even.
+
+    "source" keeps the portrait's size (rounded down to even); "512" is 512x512; "720p" and "1080p" are
+    16:9 frames, landscape unless the portrait is taller than wide. Preview halves each side.
+    """
+    if output.resolution == "source":
+        width, height = portrait_width, portrait_height
+    elif output.resolution == "512":
+        width = height = 512
+    elif portrait_height > portrait_width:
+        width, height = _SHORT_SIDE[output.resolution], _LONG_SIDE[output.resolution]
+    else:
+        width, height = _LONG_SIDE[output.resolution], _SHORT_SIDE[output.resolution]
+    if output.preview:
+        width, height = width // 2, height // 2
+    width, height = width - width % 2, height - height % 2
+    if width < 16 or height < 16:
+        raise ValueError(
+            f"output frames of {width}x{height} are too small (portrait {portrait_width}x"
+            f"{portrait_height}, resolution {output.resolution!r}, preview={output.preview})"
+        )
+    return width, height
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """One chunk of the timeline: N chunks carry it, I chunks fill the seam between two N chunks."""
+
+    kind: Literal["N", "I"]
+    index: int
+    first_frame: int
+    n_frames: int
+    seed: int = 0
+
+    @property
+    def end_frame(self) -> int:
+        return self.first_frame + self.n_frames
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.index}"
+
+
+def chunk_rng(seed: int, kind: str, index: int) -> np.random.Generator:
+    """Randomness for one chunk, from (session seed, chunk kind, chunk index) alone, never from a shared
+    stream: a chunk regenerated after a resume, or on another node, draws the same numbers."""
+    digest = hashlib.sha256(f"{seed}:{kind}:{index}".encode()).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+class AudioSource(Protocol):
+    """The session's speech: 16 kHz mono float32, read by sample range (zeros outside the audio)."""
+
+    rate: int
+    total_samples: int | None  # None while a live session's audio is still arriving
+
+    def read(self, start: int, end: int) -> np.ndarray: ...
+
+
+class ArrayAudio:
+    """An AudioSource over an array in memory (tests, benchmarks, short renders)."""
+
+    def __init__(self, samples: np.ndarray, rate: int = 16_000) -> None:
+        self.samples = np.ascontiguousarray(samples, dtype=np.float32)
+        self.rate = rate
+        self.total_samples: int | None = len(self.samples)
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        out = np.zeros(max(0, end - start), dtype=np.float32)
+        lo, hi = max(start, 0), min(end, len(self.samples))
+        if hi > lo:
+            out[lo - start : hi - start] = self.samples[lo:hi]
+        return out
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    """The audio a chunk's context needs: its own frames plus the family's margins either side."""
+
+    samples: np.ndarray  # (S,) float32
+    start_sample: int  # absolute index of samples[0]; may be negative (zeros before the audio starts)
+    rate: int
+    fps: int
+
+    def frame_start(self, frame: int) -> int:
+        """Index into `samples` where absolute frame `frame` begins."""
+        return frame * self.rate // self.fps - self.start_sample
+
+
+class FrameSink(Protocol):
+    """Where decoded frames go (an encoder writing a segment, or a collector in tests)."""
+
+    def write(self, frames: np.ndarray) -> None: ...  # (T, H, W, 3) uint8
