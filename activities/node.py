@@ -1,6 +1,11 @@
-"""Activities pinned to one node (queue `node-<id>`): set a session up, generate its chunks, and
-assemble the final video. The node keeps a small per-session cache (portrait, audio, model); if it
-is missing (the node restarted), it is rebuilt from object storage, so every activity can retry."""
+"""Activities pinned to one node (queue `node-<id>`): set a session up, generate its chunks through the
+Pipeline, and assemble the final video.
+
+The node caches each session's pipeline state (reference conditioning and anchors) between chunks.
+Both are also written to object storage (the reference once, the anchors after every N chunk), so if
+the cache is missing (the node restarted, or the session moved here) any chunk can be regenerated
+from storage and gives the same frames.
+"""
 
 from __future__ import annotations
 
@@ -9,35 +14,51 @@ import json
 import tempfile
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio import activity
 
 from activities.errors import activity_context
-from gpu_worker.encode import encode_video_segment, mux_final
-from gpu_worker.face import FaceRegion, detect_face
-from gpu_worker.talking import TalkingPhoto, mouth_openings
+from activities.playlist import write_playlist
+from gpu_worker.models import build_family
+from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.pipeline.pipeline import Session
+from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import NotFound
-from monologue.media import AUDIO_RATE, decode_png, decode_wav
-from monologue.plan import plan_chunks
+from monologue.media import StoredWav, decode_png
+from monologue.plan import plan_timeline
 from monologue.storage import ObjectStore
 
 CACHED_SESSIONS = 4
 
 
-@dataclass
-class SessionState:
-    """What a node holds for a session between chunks: inputs decoded once, the model set up once."""
+def output_spec(options: c.RenderOptions) -> OutputSpec:
+    return OutputSpec(fps=options.fps, resolution=options.resolution, preview=options.preview)  # type: ignore[arg-type]
 
-    audio: np.ndarray  # (samples,) float32 at AUDIO_RATE
-    face: FaceRegion
-    model: TalkingPhoto
+
+def stream_format(session: Session) -> StreamFormat:
+    return StreamFormat(width=session.frame_width, height=session.frame_height, fps=session.output.fps)
+
+
+class TimedSink:
+    """Counts the time spent encoding, so the chunk's log line can split decode from encode."""
+
+    def __init__(self, writer: SegmentWriter) -> None:
+        self.writer = writer
+        self.seconds = 0.0
+
+    def write(self, frames: np.ndarray) -> None:
+        started = time.perf_counter()
+        self.writer.write(frames)
+        self.seconds += time.perf_counter() - started
 
 
 class NodeActivities:
@@ -45,50 +66,60 @@ class NodeActivities:
         self._store = store
         self._sessions = sessions
         self._node_id = node_id
-        self._cache: OrderedDict[str, SessionState] = OrderedDict()
+        self._pipelines: dict[str, Pipeline] = {}
+        self._cache: OrderedDict[str, Session] = OrderedDict()
 
     @activity.defn(name=c.INIT_SESSION)
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
-        """Locate the face once per session and keep it in storage for every later chunk."""
+        """Encode the reference once and write the stream's init segment."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
             self._cache.pop(request.session_id, None)
-            state = self._load(request.session_id)
-            face = state.face
-            log.info("session initialised", face=face.to_dict())
-            return c.InitSessionResult(face_box=[face.x, face.y, face.width, face.height])
+            session = self._session(request.session_id, request.options)
+            self._store.put(
+                keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
+            )
+            log.info(
+                "session initialised",
+                family=request.options.family,
+                width=session.frame_width,
+                height=session.frame_height,
+            )
+            return c.InitSessionResult(width=session.frame_width, height=session.frame_height)
 
     @activity.defn(name=c.GENERATE_CHUNK)
     def generate_chunk(self, request: c.GenerateChunkInput) -> c.GenerateChunkResult:
-        """Render one chunk's frames, encode them to a segment, and record the chunk."""
-        with activity_context(
-            session_id=request.session_id, node_id=self._node_id, chunk=f"{request.kind}{request.index}"
-        ) as log:
-            state = self._load(request.session_id)
-            started = time.perf_counter()
-            openings = mouth_openings(
-                state.audio,
-                rate=AUDIO_RATE,
-                fps=request.fps,
-                first_frame=request.first_frame,
-                n_frames=request.n_frames,
+        """Run the pipeline for one chunk; its frames become one fMP4 segment."""
+        chunk_name = f"{request.kind}{request.index}"
+        with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk_name) as log:
+            session = self._session(request.session_id, request.options)
+            self._ensure_anchors(request, session)
+            chunk = ChunkRequest(
+                "I" if request.kind == "I" else "N",
+                request.index,
+                request.first_frame,
+                request.n_frames,
+                request.options.seed,
             )
-            frames = state.model.render(openings)  # (T, H, W, 3) uint8
-            generated = time.perf_counter()
-            activity.heartbeat("generated")
-            frame_hashes = [hashlib.sha256(frame.tobytes()).hexdigest() for frame in frames]
+            sink = TimedSink(
+                SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
+            )
+            result = self._pipeline(request.options.family).run_chunk(session, chunk, sink)
+            activity.heartbeat(chunk_name)
+            started = time.perf_counter()
+            segment = sink.writer.finish()
+            stage_ms = dict(result.stage_ms)
+            stage_ms["encode"] = (sink.seconds + time.perf_counter() - started) * 1000
+            stage_ms["decode_publish"] -= sink.seconds * 1000
             segment_key = keys.segment(request.session_id, request.kind, request.index)
-            with tempfile.TemporaryDirectory(prefix="monologue-seg-") as scratch:
-                path = Path(scratch) / "segment.mp4"
-                encode_video_segment(frames, fps=request.fps, path=path)
-                del frames
-                self._store.put_file(segment_key, path, content_type="video/mp4")
+            self._store.put(segment_key, segment, content_type="video/iso.segment")
             self._store.put(
                 keys.frame_hashes(request.session_id, request.kind, request.index),
-                json.dumps(frame_hashes).encode(),
+                json.dumps(result.frame_hashes).encode(),
                 content_type="application/json",
             )
-            encoded = time.perf_counter()
-            generate_ms, encode_ms = (generated - started) * 1000, (encoded - generated) * 1000
+            if request.kind == "N":
+                self._save_anchors(request.session_id, request.index, session)
+            digest = hashlib.sha256("".join(result.frame_hashes).encode()).hexdigest()
             with self._sessions() as db:
                 repo.record_chunk(
                     db,
@@ -99,77 +130,98 @@ class NodeActivities:
                     frames=request.n_frames,
                     node_id=self._node_id,
                     attempt=activity.info().attempt,
-                    generate_ms=generate_ms,
-                    encode_ms=encode_ms,
+                    stage_ms=stage_ms,
                     segment_key=segment_key,
-                    frames_sha256=_digest(frame_hashes),
+                    frames_sha256=digest,
                 )
             log.info(
-                "chunk done", frames=request.n_frames, generate_ms=round(generate_ms, 1), encode_ms=round(encode_ms, 1)
+                "chunk done",
+                frames=request.n_frames,
+                bytes=len(segment),
+                **{f"{name}_ms": round(ms, 1) for name, ms in stage_ms.items()},
             )
             return c.GenerateChunkResult(
-                segment_key=segment_key,
-                frames=request.n_frames,
-                frames_sha256=frame_hashes,
-                generate_ms=generate_ms,
-                encode_ms=encode_ms,
+                segment_key=segment_key, frames=request.n_frames, frames_sha256=digest, stage_ms=stage_ms
             )
 
     @activity.defn(name=c.FINALIZE)
     def finalize(self, request: c.FinalizeInput) -> c.FinalizeResult:
-        """Join the segments into one MP4 (no video re-encode), add the audio, write the frame manifest."""
+        """The final MP4 is the init segment plus every fragment in timeline order: no re-encoding."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
-            audio = decode_wav(self._store.get(keys.audio(request.session_id)))
-            plan = plan_chunks(request.frames, chunk_frames=request.chunk_frames)
+            sid, options = request.session_id, request.options
+            timeline = plan_timeline(request.frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
             manifest: list[str] = []
-            with tempfile.TemporaryDirectory(prefix="monologue-final-") as scratch:
-                segment_paths = []
-                for spec in plan:
-                    path = Path(scratch) / f"{spec.kind}{spec.index:05d}.mp4"
-                    self._store.get_file(keys.segment(request.session_id, spec.kind, spec.index), path)
-                    segment_paths.append(path)
-                    hashes = json.loads(self._store.get(keys.frame_hashes(request.session_id, spec.kind, spec.index)))
-                    manifest.extend(
-                        json.dumps({"frame": spec.first_frame + offset, "sha256": digest})
-                        for offset, digest in enumerate(hashes)
-                    )
-                    activity.heartbeat(spec.index)
-                final_path = Path(scratch) / "final.mp4"
-                mux_final(
-                    segment_paths, audio, rate=AUDIO_RATE, fps=request.fps, n_frames=request.frames, path=final_path
+            for spec in timeline:
+                hashes = json.loads(self._store.get(keys.frame_hashes(sid, spec.kind, spec.index)))
+                manifest.extend(
+                    json.dumps({"frame": spec.first_frame + offset, "sha256": digest})
+                    for offset, digest in enumerate(hashes)
                 )
-                video_key = keys.final_video(request.session_id)
-                size = final_path.stat().st_size
+            with tempfile.TemporaryDirectory(prefix="monologue-final-") as scratch:
+                folder = Path(scratch)
+                init_path = folder / "init.mp4"
+                self._store.get_file(keys.init_segment(sid), init_path)
+
+                def segments() -> Iterator[Path]:
+                    for spec in timeline:  # one fragment on disk at a time: flat memory and disk
+                        path = folder / "segment.m4s"
+                        self._store.get_file(keys.segment(sid, spec.kind, spec.index), path)
+                        activity.heartbeat(spec.name)
+                        yield path
+
+                final_path = folder / "final.mp4"
+                concat(init_path, segments(), final_path)
+                video_key, size = keys.final_video(sid), final_path.stat().st_size
                 self._store.put_file(video_key, final_path, content_type="video/mp4")
             self._store.put(
-                keys.frames_manifest(request.session_id),
-                ("\n".join(manifest) + "\n").encode(),
-                content_type="application/x-ndjson",
+                keys.frames_manifest(sid), ("\n".join(manifest) + "\n").encode(), content_type="application/x-ndjson"
             )
+            write_playlist(self._store, sid, options, request.frames, request.frames, ended=True)
             with self._sessions() as db:
-                repo.mark_completed(db, session_id=request.session_id, video_key=video_key)
-            self._cache.pop(request.session_id, None)
+                repo.mark_completed(db, session_id=sid, video_key=video_key)
+            self._cache.pop(sid, None)
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
-    def _load(self, session_id: str) -> SessionState:
-        """The session's state from the cache, or rebuilt from storage (after a node restart)."""
+    def _pipeline(self, family: str) -> Pipeline:
+        if family not in self._pipelines:
+            self._pipelines[family] = Pipeline(build_family(family))
+        return self._pipelines[family]
+
+    def _session(self, session_id: str, options: c.RenderOptions) -> Session:
+        """The session from the cache, or rebuilt from storage (the reference is encoded only once)."""
         if session_id in self._cache:
             self._cache.move_to_end(session_id)
             return self._cache[session_id]
         portrait = decode_png(self._store.get(keys.portrait(session_id)))
-        audio = decode_wav(self._store.get(keys.audio(session_id)))
+        audio = StoredWav(self._store, keys.audio(session_id))
         try:
-            face = FaceRegion.from_dict(json.loads(self._store.get(keys.face(session_id))))
+            reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
         except NotFound:
-            face = detect_face(portrait)
-            self._store.put(keys.face(session_id), json.dumps(face.to_dict()).encode(), content_type="application/json")
-        state = SessionState(audio=audio, face=face, model=TalkingPhoto(portrait, face))
-        self._cache[session_id] = state
+            reference = None
+        session = self._pipeline(options.family).start_session(portrait, output_spec(options), audio, reference)
+        if reference is None:
+            self._store.put(keys.reference(session_id), save_tensors(session.reference))
+        self._cache[session_id] = session
         while len(self._cache) > CACHED_SESSIONS:
             self._cache.popitem(last=False)
-        return state
+        return session
 
+    def _save_anchors(self, session_id: str, index: int, session: Session) -> None:
+        head, tail = session.anchors.get("N", index, "head"), session.anchors.get("N", index, "tail")
+        flat = {f"head.{k}": v for k, v in head.items()} | {f"tail.{k}": v for k, v in tail.items()}
+        self._store.put(keys.anchors(session_id, index), save_tensors(flat))
 
-def _digest(frame_hashes: list[str]) -> str:
-    return hashlib.sha256("".join(frame_hashes).encode()).hexdigest()
+    def _ensure_anchors(self, request: c.GenerateChunkInput, session: Session) -> None:
+        """Load from storage the anchors this chunk needs but this node does not hold (restart, move)."""
+        needed = [(request.index - 1, "tail")] if request.kind == "N" and request.index > 0 else []
+        if request.kind == "I":
+            needed = [(request.index, "tail"), (request.index + 1, "head")]
+        for index, end in needed:
+            if f"N{index}.{end}" in session.anchors.names():
+                continue
+            flat = load_tensors(self._store.get(keys.anchors(request.session_id, index)))
+            prefix = f"{end}."
+            session.anchors.put_one(
+                "N", index, end, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+            )

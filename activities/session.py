@@ -9,10 +9,11 @@ from sqlalchemy.orm import sessionmaker
 from temporalio import activity
 
 from activities.errors import activity_context
+from activities.playlist import write_playlist
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import InputError
-from monologue.media import AUDIO_RATE, decode_png, decode_wav
+from monologue.media import AUDIO_RATE, StoredWav, decode_png
 from monologue.plan import frame_count, plan_chunks
 from monologue.storage import ObjectStore
 
@@ -28,16 +29,18 @@ class SessionActivities:
         """Check the normalised inputs the API stored and size the timeline."""
         with activity_context(session_id=request.session_id) as log:
             portrait = decode_png(self._store.get(keys.portrait(request.session_id)))
-            audio = decode_wav(self._store.get(keys.audio(request.session_id)))
-            frames = frame_count(len(audio), rate=AUDIO_RATE, fps=request.fps)
+            audio = StoredWav(self._store, keys.audio(request.session_id))  # reads the header only
+            samples = audio.total_samples or 0
+            options = request.options
+            frames = frame_count(samples, rate=AUDIO_RATE, fps=options.fps)
             if frames < 1:
-                raise InputError(f"audio: {len(audio)} samples is shorter than one frame at {request.fps} fps")
-            chunks = len(plan_chunks(frames, chunk_frames=request.chunk_frames))
+                raise InputError(f"audio: {samples} samples is shorter than one frame at {options.fps} fps")
+            chunks = len(plan_chunks(frames, n_frames=options.chunk_frames, i_frames=options.i_frames))
             with self._sessions() as db:
                 repo.mark_running(db, session_id=request.session_id, frames=frames, chunks_total=chunks)
-            log.info("prepared", frames=frames, chunks=chunks, audio_samples=len(audio))
+            log.info("prepared", frames=frames, chunks=chunks, audio_samples=samples)
             return c.PrepareResult(
-                frames=frames, audio_samples=len(audio), width=portrait.shape[1], height=portrait.shape[0]
+                frames=frames, audio_samples=samples, width=portrait.shape[1], height=portrait.shape[0]
             )
 
     @activity.defn(name=c.ACQUIRE_NODE)
@@ -48,6 +51,21 @@ class SessionActivities:
                 repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
             log.info("node acquired")
             return c.AcquireNodeResult(node_id=self._node_id, task_queue=c.node_task_queue(self._node_id))
+
+    @activity.defn(name=c.PUBLISH)
+    def publish(self, request: c.PublishInput) -> c.PublishResult:
+        """Append the segments that are now contiguous from the start to the HLS playlist."""
+        with activity_context(session_id=request.session_id) as log:
+            count = write_playlist(
+                self._store,
+                request.session_id,
+                request.options,
+                request.total_frames,
+                request.published_frames,
+                ended=request.ended,
+            )
+            log.info("published", segments=count, frames=request.published_frames)
+            return c.PublishResult(segments=count)
 
     @activity.defn(name=c.RECORD_FAILURE)
     def record_failure(self, request: c.RecordFailureInput) -> None:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 
 class RenderOptionsBase(BaseModel):
     fps: int = Field(ge=1, le=60, description="Frames per second of the output video.")
-    chunk_frames: int = Field(ge=2, le=250, description="Frames per generated chunk (about 1-2 s).")
+    chunk_frames: int = Field(ge=2, le=250, description="Frames per N chunk (about 1-2 s).")
+    i_frames: int = Field(ge=0, le=32, description="Frames per I chunk, the seam between two N chunks (0: none).")
     seed: int = Field(ge=0, le=2**63 - 1, description="Seed: the same inputs and seed give the same frames.")
+    resolution: Literal["source", "512", "720p", "1080p"] = Field(
+        description="Output size: the portrait's own, 512x512, 1280x720 or 1920x1080 (portrait-shaped inputs"
+        " get the tall variant)."
+    )
+    preview: bool = Field(description="Render fast at half resolution; the same seed gives the same motion.")
+    family: Literal["warp"] = Field(description="Model family.")
 
 
 class RenderOptionsCreate(RenderOptionsBase):
@@ -26,6 +34,7 @@ class Progress(BaseModel):
 class RenderLinks(BaseModel):
     self: str
     video: str
+    stream: str = Field(description="HLS playlist (fMP4 segments); plays while the render runs.")
     workflow: str = Field(description="This session's workflow in Temporal's UI.")
 
 

@@ -84,7 +84,7 @@ def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> N
 async def _start_workflow(client: Client, settings: Settings, session_id: str, options: RenderOptionsCreate) -> None:
     await client.start_workflow(
         "RenderWorkflow",
-        c.RenderInput(session_id=session_id, fps=options.fps, chunk_frames=options.chunk_frames, seed=options.seed),
+        c.RenderInput(session_id=session_id, options=c.RenderOptions(**options.model_dump())),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

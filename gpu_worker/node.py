@@ -49,7 +49,7 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
             client,
             task_queue=settings.temporal.task_queue,
             workflows=[RenderWorkflow],
-            activities=[shared.prepare, shared.acquire_node, shared.record_failure],
+            activities=[shared.prepare, shared.acquire_node, shared.publish, shared.record_failure],
             activity_executor=executor,
             max_concurrent_activities=4,
             graceful_shutdown_timeout=grace,

@@ -14,6 +14,7 @@ ACQUIRE_NODE = "acquire_node"
 RECORD_FAILURE = "record_failure"
 INIT_SESSION = "init_session"
 GENERATE_CHUNK = "generate_chunk"
+PUBLISH = "publish"
 FINALIZE = "finalize"
 
 
@@ -27,11 +28,22 @@ def render_workflow_id(session_id: str) -> str:
 
 
 @dataclass
+class RenderOptions:
+    """Per-session options (validated by the API before the workflow starts)."""
+
+    fps: int = 25
+    chunk_frames: int = 40  # frames per N chunk
+    i_frames: int = 4  # frames per I chunk (the seam between two N chunks); 0: no interpolation
+    seed: int = 0
+    resolution: str = "source"  # "source", "512", "720p" or "1080p"
+    preview: bool = False  # half resolution, same motion
+    family: str = "warp"
+
+
+@dataclass
 class RenderInput:
     session_id: str
-    fps: int = 25
-    chunk_frames: int = 40
-    seed: int = 0
+    options: RenderOptions = field(default_factory=RenderOptions)
 
 
 @dataclass
@@ -55,8 +67,7 @@ class Progress:
 @dataclass
 class PrepareInput:
     session_id: str
-    fps: int
-    chunk_frames: int
+    options: RenderOptions
 
 
 @dataclass
@@ -82,41 +93,56 @@ class AcquireNodeResult:
 class InitSessionInput:
     session_id: str
     node_id: str
+    options: RenderOptions
 
 
 @dataclass
 class InitSessionResult:
-    face_box: list[int] = field(default_factory=list)  # x, y, width, height
+    width: int
+    height: int
 
 
 @dataclass
 class GenerateChunkInput:
     session_id: str
     node_id: str
+    options: RenderOptions
     kind: str
     index: int
     first_frame: int
     n_frames: int
-    fps: int
-    seed: int
 
 
 @dataclass
 class GenerateChunkResult:
     segment_key: str
     frames: int
-    frames_sha256: list[str] = field(default_factory=list)  # one per frame, of the raw RGB bytes
-    generate_ms: float = 0.0
-    encode_ms: float = 0.0
+    frames_sha256: str = ""  # SHA-256 over the chunk's per-frame hashes (the per-frame list stays in storage)
+    stage_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PublishInput:
+    """Publish every segment of the timeline up to `published_frames` (segments land in timeline order)."""
+
+    session_id: str
+    options: RenderOptions
+    total_frames: int
+    published_frames: int
+    ended: bool = False
+
+
+@dataclass
+class PublishResult:
+    segments: int
 
 
 @dataclass
 class FinalizeInput:
     session_id: str
     node_id: str
-    fps: int
+    options: RenderOptions
     frames: int
-    chunk_frames: int
 
 
 @dataclass

@@ -60,8 +60,7 @@ class ChunkRow(Base):
     status: Mapped[str] = mapped_column(String(16), default="done")
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     node_id: Mapped[str | None] = mapped_column(String(128))
-    generate_ms: Mapped[float | None] = mapped_column(Float)
-    encode_ms: Mapped[float | None] = mapped_column(Float)
+    stage_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)  # per stage: context, audio_to_video, …
     segment_key: Mapped[str | None] = mapped_column(String(512))
     frames_sha256: Mapped[str | None] = mapped_column(String(64))  # hash of the per-frame hashes
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

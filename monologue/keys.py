@@ -3,6 +3,11 @@ layout in docs/architecture.md stays true."""
 
 from __future__ import annotations
 
+import re
+
+# What the API may serve from a session's out/ folder (everything else there is internal).
+PUBLIC_OUTPUT = re.compile(r"^(init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s)$")
+
 
 def session_prefix(session_id: str) -> str:
     return f"sessions/{session_id}/"
@@ -16,12 +21,35 @@ def audio(session_id: str) -> str:
     return f"sessions/{session_id}/input/audio.wav"
 
 
-def face(session_id: str) -> str:
-    return f"sessions/{session_id}/ref/face.json"
+def reference(session_id: str) -> str:
+    """The static reference conditioning, encoded once per session (safetensors)."""
+    return f"sessions/{session_id}/ref/conditioning.safetensors"
+
+
+def anchors(session_id: str, index: int) -> str:
+    """The head and tail anchors N chunk `index` left (safetensors)."""
+    return f"sessions/{session_id}/anchors/N{index:05d}.safetensors"
+
+
+def segment_name(kind: str, index: int) -> str:
+    return f"seg-{kind}{index:05d}.m4s"
+
+
+def output(session_id: str, name: str) -> str:
+    return f"sessions/{session_id}/out/{name}"
+
+
+def init_segment(session_id: str) -> str:
+    return output(session_id, "init.mp4")
 
 
 def segment(session_id: str, kind: str, index: int) -> str:
-    return f"sessions/{session_id}/out/seg-{kind}{index:05d}.mp4"
+    """One chunk's fMP4 fragment (moof + mdat); plays after init.mp4."""
+    return output(session_id, segment_name(kind, index))
+
+
+def playlist(session_id: str) -> str:
+    return output(session_id, "stream.m3u8")
 
 
 def frame_hashes(session_id: str, kind: str, index: int) -> str:
@@ -29,8 +57,8 @@ def frame_hashes(session_id: str, kind: str, index: int) -> str:
 
 
 def frames_manifest(session_id: str) -> str:
-    return f"sessions/{session_id}/out/frames.jsonl"
+    return output(session_id, "frames.jsonl")
 
 
 def final_video(session_id: str) -> str:
-    return f"sessions/{session_id}/out/final.mp4"
+    return output(session_id, "final.mp4")

@@ -61,8 +61,12 @@ class RenderDefaults(BaseModel):
     """Per-session options users may override at submit time."""
 
     fps: int = Field(default=25, ge=1, le=60)
-    chunk_frames: int = Field(default=40, ge=2, le=250)  # 1.6 s at 25 fps
+    chunk_frames: int = Field(default=40, ge=2, le=250, description="frames per N chunk (1.6 s at 25 fps)")
+    i_frames: int = Field(default=4, ge=0, le=32, description="frames per I chunk (the seam); 0: none")
     seed: int = 0
+    resolution: Literal["source", "512", "720p", "1080p"] = "source"
+    preview: bool = False
+    family: Literal["warp"] = "warp"
 
 
 class Settings(BaseSettings):

@@ -5,7 +5,9 @@ library, temporalio and the stdlib-only contracts and plan modules). Activities 
 so their modules (numpy, PyAV, SQLAlchemy) never enter the workflow sandbox.
 
     prepare (shared queue) → acquire_node (shared queue, answered by a free node)
-      → init_session → generate_chunk × N → finalize   (all on the node's own queue `node-<id>`)
+      → init_session → generate_chunk per chunk in generation order (N0 N1 I0 N2 I1 …) → finalize
+        (on the node's own queue `node-<id>`), with `publish` (shared queue) appending segments to
+        the HLS playlist in timeline order while the next chunk generates.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
-    from monologue.plan import plan_chunks
+    from monologue.plan import plan_chunks, timeline_order
 
 Result = TypeVar("Result")
 
@@ -78,13 +80,10 @@ class RenderWorkflow:
             raise ApplicationError(f"session {session_id} failed: {message}", non_retryable=True) from err
 
     async def _render(self, request: c.RenderInput) -> c.RenderResult:
-        session_id = request.session_id
-        prepared = await _shared(
-            c.PREPARE,
-            c.PrepareInput(session_id=session_id, fps=request.fps, chunk_frames=request.chunk_frames),
-            c.PrepareResult,
-        )
-        plan = plan_chunks(prepared.frames, chunk_frames=request.chunk_frames)
+        session_id, options = request.session_id, request.options
+        prepared = await _shared(c.PREPARE, c.PrepareInput(session_id=session_id, options=options), c.PrepareResult)
+        plan = plan_chunks(prepared.frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
+        timeline = timeline_order(plan)
         self._progress.chunks_total = len(plan)
 
         node = await _shared(c.ACQUIRE_NODE, c.AcquireNodeInput(session_id=session_id), c.AcquireNodeResult)
@@ -93,33 +92,40 @@ class RenderWorkflow:
         queue = node.task_queue
         await _pinned(
             c.INIT_SESSION,
-            c.InitSessionInput(session_id=session_id, node_id=node.node_id),
+            c.InitSessionInput(session_id=session_id, node_id=node.node_id, options=options),
             c.InitSessionResult,
             task_queue=queue,
         )
-        for spec in plan:
+        generated: set[str] = set()
+        published = 0  # timeline chunks published so far (a prefix of the timeline)
+        publishing: workflow.ActivityHandle[c.PublishResult] | None = None
+        for spec in plan:  # generation order: N0 N1 I0 N2 I1 …
             chunk = c.GenerateChunkInput(
                 session_id=session_id,
                 node_id=node.node_id,
+                options=options,
                 kind=spec.kind,
                 index=spec.index,
                 first_frame=spec.first_frame,
                 n_frames=spec.n_frames,
-                fps=request.fps,
-                seed=request.seed,
             )
             await _pinned(c.GENERATE_CHUNK, chunk, c.GenerateChunkResult, task_queue=queue)
+            generated.add(spec.name)
             self._progress.chunks_done += 1
+            before = published
+            while published < len(timeline) and timeline[published].name in generated:
+                published += 1
+            if published > before:
+                # Segments go out in timeline order, while the next chunk generates.
+                if publishing is not None:
+                    await publishing
+                publishing = _start_publish(session_id, options, prepared.frames, timeline[published - 1].end_frame)
+        if publishing is not None:
+            await publishing
 
         final = await _pinned(
             c.FINALIZE,
-            c.FinalizeInput(
-                session_id=session_id,
-                node_id=node.node_id,
-                fps=request.fps,
-                frames=prepared.frames,
-                chunk_frames=request.chunk_frames,
-            ),
+            c.FinalizeInput(session_id=session_id, node_id=node.node_id, options=options, frames=prepared.frames),
             c.FinalizeResult,
             task_queue=queue,
         )
@@ -127,6 +133,20 @@ class RenderWorkflow:
         return c.RenderResult(
             session_id=session_id, video_key=final.video_key, frames=prepared.frames, chunks=len(plan)
         )
+
+
+def _start_publish(
+    session_id: str, options: c.RenderOptions, total_frames: int, published_frames: int
+) -> workflow.ActivityHandle[c.PublishResult]:
+    return workflow.start_activity(
+        c.PUBLISH,
+        c.PublishInput(
+            session_id=session_id, options=options, total_frames=total_frames, published_frames=published_frames
+        ),
+        result_type=c.PublishResult,
+        start_to_close_timeout=timedelta(minutes=1),
+        retry_policy=RETRY,
+    )
 
 
 def _root_message(err: BaseException) -> str:

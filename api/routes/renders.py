@@ -11,9 +11,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from monologue import repo
+from monologue import keys, repo
 from monologue.db import SessionRow
-from monologue.errors import InputError
+from monologue.errors import InputError, NotFound
 from monologue.storage import LocalStore
 
 from ..deps import DbDep, ServicesDep
@@ -32,15 +32,27 @@ async def create_render(
     audio: Annotated[UploadFile, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")],
     fps: Annotated[int | None, Form()] = None,
     chunk_frames: Annotated[int | None, Form()] = None,
+    i_frames: Annotated[int | None, Form()] = None,
     seed: Annotated[int | None, Form()] = None,
+    resolution: Annotated[str | None, Form()] = None,
+    preview: Annotated[bool | None, Form()] = None,
+    family: Annotated[str | None, Form()] = None,
 ) -> RenderPublic:
-    """Start rendering a talking-avatar video; returns at once with the session id and its URLs."""
-    defaults = services.settings.render
+    """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
+
+    Options left out take the server's defaults (`MONOLOGUE_RENDER__*`)."""
+    given = {
+        "fps": fps,
+        "chunk_frames": chunk_frames,
+        "i_frames": i_frames,
+        "seed": seed,
+        "resolution": resolution,
+        "preview": preview,
+        "family": family,
+    }
     try:
-        options = RenderOptionsCreate(
-            fps=defaults.fps if fps is None else fps,
-            chunk_frames=defaults.chunk_frames if chunk_frames is None else chunk_frames,
-            seed=defaults.seed if seed is None else seed,
+        options = RenderOptionsCreate.model_validate(
+            services.settings.render.model_dump() | {k: v for k, v in given.items() if v is not None}
         )
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
@@ -101,6 +113,30 @@ def get_video(session_id: str, services: ServicesDep, db: DbDep) -> Response:
     return StreamingResponse(store.stream(row.video_key), media_type="video/mp4", headers=headers)
 
 
+_MEDIA_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".mp4": "video/mp4", ".m4s": "video/iso.segment"}
+
+
+@router.get(
+    "/{session_id}/{name}",
+    response_class=Response,
+    responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}, 404: {}},
+)
+def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep) -> Response:
+    """The live HLS stream: `stream.m3u8` (grows while the render runs), `init.mp4` and its `seg-*.m4s`."""
+    _find(db, session_id)
+    if not keys.PUBLIC_OUTPUT.match(name):
+        raise HTTPException(404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s")
+    key = keys.output(session_id, name)
+    media_type = _MEDIA_TYPES[name[name.rindex(".") :]]
+    # The playlist changes while the render runs; segments never change once written.
+    cache = "no-cache" if name.endswith(".m3u8") else "public, max-age=31536000, immutable"
+    try:
+        data = services.store.get(key)
+    except NotFound:
+        raise HTTPException(404, f"{name} is not published yet for render {session_id}") from None
+    return Response(data, media_type=media_type, headers={"Cache-Control": cache})
+
+
 def _find(db: DbDep, session_id: str) -> SessionRow:
     row = repo.get_session(db, session_id=session_id)
     if row is None:
@@ -129,6 +165,7 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
             chunks_done=repo.chunks_done(db, session_id=row.id), chunks_total=row.chunks_total, frames_total=row.frames
         ),
         links=RenderLinks(
+            stream=f"{base}/v1/renders/{row.id}/stream.m3u8",
             self=f"{base}/v1/renders/{row.id}",
             video=f"{base}/v1/renders/{row.id}/video.mp4",
             workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",

@@ -39,6 +39,10 @@ class AnchorStore:
             if key[1] < index - 1 or key == ("N", index - 1, "head"):
                 del self._anchors[key]
 
+    def put_one(self, kind: str, index: int, end: str, anchor: Anchor) -> None:
+        """Put back one anchor loaded from storage (a node that did not generate its chunk)."""
+        self._anchors[(kind, index, end)] = anchor
+
     def get(self, kind: str, index: int, end: str) -> Anchor:
         try:
             return self._anchors[(kind, index, end)]

@@ -58,8 +58,7 @@ def test_chunk_writes_are_idempotent_and_progress_counts_them(database_url: str)
                 frames=40,
                 node_id="n",
                 attempt=1,
-                generate_ms=1.0,
-                encode_ms=2.0,
+                stage_ms={"context": 1.0, "encode": 2.0},
                 segment_key="k0",
                 frames_sha256="a" * 64,
             )

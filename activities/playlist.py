@@ -1,0 +1,30 @@
+"""The HLS playlist of a session, rewritten as segments land (in timeline order)."""
+
+from __future__ import annotations
+
+from gpu_worker.publish import playlist
+from monologue import contracts as c
+from monologue import keys
+from monologue.plan import plan_timeline
+from monologue.storage import ObjectStore
+
+
+def write_playlist(
+    store: ObjectStore,
+    session_id: str,
+    options: c.RenderOptions,
+    total_frames: int,
+    published_frames: int,
+    *,
+    ended: bool,
+) -> int:
+    """Rewrite the HLS playlist with every segment of the timeline that ends by `published_frames`."""
+    timeline = plan_timeline(total_frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
+    entries = [
+        (keys.segment_name(spec.kind, spec.index), spec.n_frames / options.fps)
+        for spec in timeline
+        if spec.end_frame <= published_frames
+    ]
+    text = playlist(entries, init_uri="init.mp4", ended=ended)
+    store.put(keys.playlist(session_id), text.encode(), content_type="application/vnd.apple.mpegurl")
+    return len(entries)
