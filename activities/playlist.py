@@ -25,6 +25,8 @@ def write_playlist(
         for spec in timeline
         if spec.end_frame <= published_frames
     ]
-    text = playlist(entries, init_uri="init.mp4", ended=ended)
+    # HLS forbids the target duration changing mid-stream: fix it at the longest chunk there can be.
+    longest = max(options.chunk_frames, options.i_frames) / options.fps
+    text = playlist(entries, init_uri="init.mp4", ended=ended, target_duration=longest)
     store.put(keys.playlist(session_id), text.encode(), content_type="application/vnd.apple.mpegurl")
     return len(entries)

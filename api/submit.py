@@ -5,6 +5,7 @@ before the first write, and a failure after a write removes what was written."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 
@@ -12,7 +13,8 @@ import structlog
 from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 
-from gpu_worker.face import detect_face
+from gpu_worker.models import build_family
+from gpu_worker.pipeline import Family
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
@@ -31,13 +33,18 @@ class ValidInputs:
     speech: Speech
 
 
-def validate_inputs(*, portrait: bytes, audio: bytes, settings: Settings) -> ValidInputs:
+def validate_inputs(*, portrait: bytes, audio: bytes, family: str, settings: Settings) -> ValidInputs:
     """Decode and check both uploads; raises InputError (→ 4xx) naming the problem. CPU-bound."""
     limits = settings.limits
     image = normalise_portrait(portrait, max_side=limits.max_portrait_side)
     speech = normalise_audio(audio, max_seconds=limits.max_audio_seconds)
-    detect_face(decode_png(image.png))  # no face: NoFaceFound, an InputError
+    _family(family).reference.check(decode_png(image.png))  # e.g. no face: NoFaceFound, an InputError
     return ValidInputs(portrait=image, speech=speech)
+
+
+@functools.cache
+def _family(name: str) -> Family:
+    return build_family(name)
 
 
 async def start_render(

@@ -145,6 +145,26 @@ def demo(output: Path | None, keep_running: bool | None) -> None:
             stack.stop()
 
 
+@main.group()
+def bench() -> None:
+    """Benchmarks that print figures (nothing here asserts speed)."""
+
+
+@bench.command("pipeline")
+@click.option("--minutes", type=float, default=2.0, show_default=True, help="Minutes of speech to render.")
+@click.option("--resolution", type=click.Choice(["source", "512", "720p", "1080p"]), default="720p", show_default=True)
+@click.option("--preview", is_flag=True, help="Half resolution, same motion.")
+@click.option("--family", default="warp", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
+def bench_pipeline_command(minutes: float, resolution: str, preview: bool, family: str, as_json: bool) -> None:
+    """Render MINUTES of real speech through the pipeline and encoder; print fps, realtime factor,
+    per-stage ms per chunk (p50/p95), encode share and peak RSS."""
+    from gpu_worker.bench import bench_pipeline, report_json
+
+    report = bench_pipeline(minutes=minutes, resolution=resolution, preview=preview, family=family)
+    click.echo(report_json(report) if as_json else report.table())
+
+
 def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
     from monologue.client import RenderFailed, download, submit, wait
 

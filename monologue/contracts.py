@@ -4,8 +4,8 @@ Fields are ids, keys and numbers; frames and tensors never cross Temporal (they 
 storage). New fields get defaults so older histories still decode. This module imports only the
 standard library: workflow code imports it inside the sandbox."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Temporal's converter resolves these field types at
+# run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
 from dataclasses import dataclass, field
 
 # Activity names, so workflow code can call activities without importing their heavy modules.

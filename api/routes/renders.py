@@ -61,7 +61,11 @@ async def create_render(
     audio_bytes = await _read_limited(audio, "audio", limit)
     try:
         inputs = await run_in_threadpool(
-            validate_inputs, portrait=portrait_bytes, audio=audio_bytes, settings=services.settings
+            validate_inputs,
+            portrait=portrait_bytes,
+            audio=audio_bytes,
+            family=options.family,
+            settings=services.settings,
         )
     except InputError as err:
         raise HTTPException(422, str(err)) from err

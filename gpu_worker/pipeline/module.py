@@ -58,6 +58,10 @@ class ReferenceEncoder(Module, ABC):
     def encode(self, portrait: np.ndarray, output: OutputSpec) -> Reference:
         """portrait (H, W, 3) uint8 → named arrays every later chunk reads. Raises InputError if unusable."""
 
+    def check(self, portrait: np.ndarray) -> None:
+        """Raise InputError if `encode` could not use this portrait (the API calls it at submit time, so
+        the user hears about it at once instead of from a failed session). Cheap: no weights needed."""
+
     @staticmethod
     def frame_size(reference: Reference) -> tuple[int, int]:
         """(width, height) of the frames this reference renders; every family stores it as `frame_size`."""

@@ -198,7 +198,7 @@ def _traf(run: TrackRun, data_offset: int) -> bytes:
 
 
 def build_fragment(sequence_number: int, runs: Sequence[TrackRun]) -> bytes:
-    """moof + mdat holding the runs' samples, each run's data contiguous, in the order given. Empty runs are left out."""
+    """moof + mdat holding the runs' samples, each run's data contiguous, in the given order; empty runs left out."""
     runs = [run for run in runs if run.samples]
     if not runs:
         raise ValueError("a fragment needs at least one sample")

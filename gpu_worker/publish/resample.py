@@ -41,7 +41,7 @@ def _bessel_i0(x: float) -> float:
 
 
 def _taps() -> np.ndarray:
-    """(FACTOR, 2 × HALF_WIDTH) taps: row r, column d + HALF_WIDTH holds h(3d + r) for d in [-HALF_WIDTH, HALF_WIDTH)."""
+    """(3, 2 × HALF_WIDTH) taps: row r, column d + HALF_WIDTH holds h(3d + r), d in [-HALF_WIDTH, HALF_WIDTH)."""
     span = FACTOR * _HALF_WIDTH
     taps = np.zeros((FACTOR, 2 * _HALF_WIDTH), dtype=np.float64)
     for phase in range(FACTOR):

@@ -31,8 +31,9 @@ _MIN_VIDEO_TIMESCALE = 10_000
 class StreamFormat:
     """How every segment of one session is encoded; segments of one session must share one StreamFormat.
 
-    `x264_threads` = 0 lets x264 pick from the core count. x264's output depends on its thread count, so segments
-    are byte-identical across machines only when they have the same core count or this is set explicitly.
+    `x264_threads` = 0 lets x264 pick from the core count. x264 does not promise the same bytes for different thread
+    counts (here, superfast at 720p gave identical bytes with 1 thread and auto); set it explicitly when chunks of one
+    session may be retried on machines with different core counts and byte identity matters.
     """
 
     width: int

@@ -123,7 +123,10 @@ def test_log_lines_carry_session_workflow_and_chunk_ids(stack: Stack, api_url: s
     assert activity_lines
     assert all({"session_id", "workflow_id", "run_id"} <= line.keys() for line in activity_lines)
     chunk_lines = [line for line in activity_lines if line["event"] == "chunk done"]
-    assert chunk_lines and all({"chunk", "node_id", "generate_ms", "encode_ms"} <= line.keys() for line in chunk_lines)
+    assert chunk_lines and all(
+        {"chunk", "node_id", "context_ms", "audio_to_video_ms", "super_resolution_ms", "encode_ms"} <= line.keys()
+        for line in chunk_lines
+    )
     api_lines = [json.loads(line) for line in (stack.log_dir / "api.log").read_text().splitlines()]
     started = [line for line in api_lines if line["event"] == "render started"]
     assert started and all({"session_id", "workflow_id", "path"} <= line.keys() for line in started)

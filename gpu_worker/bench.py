@@ -1,0 +1,148 @@
+"""`monologue bench pipeline`: render minutes of real speech through the Pipeline and the segment
+encoder on this machine, with no Temporal and no storage in the way, and print what it cost.
+
+A benchmark, not a test: it prints figures (frames/s, realtime factor, per-stage ms per chunk,
+encode share, peak RSS) and asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpu_worker.models import build_family
+from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.publish import SegmentWriter, StreamFormat, init_segment
+from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
+from monologue.plan import frame_count, plan_chunks
+
+SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
+
+
+class LoopedSpeech:
+    """Real speech (the bundled sample) repeated to any length, read by range without materialising it,
+    so a 15-minute benchmark holds no more audio in memory than a 1-minute one."""
+
+    rate = AUDIO_RATE
+
+    def __init__(self, speech: np.ndarray, total_samples: int) -> None:
+        self.speech = speech
+        self.total_samples: int | None = total_samples
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        out = np.zeros(max(0, end - start), dtype=np.float32)
+        lo, hi = max(start, 0), min(end, self.total_samples or 0)
+        if hi > lo:
+            positions = np.arange(lo, hi) % len(self.speech)
+            out[lo - start : hi - start] = self.speech[positions]
+        return out
+
+
+@dataclass
+class BenchReport:
+    family: str
+    width: int
+    height: int
+    fps: int
+    frames: int
+    chunks: int
+    wall_s: float
+    frames_per_s: float
+    realtime_factor: float  # video seconds per wall second
+    encode_share: float  # fraction of the wall time spent in the H.264/AAC encoder
+    stage_ms_p50: dict[str, float]
+    stage_ms_p95: dict[str, float]
+    peak_rss_mb: float
+
+    def table(self) -> str:
+        lines = [
+            f"{self.family} {self.width}x{self.height}@{self.fps}: {self.frames} frames in {self.chunks} chunks,"
+            f" {self.wall_s:.1f} s",
+            f"  frames/s          {self.frames_per_s:8.1f}",
+            f"  realtime factor   {self.realtime_factor:8.2f}  (video seconds per wall second)",
+            f"  encode share      {100 * self.encode_share:7.1f} %",
+            f"  peak RSS          {self.peak_rss_mb:8.1f} MB",
+            "  per chunk (ms)        p50      p95",
+        ]
+        lines += [
+            f"    {name:<16} {self.stage_ms_p50[name]:8.1f} {self.stage_ms_p95[name]:8.1f}"
+            for name in self.stage_ms_p50
+        ]
+        return "\n".join(lines)
+
+
+class _EncodingSink:
+    def __init__(self, writer: SegmentWriter) -> None:
+        self.writer = writer
+        self.seconds = 0.0
+
+    def write(self, frames: np.ndarray) -> None:
+        started = time.perf_counter()
+        self.writer.write(frames)
+        self.seconds += time.perf_counter() - started
+
+
+def bench_pipeline(
+    *,
+    minutes: float,
+    resolution: str = "720p",
+    preview: bool = False,
+    family: str = "warp",
+    fps: int = 25,
+    chunk_frames: int = 40,
+    i_frames: int = 4,
+    seed: int = 0,
+) -> BenchReport:
+    """Render `minutes` of speech in generation order, encoding every chunk's segment."""
+    portrait = decode_png(normalise_portrait((SAMPLES / "portrait.jpg").read_bytes()).png)
+    speech = decode_wav(normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)
+    audio = LoopedSpeech(speech, int(minutes * 60 * AUDIO_RATE))
+    output = OutputSpec(fps=fps, resolution=resolution, preview=preview)  # type: ignore[arg-type]
+    pipeline = Pipeline(build_family(family))
+    session = pipeline.start_session(portrait, output, audio)
+    stream = StreamFormat(width=session.frame_width, height=session.frame_height, fps=fps)
+    init_segment(stream)
+    frames = frame_count(audio.total_samples or 0, rate=AUDIO_RATE, fps=fps)
+    plan = plan_chunks(frames, n_frames=chunk_frames, i_frames=i_frames)
+    per_stage: dict[str, list[float]] = {}
+    encode_seconds = 0.0
+    started = time.perf_counter()
+    for spec in plan:
+        sink = _EncodingSink(SegmentWriter(stream, first_frame=spec.first_frame, audio=audio))
+        chunk = ChunkRequest("I" if spec.kind == "I" else "N", spec.index, spec.first_frame, spec.n_frames, seed)
+        result = pipeline.run_chunk(session, chunk, sink)
+        finish_started = time.perf_counter()
+        sink.writer.finish()
+        encode = sink.seconds + time.perf_counter() - finish_started
+        encode_seconds += encode
+        stage_ms = dict(result.stage_ms)
+        stage_ms["decode_publish"] -= sink.seconds * 1000
+        stage_ms["encode"] = encode * 1000
+        for name, value in stage_ms.items():
+            per_stage.setdefault(name, []).append(value)
+    wall = time.perf_counter() - started
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return BenchReport(
+        family=family,
+        width=session.frame_width,
+        height=session.frame_height,
+        fps=fps,
+        frames=frames,
+        chunks=len(plan),
+        wall_s=wall,
+        frames_per_s=frames / wall,
+        realtime_factor=frames / fps / wall,
+        encode_share=encode_seconds / wall,
+        stage_ms_p50={name: float(np.percentile(v, 50)) for name, v in per_stage.items()},
+        stage_ms_p95={name: float(np.percentile(v, 95)) for name, v in per_stage.items()},
+        peak_rss_mb=peak_kb / 1024,
+    )
+
+
+def report_json(report: BenchReport) -> str:
+    return json.dumps(asdict(report))

@@ -1,0 +1,133 @@
+"""Per-frame speech features for the mouth: how loud, and what the spectrum says about the lips' shape.
+
+Each frame's features come from a window centred on that frame alone, so a frame's values are the same
+whichever chunk computes them: what makes the mouth meet itself exactly across chunk seams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_worker.pipeline.module import ContextGenerator
+from gpu_worker.pipeline.types import AudioWindow, ChunkRequest
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    # Analysis window: 40 ms (one frame at 25 fps), long enough for two pitch periods of a low voice.
+    window_seconds: float = 0.040
+    # Spectral bands (Hz). Rounded back vowels ("oo", "o") keep their energy low (first formant); front
+    # vowels ("ee", "ay") push the second formant up; fricatives ("s", "sh", "f") hiss above 4 kHz.
+    low_band: tuple[float, float] = (250.0, 1000.0)
+    mid_band: tuple[float, float] = (1000.0, 3500.0)
+    high_band: tuple[float, float] = (4000.0, 8000.0)
+    # Mid-to-low energy ratio (dB) of a neutral vowel, and the ratio change that reads as fully spread or
+    # fully rounded lips (measured on espeak-ng and recorded speech: vowels span about -20..+5 dB).
+    neutral_ratio_db: float = -6.0
+    ratio_scale_db: float = 6.0
+    # Level reported for digital silence, well under any floor the mouth uses.
+    silence_db: float = -120.0
+
+
+FEATURES = FeatureConfig()
+
+
+@dataclass(frozen=True)
+class SpeechFeatures:
+    """Features for consecutive absolute frames [first_frame, first_frame + len)."""
+
+    fps: int
+    first_frame: int
+    level_db: np.ndarray  # (F,) loudness, dBFS
+    spread: np.ndarray  # (F,) -1 rounded … +1 spread
+    hiss: np.ndarray  # (F,) share of energy in the fricative band, 0..1
+
+    def has(self, frame: int) -> bool:
+        return self.first_frame <= frame < self.first_frame + self.level_db.size
+
+    def at(self, frame: int) -> tuple[float, float, float]:
+        """(level_db, spread, hiss) of an absolute frame that `has` says is present."""
+        index = frame - self.first_frame
+        return float(self.level_db[index]), float(self.spread[index]), float(self.hiss[index])
+
+    def to_context(self) -> dict[str, Any]:
+        return {
+            "fps": self.fps,
+            "first_frame": self.first_frame,
+            "level_db": self.level_db,
+            "spread": self.spread,
+            "hiss": self.hiss,
+        }
+
+    @classmethod
+    def from_context(cls, context: dict[str, Any]) -> SpeechFeatures:
+        return cls(
+            fps=int(context["fps"]),
+            first_frame=int(context["first_frame"]),
+            level_db=context["level_db"],
+            spread=context["spread"],
+            hiss=context["hiss"],
+        )
+
+
+def _band(frequencies: np.ndarray, band: tuple[float, float]) -> np.ndarray:
+    return (frequencies >= band[0]) & (frequencies < band[1])
+
+
+def speech_features(
+    window: AudioWindow, first_frame: int, end_frame: int, config: FeatureConfig = FEATURES
+) -> SpeechFeatures:
+    """Features for the frames in [first_frame, end_frame) whose analysis window lies inside the audio
+    window (frames at the window's ends whose analysis would need samples it lacks are left out)."""
+    length = max(16, round(config.window_seconds * window.rate))
+    taper = np.hanning(length + 2)[1:-1]  # (L,) without the zero end points
+    frequencies = np.fft.rfftfreq(length, 1.0 / window.rate)
+    low, mid, high = (_band(frequencies, band) for band in (config.low_band, config.mid_band, config.high_band))
+    samples = window.samples.astype(np.float64)
+    kept: list[int] = []
+    values: list[tuple[float, float, float]] = []
+    for frame in range(first_frame, end_frame):
+        centre = (window.frame_start(frame) + window.frame_start(frame + 1)) // 2
+        start = centre - length // 2
+        if start < 0 or start + length > samples.size:
+            continue
+        # One frame at a time: the numbers for a frame never depend on which other frames share the call.
+        tapered = samples[start : start + length] * taper
+        power = np.abs(np.fft.rfft(tapered)) ** 2
+        mean_square = float(np.dot(tapered, tapered) / taper.sum())
+        level = 10.0 * np.log10(mean_square) if mean_square > 1e-12 else config.silence_db
+        energy_low, energy_mid, energy_high = float(power[low].sum()), float(power[mid].sum()), float(power[high].sum())
+        ratio_db = 10.0 * np.log10((energy_mid + 1e-12) / (energy_low + 1e-12))
+        spread = float(np.tanh((ratio_db - config.neutral_ratio_db) / config.ratio_scale_db))
+        hiss = energy_high / (energy_low + energy_mid + energy_high + 1e-12)
+        kept.append(frame)
+        values.append((max(level, config.silence_db), spread, hiss))
+    if kept and kept != list(range(kept[0], kept[0] + len(kept))):
+        raise RuntimeError("speech features must cover consecutive frames")
+    table = np.array(values, dtype=np.float64).reshape(-1, 3)  # (F, 3)
+    return SpeechFeatures(
+        fps=window.fps,
+        first_frame=kept[0] if kept else first_frame,
+        level_db=table[:, 0].copy(),
+        spread=table[:, 1].copy(),
+        hiss=table[:, 2].copy(),
+    )
+
+
+class SpeechContext(ContextGenerator):
+    """Per-frame loudness, lip spread and hiss for a chunk and its margins.
+
+    The margin before covers the I chunk before an N chunk, so the N chunk can carry the mouth's smoothing
+    across that gap on real audio; the margin after is the mouth's look-ahead.
+    """
+
+    margin_frames = (8, 2)
+
+    def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]:
+        """Features for frames [first_frame - 8, end_frame + 2); no randomness (the rng is left untouched)."""
+        before, after = self.margin_frames
+        features = speech_features(window, chunk.first_frame - before, chunk.end_frame + after)
+        return features.to_context()

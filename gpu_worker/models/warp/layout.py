@@ -1,0 +1,207 @@
+"""Where the face, eyes and mouth are in a portrait: found once per session, then only scaled.
+
+Haar cascades give the face box (the largest face) and usually the eyes; the lips are measured in the
+pixels where geometry says they are (see `lips`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from functools import cache
+
+import cv2
+import numpy as np
+
+from gpu_worker.models.warp.lips import find_lips
+from monologue.errors import NoFaceFound
+
+
+@dataclass(frozen=True)
+class DetectionConfig:
+    # Detection runs on a copy with this long side: Haar cascades are scale-aware, a fixed working size
+    # keeps the cost flat for huge photos and lets small ones (200 px) still find their face.
+    work_long_side: int = 640
+    # Faces smaller than this share of the image's short side are too small to animate convincingly
+    # (and such tiny hits are mostly false positives on textures).
+    min_face_share: float = 0.08
+    face_cascades: tuple[str, ...] = ("haarcascade_frontalface_default.xml", "haarcascade_frontalface_alt2.xml")
+    eye_cascade: str = "haarcascade_eye.xml"
+    # Eye centres and half-width relative to the face box, measured on frontal portraits; the fallback
+    # when the eye cascade misses, and the expectation its hits are checked against.
+    eye_across: float = 0.30
+    eye_down: float = 0.37
+    eye_half_width: float = 0.095
+    # A cascade eye further than this from where an eye should be is a brow, a nostril or hair.
+    eye_tolerance_x: float = 0.13
+    eye_tolerance_y: float = 0.10
+    # The visible eye is narrower than the cascade's box, which includes the lids and some brow.
+    eye_box_to_half_width: float = 0.36
+
+
+DETECTION = DetectionConfig()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Face, eyes and mouth in one image's pixel coordinates (floats; x right, y down)."""
+
+    face_x: float
+    face_y: float
+    face_width: float
+    face_height: float
+    left_eye_x: float  # the eye on the image's left
+    left_eye_y: float
+    right_eye_x: float
+    right_eye_y: float
+    eye_half_width: float
+    mouth_x: float  # centre of the line where the mouth opens (under the upper lip, or the upper teeth)
+    mouth_y: float
+    mouth_half_width: float  # centre to either corner
+    mouth_rise: float  # how much lower the corners are than the centre (negative: a smile)
+    teeth_showing: float  # 1.0 when the portrait shows its upper teeth above mouth_y, else 0.0
+
+    def mapped(self, offset_x: float, offset_y: float, scale_x: float, scale_y: float) -> Layout:
+        """The same layout after cropping at (offset_x, offset_y) and resizing by (scale_x, scale_y)."""
+        return Layout(
+            face_x=(self.face_x - offset_x) * scale_x,
+            face_y=(self.face_y - offset_y) * scale_y,
+            face_width=self.face_width * scale_x,
+            face_height=self.face_height * scale_y,
+            left_eye_x=(self.left_eye_x - offset_x) * scale_x,
+            left_eye_y=(self.left_eye_y - offset_y) * scale_y,
+            right_eye_x=(self.right_eye_x - offset_x) * scale_x,
+            right_eye_y=(self.right_eye_y - offset_y) * scale_y,
+            eye_half_width=self.eye_half_width * scale_x,
+            mouth_x=(self.mouth_x - offset_x) * scale_x,
+            mouth_y=(self.mouth_y - offset_y) * scale_y,
+            mouth_half_width=self.mouth_half_width * scale_x,
+            mouth_rise=self.mouth_rise * scale_y,
+            teeth_showing=self.teeth_showing,
+        )
+
+    @property
+    def face_centre(self) -> tuple[float, float]:
+        return self.face_x + self.face_width / 2, self.face_y + self.face_height / 2
+
+    def to_array(self) -> np.ndarray:
+        """(14,) float64 in field order, for the reference dict."""
+        return np.array(astuple(self), dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, values: np.ndarray) -> Layout:
+        """Inverse of `to_array`; a wrong length raises, so a stale reference fails loudly."""
+        names = [field.name for field in fields(cls)]
+        if values.shape != (len(names),):
+            raise ValueError(f"layout needs {len(names)} values, got shape {values.shape}")
+        return cls(**{name: float(value) for name, value in zip(names, values, strict=True)})
+
+
+@cache
+def _cascade(name: str) -> cv2.CascadeClassifier:
+    """Parsing a cascade's XML is slow; once per process."""
+    folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]  # missing from OpenCV's stubs
+    classifier = cv2.CascadeClassifier(folder + name)
+    if classifier.empty():
+        raise RuntimeError(f"OpenCV cascade {name} is missing from {folder}")
+    return classifier
+
+
+def _largest(boxes: np.ndarray) -> tuple[int, int, int, int] | None:
+    """Largest box; ties broken by position so the answer never depends on detection order."""
+    candidates = [(int(x), int(y), int(w), int(h)) for x, y, w, h in np.asarray(boxes).reshape(-1, 4)]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda box: (box[2] * box[3], -box[1], -box[0]))
+
+
+def _find_eyes(
+    equalised: np.ndarray, face: tuple[int, int, int, int], config: DetectionConfig
+) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """(left centre, right centre, half-width) in working pixels; geometry fills in what the cascade misses."""
+    x, y, w, h = face
+    top, bottom = y + round(0.12 * h), y + round(0.62 * h)
+    roi = np.ascontiguousarray(equalised[top:bottom, x : x + w])
+    size = max(8, round(0.12 * w))
+    hits = _cascade(config.eye_cascade).detectMultiScale(
+        roi, scaleFactor=1.1, minNeighbors=4, minSize=(size, size), maxSize=(round(0.45 * w), round(0.45 * w))
+    )
+    expected = [
+        (x + config.eye_across * w, y + config.eye_down * h),
+        (x + (1 - config.eye_across) * w, y + config.eye_down * h),
+    ]
+    found: list[tuple[float, float, float] | None] = []
+    for expected_x, expected_y in expected:
+        best: tuple[float, float, float, float] | None = None
+        for hit_x, hit_y, hit_w, hit_h in np.asarray(hits).reshape(-1, 4):
+            centre_x, centre_y = x + hit_x + hit_w / 2, top + hit_y + hit_h / 2
+            off_x, off_y = abs(centre_x - expected_x), abs(centre_y - expected_y)
+            if off_x > config.eye_tolerance_x * w or off_y > config.eye_tolerance_y * h:
+                continue
+            distance = off_x * off_x + off_y * off_y
+            if best is None or distance < best[0]:
+                best = (distance, centre_x, centre_y, hit_w * config.eye_box_to_half_width)
+        found.append(None if best is None else best[1:])
+    left, right = found
+    mid_x = x + w / 2
+    # One eye found: a frontal face is close to symmetric, so mirror it rather than trust pure geometry.
+    if left is None and right is not None:
+        left = (2 * mid_x - right[0], right[1], right[2])
+    if right is None and left is not None:
+        right = (2 * mid_x - left[0], left[1], left[2])
+    if left is None or right is None:
+        half_width = config.eye_half_width * w
+        return expected[0], expected[1], half_width
+    # Both eyes share one half-width: a blink that closes one eye more than the other looks like a wink.
+    half_width = float(np.clip((left[2] + right[2]) / 2, 0.07 * w, 0.13 * w))
+    return (left[0], left[1]), (right[0], right[1]), half_width
+
+
+def detect_layout(image: np.ndarray, config: DetectionConfig = DETECTION) -> Layout:
+    """Face, eyes and mouth of the largest frontal face in an RGB (H, W, 3) uint8 portrait; deterministic.
+
+    Raises NoFaceFound when there is no face large enough to animate.
+    """
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise ValueError(f"portrait must be (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
+    height, width = image.shape[:2]
+    scale = config.work_long_side / max(height, width)
+    work_size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    work = cv2.resize(image, work_size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    grey = cv2.cvtColor(work, cv2.COLOR_RGB2GRAY)
+    saturation = cv2.cvtColor(work, cv2.COLOR_RGB2HSV)[:, :, 1]
+    equalised = cv2.equalizeHist(grey)
+    min_face = max(24, round(config.min_face_share * min(grey.shape)))
+
+    face: tuple[int, int, int, int] | None = None
+    for name in config.face_cascades:
+        boxes = _cascade(name).detectMultiScale(
+            equalised, scaleFactor=1.1, minNeighbors=8, minSize=(min_face, min_face)
+        )
+        face = _largest(np.asarray(boxes))
+        if face is not None:
+            break
+    if face is None:
+        raise NoFaceFound(
+            "portrait: no face found; send a front-facing portrait where the face is clearly visible and at "
+            f"least {round(100 * config.min_face_share)}% of the picture's shorter side"
+        )
+
+    left_eye, right_eye, eye_half_width = _find_eyes(equalised, face, config)
+    lips = find_lips(grey, saturation, face)
+    fx, fy, fw, fh = face
+    return Layout(
+        face_x=fx / scale,
+        face_y=fy / scale,
+        face_width=fw / scale,
+        face_height=fh / scale,
+        left_eye_x=float(left_eye[0]) / scale,
+        left_eye_y=float(left_eye[1]) / scale,
+        right_eye_x=float(right_eye[0]) / scale,
+        right_eye_y=float(right_eye[1]) / scale,
+        eye_half_width=float(eye_half_width) / scale,
+        mouth_x=lips.x / scale,
+        mouth_y=lips.y / scale,
+        mouth_half_width=lips.half_width / scale,
+        mouth_rise=lips.rise / scale,
+        teeth_showing=1.0 if lips.teeth_showing else 0.0,
+    )

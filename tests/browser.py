@@ -1,0 +1,50 @@
+"""Headless Chromium (Debian's package) driven by Playwright, for tests that need a real browser."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import pytest
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    # The machine has no network: stop Chromium from calling home (and failing) at every start.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium_path() -> str:
+    found = shutil.which("chromium")
+    if found is None:
+        pytest.fail("Debian's chromium is not installed: run the suite with `bash infra/test.sh`, which installs it")
+    return found
+
+
+def play_video(url: str, *, seconds: float = 1.5) -> dict[str, Any]:
+    """Load `url` in a <video> element, play it for `seconds`, and report what the browser saw."""
+    from playwright.sync_api import sync_playwright
+
+    page_html = f'<video id="video" src="{url}" muted playsinline></video>'
+    script = """async (seconds) => {
+        const video = document.getElementById('video');
+        try { await video.play(); } catch (error) { return {played: false, error: String(error),
+            mediaError: video.error && video.error.message}; }
+        await new Promise(resolve => setTimeout(resolve, seconds * 1000));
+        return {played: true, currentTime: video.currentTime, duration: video.duration,
+                width: video.videoWidth, height: video.videoHeight, mediaError: video.error && video.error.message};
+    }"""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content(page_html)
+            result: dict[str, Any] = page.evaluate(script, seconds)
+        finally:
+            browser.close()
+    return result
