@@ -117,6 +117,8 @@ class AudioWindow:
 
 
 class FrameSink(Protocol):
-    """Where decoded frames go (an encoder writing a segment, or a collector in tests)."""
+    """Where decoded frames go (an encoder writing a segment, or a collector in tests).
+
+    The frames are valid only during the call (models may reuse their buffers): copy what you keep."""
 
     def write(self, frames: np.ndarray) -> None: ...  # (T, H, W, 3) uint8

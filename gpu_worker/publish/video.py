@@ -7,9 +7,9 @@ from fractions import Fraction
 from typing import Any
 
 import av
+import cv2
 import numpy as np
 from av.codec.context import Flags, ThreadType
-from av.video.reformatter import ColorRange, Colorspace, Interpolation
 
 from .stream_format import StreamFormat
 
@@ -18,15 +18,13 @@ _NAL_SPS = 7
 _NAL_PPS = 8
 _NAL_IDR = 5
 # One GOP per chunk (keyint larger than any chunk, no scene cuts), no B-frames (decode order = display order), and
-# BT.709 signalled in the SPS to match the conversion below. Identical for every segment, so every segment has the
-# same SPS/PPS as the init segment.
+# the colour signalled in the SPS to match the conversion below: sRGB (BT.709 primaries and transfer) converted
+# with the BT.601 matrix to limited range. Identical for every segment, so every segment has the same SPS/PPS as
+# the init segment.
 _X264_PARAMS = (
     "keyint=infinite:min-keyint=1:scenecut=0:bframes=0:open-gop=0:"
-    "colorprim=bt709:transfer=bt709:colormatrix=bt709:range=tv"
+    "colorprim=bt709:transfer=bt709:colormatrix=smpte170m:range=tv"
 )
-# BITEXACT: swscale's SIMD paths may round differently from one CPU to the next; a chunk retried elsewhere
-# must produce the same pixels.
-_CONVERSION = Interpolation.BILINEAR | Interpolation.BITEXACT
 
 
 def split_annexb(data: bytes) -> list[bytes]:
@@ -95,14 +93,10 @@ class ChunkEncoder:
     def encode(self, frames: np.ndarray) -> None:
         """Encode frames (T, H, W, 3) uint8 RGB, already validated."""
         for image in frames:
-            rgb = av.VideoFrame.from_ndarray(image, format="rgb24")  # (H, W, 3)
-            frame = rgb.reformat(
-                format="yuv420p",
-                dst_colorspace=Colorspace.ITU709,
-                dst_color_range=ColorRange.MPEG,
-                interpolation=_CONVERSION,
-                threads=1,
-            )
+            # OpenCV's fixed-point BT.601 conversion: ~0.3 ms at 720p where swscale's bit-exact path takes
+            # ~3 ms, a fifth of the whole per-frame budget. Integer arithmetic, so the same on every CPU.
+            planes = cv2.cvtColor(image, cv2.COLOR_RGB2YUV_I420)  # (H * 3 / 2, W): Y, then U, then V
+            frame = av.VideoFrame.from_ndarray(planes, format="yuv420p")
             frame.pts = self._next_pts
             frame.time_base = self._context.time_base
             self._next_pts += 1

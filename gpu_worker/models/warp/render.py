@@ -52,7 +52,16 @@ class FaceRig:
 
 
 class WarpRenderer(SuperResolution):
-    """Renders frames (T, H, W, 3) uint8 at the reference's output size from parameters (T, PARAMETER_COUNT)."""
+    """Renders frames (T, H, W, 3) uint8 at the reference's output size from parameters (T, PARAMETER_COUNT).
+
+    The frames land in a buffer reused from chunk to chunk: a fresh 110 MB array per 720p chunk costs more
+    in page faults than the rendering itself. So the frames are valid until the next call, which is the
+    pipeline's contract anyway (the sink consumes a chunk's frames before the next chunk starts).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffer = np.empty((0, 0, 0, 3), dtype=np.uint8)
 
     def upscale(self, reference: Reference, latents: np.ndarray) -> np.ndarray:
         """Frames for every parameter row; identical parameters give identical frames, bit for bit."""
@@ -62,7 +71,10 @@ class WarpRenderer(SuperResolution):
             raise ValueError("warp latents contain NaN or infinity")
         rig = FaceRig(reference)
         height, width = rig.portrait.shape[:2]
-        frames = np.empty((latents.shape[0], height, width, 3), dtype=np.uint8)  # (T, H, W, 3)
+        count = latents.shape[0]
+        if self._buffer.shape[0] < count or self._buffer.shape[1:3] != (height, width):
+            self._buffer = np.empty((count, height, width, 3), dtype=np.uint8)  # (T, H, W, 3)
+        frames = self._buffer[:count]
         for index, parameters in enumerate(latents):
             rig.render(parameters, frames[index])
         return frames

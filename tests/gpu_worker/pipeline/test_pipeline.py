@@ -84,7 +84,7 @@ class ListSink:
         self.frames: list[np.ndarray] = []
 
     def write(self, frames: np.ndarray) -> None:
-        self.frames.extend(frames)
+        self.frames.extend(frames.copy())
 
 
 def family() -> Family:
