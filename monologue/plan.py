@@ -112,8 +112,8 @@ class IncrementalPlanner:
             # The seam after N(k-1): an I chunk, then N(k). Both go out together, N first.
             gap = min(self.i_frames, remaining - 1)
             size = min(self.n_frames, remaining - gap)
-            if size < self.n_frames and not final:
-                return
+            if (gap < self.i_frames or size < self.n_frames) and not final:
+                return  # a shortened seam or N chunk is only right once the total is known
             seam_start = self.next_frame
             self.next_frame += gap
             yield from self._emit_n(size, final, available)
