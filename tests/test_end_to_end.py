@@ -120,7 +120,7 @@ def test_pixels_away_from_the_head_stay_the_portrait(rendered: Rendered) -> None
     still = ~_dilate(moving, 16)  # H.264 blocks bleed a little past the moving pixels
     assert still.mean() > 0.3
     difference = np.abs(rendered.frames.astype(np.int16) - rendered.portrait.astype(np.int16))
-    assert difference[:, still].mean() < 3.0  # crf 20 on a detailed photo; a leak would be far more
+    assert difference[:, still].mean() < 3.0  # QP 18 on a detailed photo; a leak would be far more
     assert np.abs(np.diff(rendered.frames[:, still].astype(np.int16), axis=0)).mean() < 0.5  # no shimmer
 
 

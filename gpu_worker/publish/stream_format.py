@@ -40,7 +40,11 @@ class StreamFormat:
     height: int
     fps: int
     audio_rate: int = 48_000
-    crf: int = 20
+    # Constant quantiser rather than crf: every segment opens with an IDR, and with the same QP everywhere (no
+    # adaptive quantisation, no macroblock tree) a static background is coded the same way at each IDR, so the
+    # refresh at chunk seams is smaller (measured on the sample: seam/within-chunk frame difference 2.7 vs 4.1
+    # with crf 20) and the files are smaller too (692 vs 828 KB) at slightly lower error.
+    qp: int = 18
     preset: str = "superfast"
     x264_threads: int = 0
 
@@ -51,8 +55,8 @@ class StreamFormat:
             raise ValueError(f"StreamFormat: fps must be positive, got fps={self.fps}")
         if self.audio_rate not in AAC_RATES:
             raise ValueError(f"StreamFormat: audio_rate={self.audio_rate} is not an AAC sampling rate {AAC_RATES}")
-        if not 0 <= self.crf <= 51:
-            raise ValueError(f"StreamFormat: crf must be in [0, 51], got crf={self.crf}")
+        if not 0 <= self.qp <= 51:
+            raise ValueError(f"StreamFormat: qp must be in [0, 51], got qp={self.qp}")
         if self.preset not in X264_PRESETS:
             raise ValueError(f"StreamFormat: unknown x264 preset={self.preset!r}, expected one of {X264_PRESETS}")
         if self.x264_threads < 0:

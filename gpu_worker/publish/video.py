@@ -23,7 +23,7 @@ _NAL_IDR = 5
 # the init segment.
 _X264_PARAMS = (
     "keyint=infinite:min-keyint=1:scenecut=0:bframes=0:open-gop=0:"
-    "colorprim=bt709:transfer=bt709:colormatrix=smpte170m:range=tv"
+    "colorprim=bt709:transfer=bt709:colormatrix=smpte170m:range=tv:aq-mode=0:mbtree=0"
 )
 
 
@@ -60,7 +60,7 @@ def _encoder(fmt: StreamFormat) -> av.VideoCodecContext:
     context.thread_type = ThreadType.FRAME
     # global_header: SPS/PPS go to extradata (for avcC) instead of every IDR.
     context.flags |= Flags.global_header | Flags.bitexact
-    context.options = {"crf": str(fmt.crf), "preset": fmt.preset, "x264-params": _X264_PARAMS}
+    context.options = {"qp": str(fmt.qp), "preset": fmt.preset, "x264-params": _X264_PARAMS}
     context.open()
     return context
 
