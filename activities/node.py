@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,19 +45,6 @@ def output_spec(options: c.RenderOptions) -> OutputSpec:
 
 def stream_format(session: Session) -> StreamFormat:
     return StreamFormat(width=session.frame_width, height=session.frame_height, fps=session.output.fps)
-
-
-class TimedSink:
-    """Counts the time spent encoding, so the chunk's log line can split decode from encode."""
-
-    def __init__(self, writer: SegmentWriter) -> None:
-        self.writer = writer
-        self.seconds = 0.0
-
-    def write(self, frames: np.ndarray) -> None:
-        started = time.perf_counter()
-        self.writer.write(frames)
-        self.seconds += time.perf_counter() - started
 
 
 class NodeActivities:
@@ -100,16 +86,11 @@ class NodeActivities:
                 request.n_frames,
                 request.options.seed,
             )
-            sink = TimedSink(
-                SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
-            )
-            result = self._pipeline(request.options.family).run_chunk(session, chunk, sink)
+            writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
+            result = self._pipeline(request.options.family).run_chunk(session, chunk, writer)
             activity.heartbeat(chunk_name)
-            started = time.perf_counter()
-            segment = sink.writer.finish()
-            stage_ms = dict(result.stage_ms)
-            stage_ms["encode"] = (sink.seconds + time.perf_counter() - started) * 1000
-            stage_ms["decode_publish"] -= sink.seconds * 1000
+            segment = writer.finish()
+            stage_ms = writer.stage_ms(result.stage_ms)
             segment_key = keys.segment(request.session_id, request.kind, request.index)
             self._store.put(segment_key, segment, content_type="video/iso.segment")
             self._store.put(

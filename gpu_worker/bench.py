@@ -76,17 +76,6 @@ class BenchReport:
         return "\n".join(lines)
 
 
-class _EncodingSink:
-    def __init__(self, writer: SegmentWriter) -> None:
-        self.writer = writer
-        self.seconds = 0.0
-
-    def write(self, frames: np.ndarray) -> None:
-        started = time.perf_counter()
-        self.writer.write(frames)
-        self.seconds += time.perf_counter() - started
-
-
 def bench_pipeline(
     *,
     minutes: float,
@@ -113,16 +102,12 @@ def bench_pipeline(
     encode_seconds = 0.0
     started = time.perf_counter()
     for spec in plan:
-        sink = _EncodingSink(SegmentWriter(stream, first_frame=spec.first_frame, audio=audio))
+        writer = SegmentWriter(stream, first_frame=spec.first_frame, audio=audio)
         chunk = ChunkRequest("I" if spec.kind == "I" else "N", spec.index, spec.first_frame, spec.n_frames, seed)
-        result = pipeline.run_chunk(session, chunk, sink)
-        finish_started = time.perf_counter()
-        sink.writer.finish()
-        encode = sink.seconds + time.perf_counter() - finish_started
-        encode_seconds += encode
-        stage_ms = dict(result.stage_ms)
-        stage_ms["decode_publish"] -= sink.seconds * 1000
-        stage_ms["encode"] = encode * 1000
+        result = pipeline.run_chunk(session, chunk, writer)
+        writer.finish()
+        encode_seconds += writer.encode_seconds
+        stage_ms = writer.stage_ms(result.stage_ms)
         for name, value in stage_ms.items():
             per_stage.setdefault(name, []).append(value)
     wall = time.perf_counter() - started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 import numpy as np
@@ -76,6 +77,16 @@ class SegmentWriter:
             raise RuntimeError("libx264 chose other SPS/PPS than the init segment's: check the encoder build")
         self._frame_count = 0
         self._finished = False
+        self.write_seconds = 0.0  # time spent encoding inside write() (the pipeline's decode stage calls it)
+        self.encode_seconds = 0.0  # all encoding time: write() and finish()
+
+    def stage_ms(self, pipeline_stage_ms: dict[str, float]) -> dict[str, float]:
+        """The pipeline's per-stage milliseconds with the encoder's time split out of decode_publish as `encode`."""
+        stage_ms = dict(pipeline_stage_ms)
+        if "decode_publish" in stage_ms:
+            stage_ms["decode_publish"] -= self.write_seconds * 1000
+        stage_ms["encode"] = self.encode_seconds * 1000
+        return stage_ms
 
     def write(self, frames: np.ndarray) -> None:
         """Encode frames (T, H, W, 3) uint8 RGB, the chunk's next T frames."""
@@ -86,8 +97,12 @@ class SegmentWriter:
             raise ValueError(
                 f"frames must be (T, {expected[0]}, {expected[1]}, 3) uint8, got shape {frames.shape} {frames.dtype}"
             )
+        started = time.perf_counter()
         self._video.encode(frames)
         self._frame_count += frames.shape[0]
+        elapsed = time.perf_counter() - started
+        self.write_seconds += elapsed
+        self.encode_seconds += elapsed
 
     def finish(self) -> bytes:
         """The fragment (moof + mdat, no styp) for every frame written and the audio packets of their span."""
@@ -96,6 +111,7 @@ class SegmentWriter:
         if self._frame_count == 0:
             raise ValueError("SegmentWriter.finish: a segment needs at least one frame, got 0")
         self._finished = True
+        started = time.perf_counter()
         video_samples = self._video.finish()
         fmt = self._fmt
         first_packet, end_packet = audio_packet_range(self._first_frame, self._frame_count, fmt.fps, fmt.audio_rate)
@@ -116,4 +132,6 @@ class SegmentWriter:
             first_sample_flags=SYNC_SAMPLE_FLAGS,
             default_flags=SYNC_SAMPLE_FLAGS,
         )
-        return build_fragment(sequence_number(self._first_frame), [video, audio])
+        fragment = build_fragment(sequence_number(self._first_frame), [video, audio])
+        self.encode_seconds += time.perf_counter() - started
+        return fragment
