@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.errors import activity_context
 from activities.playlist import write_playlist
@@ -48,7 +50,10 @@ def stream_format(session: Session) -> StreamFormat:
 
 
 class NodeActivities:
-    def __init__(self, *, store: ObjectStore, sessions: sessionmaker[Any], node_id: str) -> None:
+    def __init__(
+        self, *, store: ObjectStore, sessions: sessionmaker[Any], node_id: str, chunk_delay_s: float = 0.0
+    ) -> None:
+        self._chunk_delay_s = chunk_delay_s
         self._store = store
         self._sessions = sessions
         self._node_id = node_id
@@ -64,6 +69,8 @@ class NodeActivities:
             self._store.put(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
+            with self._sessions() as db:
+                repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
             log.info(
                 "session initialised",
                 family=request.options.family,
@@ -77,6 +84,7 @@ class NodeActivities:
         """Run the pipeline for one chunk; its frames become one fMP4 segment."""
         chunk_name = f"{request.kind}{request.index}"
         with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk_name) as log:
+            self._test_delay(chunk_name)
             session = self._session(request.session_id, request.options)
             self._ensure_anchors(request, session)
             chunk = ChunkRequest(
@@ -98,8 +106,7 @@ class NodeActivities:
                 json.dumps(result.frame_hashes).encode(),
                 content_type="application/json",
             )
-            if request.kind == "N":
-                self._save_anchors(request.session_id, request.index, session)
+            checkpoint_key = self._write_checkpoint(request, session) if request.kind == "N" else None
             digest = hashlib.sha256("".join(result.frame_hashes).encode()).hexdigest()
             with self._sessions() as db:
                 repo.record_chunk(
@@ -122,7 +129,11 @@ class NodeActivities:
                 **{f"{name}_ms": round(ms, 1) for name, ms in stage_ms.items()},
             )
             return c.GenerateChunkResult(
-                segment_key=segment_key, frames=request.n_frames, frames_sha256=digest, stage_ms=stage_ms
+                segment_key=segment_key,
+                frames=request.n_frames,
+                frames_sha256=digest,
+                stage_ms=stage_ms,
+                checkpoint_key=checkpoint_key,
             )
 
     @activity.defn(name=c.FINALIZE)
@@ -164,6 +175,14 @@ class NodeActivities:
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
+    def _test_delay(self, chunk_name: str) -> None:
+        """Fault-injection tests stretch each chunk (setting node.chunk_delay_s) so they can kill the node
+        in the middle of one; heartbeats keep flowing meanwhile."""
+        deadline = time.monotonic() + self._chunk_delay_s
+        while time.monotonic() < deadline:
+            activity.heartbeat(chunk_name)
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
     def _pipeline(self, family: str) -> Pipeline:
         if family not in self._pipelines:
             self._pipelines[family] = Pipeline(build_family(family))
@@ -188,21 +207,58 @@ class NodeActivities:
             self._cache.popitem(last=False)
         return session
 
-    def _save_anchors(self, session_id: str, index: int, session: Session) -> None:
+    def _write_checkpoint(self, request: c.GenerateChunkInput, session: Session) -> str:
+        """After N chunk k: its head and tail anchors (and the cursor, as metadata) with their SHA-256 in the
+        database; the files of checkpoints older than the last two go."""
+        index = request.index
         head, tail = session.anchors.get("N", index, "head"), session.anchors.get("N", index, "tail")
         flat = {f"head.{k}": v for k, v in head.items()} | {f"tail.{k}": v for k, v in tail.items()}
-        self._store.put(keys.anchors(session_id, index), save_tensors(flat))
+        cursor = {
+            "chunk": f"N{index}",
+            "first_frame": str(request.first_frame),
+            "n_frames": str(request.n_frames),
+            "seed": str(request.options.seed),
+        }
+        data = save_tensors(flat, metadata=cursor)
+        key = keys.checkpoint(request.session_id, index)
+        self._store.put(key, data)
+        with self._sessions() as db:
+            stale = repo.record_checkpoint(
+                db, session_id=request.session_id, index=index, key=key, sha256=hashlib.sha256(data).hexdigest()
+            )
+        for old in stale:
+            self._store.delete(old)
+        return key
 
     def _ensure_anchors(self, request: c.GenerateChunkInput, session: Session) -> None:
-        """Load from storage the anchors this chunk needs but this node does not hold (restart, move)."""
+        """Load from checkpoints the anchors this chunk needs but this node does not hold (the node restarted,
+        or the session moved here). A checkpoint whose bytes do not match its recorded SHA-256 (or is gone)
+        raises CheckpointLost, and the workflow regenerates that N chunk instead."""
         needed = [(request.index - 1, "tail")] if request.kind == "N" and request.index > 0 else []
         if request.kind == "I":
             needed = [(request.index, "tail"), (request.index + 1, "head")]
         for index, end in needed:
             if f"N{index}.{end}" in session.anchors.names():
                 continue
-            flat = load_tensors(self._store.get(keys.anchors(request.session_id, index)))
+            flat = self._read_checkpoint(request.session_id, index)
             prefix = f"{end}."
             session.anchors.put_one(
                 "N", index, end, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
             )
+
+    def _read_checkpoint(self, session_id: str, index: int) -> dict[str, np.ndarray]:
+        with self._sessions() as db:
+            row = repo.get_checkpoint(db, session_id=session_id, index=index)
+        try:
+            data = self._store.get(row.key) if row is not None else None
+        except NotFound:
+            data = None
+        if row is None or data is None or hashlib.sha256(data).hexdigest() != row.sha256:
+            problem = "missing" if row is None or data is None else "corrupt (SHA-256 mismatch)"
+            raise ApplicationError(
+                f"checkpoint N{index} of session {session_id} is {problem}",
+                index,
+                type=c.CHECKPOINT_LOST,
+                non_retryable=True,
+            )
+        return load_tensors(data)

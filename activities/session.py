@@ -19,10 +19,9 @@ from monologue.storage import ObjectStore
 
 
 class SessionActivities:
-    def __init__(self, *, store: ObjectStore, sessions: sessionmaker[Any], node_id: str) -> None:
+    def __init__(self, *, store: ObjectStore, sessions: sessionmaker[Any]) -> None:
         self._store = store
         self._sessions = sessions
-        self._node_id = node_id
 
     @activity.defn(name=c.PREPARE)
     def prepare(self, request: c.PrepareInput) -> c.PrepareResult:
@@ -43,15 +42,6 @@ class SessionActivities:
                 frames=frames, audio_samples=samples, width=portrait.shape[1], height=portrait.shape[0]
             )
 
-    @activity.defn(name=c.ACQUIRE_NODE)
-    def acquire_node(self, request: c.AcquireNodeInput) -> c.AcquireNodeResult:
-        """Answered by whichever node polls the shared queue first: that node takes the session."""
-        with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
-            with self._sessions() as db:
-                repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
-            log.info("node acquired")
-            return c.AcquireNodeResult(node_id=self._node_id, task_queue=c.node_task_queue(self._node_id))
-
     @activity.defn(name=c.PUBLISH)
     def publish(self, request: c.PublishInput) -> c.PublishResult:
         """Append the segments that are now contiguous from the start to the HLS playlist."""
@@ -67,9 +57,19 @@ class SessionActivities:
             log.info("published", segments=count, frames=request.published_frames)
             return c.PublishResult(segments=count)
 
-    @activity.defn(name=c.RECORD_FAILURE)
-    def record_failure(self, request: c.RecordFailureInput) -> None:
+    @activity.defn(name=c.RECORD_STATUS)
+    def record_status(self, request: c.RecordStatusInput) -> None:
+        """The session ended without a video (failed or cancelled): close its stream and record why."""
         with activity_context(session_id=request.session_id) as log:
+            if request.total_frames > 0:  # what was published stays playable: the playlist gets its ENDLIST
+                write_playlist(
+                    self._store,
+                    request.session_id,
+                    request.options,
+                    request.total_frames,
+                    request.published_frames,
+                    ended=True,
+                )
             with self._sessions() as db:
-                repo.mark_failed(db, session_id=request.session_id, error=request.error)
-            log.warning("session failed", error=request.error)
+                repo.mark_ended(db, session_id=request.session_id, status=request.status, error=request.error)
+            log.warning("session ended", status=request.status, error=request.error)

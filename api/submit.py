@@ -91,7 +91,12 @@ def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> N
 async def _start_workflow(client: Client, settings: Settings, session_id: str, options: RenderOptionsCreate) -> None:
     await client.start_workflow(
         "RenderWorkflow",
-        c.RenderInput(session_id=session_id, options=c.RenderOptions(**options.model_dump())),
+        c.RenderInput(
+            session_id=session_id,
+            options=c.RenderOptions(**options.model_dump()),
+            lease_timeout_s=settings.node.lease_timeout_s,
+            continue_as_new_every=settings.render.continue_as_new_every,
+        ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

@@ -16,6 +16,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.lease import NodeLease
 from activities.node import NodeActivities
 from activities.session import SessionActivities
 from monologue import contracts as c
@@ -39,8 +40,9 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
     sessions = make_sessionmaker(engine)
     node_id = settings.node.id
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
-    shared = SessionActivities(store=store, sessions=sessions, node_id=node_id)
-    pinned = NodeActivities(store=store, sessions=sessions, node_id=node_id)
+    shared = SessionActivities(store=store, sessions=sessions)
+    pinned = NodeActivities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
+    lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
 
@@ -49,7 +51,7 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
             client,
             task_queue=settings.temporal.task_queue,
             workflows=[RenderWorkflow],
-            activities=[shared.prepare, shared.acquire_node, shared.publish, shared.record_failure],
+            activities=[shared.prepare, shared.publish, shared.record_status],
             activity_executor=executor,
             max_concurrent_activities=4,
             graceful_shutdown_timeout=grace,
@@ -63,9 +65,31 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
             max_concurrent_activities=capacity,
             graceful_shutdown_timeout=grace,
         )
-        async with shared_worker, node_worker:
-            log.info("node ready", node_id=node_id, queues=[settings.temporal.task_queue, c.node_task_queue(node_id)])
+        lease_worker = Worker(
+            client,
+            task_queue=c.lease_task_queue(settings.temporal.task_queue),
+            activities=[lease.hold_node],
+            # The node's capacity: sessions beyond it wait in the queue, in order, for a free slot.
+            max_concurrent_activities=capacity,
+            # A released lease learns of its cancellation from a heartbeat response: send them often, so a
+            # finished session frees its slot within about a second.
+            max_heartbeat_throttle_interval=timedelta(seconds=1),
+            default_heartbeat_throttle_interval=timedelta(seconds=1),
+            graceful_shutdown_timeout=grace,
+        )
+        queues = [
+            settings.temporal.task_queue,
+            c.lease_task_queue(settings.temporal.task_queue),
+            c.node_task_queue(node_id),
+        ]
+        async with shared_worker, node_worker, lease_worker:
+            log.info("node ready", node_id=node_id, capacity=capacity, queues=queues)
             await stop.wait()
-            log.info("node stopping", node_id=node_id)
+            # Hand the sessions back first (their workflows move them at once instead of waiting for a
+            # heartbeat timeout); the chunk in progress still finishes while the workers shut down.
+            log.info("node draining", node_id=node_id)
+            lease.draining.set()
+            await asyncio.sleep(0.5)
+    engine.dispose()
     engine.dispose()
     log.info("node stopped", node_id=node_id)

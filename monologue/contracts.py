@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 # Activity names, so workflow code can call activities without importing their heavy modules.
 PREPARE = "prepare"
-ACQUIRE_NODE = "acquire_node"
-RECORD_FAILURE = "record_failure"
+HOLD_NODE = "hold_node"
+RECORD_STATUS = "record_status"
 INIT_SESSION = "init_session"
 GENERATE_CHUNK = "generate_chunk"
 PUBLISH = "publish"
@@ -23,8 +23,20 @@ def node_task_queue(node_id: str) -> str:
     return f"node-{node_id}"
 
 
+def lease_task_queue(shared_queue: str) -> str:
+    """The queue of node leases: every node polls it with one slot per session it can hold."""
+    return f"{shared_queue}-nodes"
+
+
 def render_workflow_id(session_id: str) -> str:
     return f"render-{session_id}"
+
+
+# Signal a node's lease activity sends the workflow once it holds the session.
+NODE_ACQUIRED = "node_acquired"
+# ApplicationError types the workflow reacts to.
+NODE_DRAINING = "NodeDraining"  # the node is shutting down: move the session now
+CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint is missing or corrupt
 
 
 @dataclass
@@ -44,6 +56,13 @@ class RenderOptions:
 class RenderInput:
     session_id: str
     options: RenderOptions = field(default_factory=RenderOptions)
+    # Where to start: chunks of the generation order already generated, and the timeline length once
+    # known (carried across continue-as-new, and set by a resume of a failed session).
+    cursor: int = 0
+    frames: int = 0
+    # Orchestration settings, fixed by the API when the session starts.
+    lease_timeout_s: float = 10.0
+    continue_as_new_every: int = 500
 
 
 @dataclass
@@ -62,6 +81,7 @@ class Progress:
     chunks_done: int = 0
     chunks_total: int = 0
     node_id: str | None = None
+    node_changes: int = 0  # times the session moved to another node (node lost or drained)
 
 
 @dataclass
@@ -79,14 +99,19 @@ class PrepareResult:
 
 
 @dataclass
-class AcquireNodeInput:
+class HoldNodeInput:
+    """Hold one of a node's session slots until cancelled; heartbeats prove the node is alive."""
+
     session_id: str
+    workflow_id: str
+    lease: int  # the workflow's lease number, so a stale lease's signal is ignored
+    heartbeat_s: float
 
 
 @dataclass
-class AcquireNodeResult:
+class NodeAcquired:
+    lease: int
     node_id: str
-    task_queue: str
 
 
 @dataclass
@@ -119,6 +144,7 @@ class GenerateChunkResult:
     frames: int
     frames_sha256: str = ""  # SHA-256 over the chunk's per-frame hashes (the per-frame list stays in storage)
     stage_ms: dict[str, float] = field(default_factory=dict)
+    checkpoint_key: str | None = None  # N chunks: the checkpoint written after them
 
 
 @dataclass
@@ -152,6 +178,12 @@ class FinalizeResult:
 
 
 @dataclass
-class RecordFailureInput:
+class RecordStatusInput:
+    """The session ended (failed or cancelled): record it, and close the stream so what is published plays."""
+
     session_id: str
-    error: str
+    status: str
+    options: RenderOptions
+    total_frames: int = 0
+    published_frames: int = 0
+    error: str | None = None

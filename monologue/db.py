@@ -66,6 +66,19 @@ class ChunkRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
+class CheckpointRow(Base):
+    """A checkpoint (the anchors an N chunk left, and the cursor) in object storage, with its SHA-256 so a
+    corrupt or missing file is noticed before its anchors are trusted. Only the last two are kept."""
+
+    __tablename__ = "checkpoints"
+
+    session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)  # the N chunk's index
+    key: Mapped[str] = mapped_column(String(512))
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets WAL and a busy timeout because the API and nodes share it."""
     if url.startswith("sqlite"):

@@ -26,9 +26,9 @@ def reference(session_id: str) -> str:
     return f"sessions/{session_id}/ref/conditioning.safetensors"
 
 
-def anchors(session_id: str, index: int) -> str:
-    """The head and tail anchors N chunk `index` left (safetensors)."""
-    return f"sessions/{session_id}/anchors/N{index:05d}.safetensors"
+def checkpoint(session_id: str, index: int) -> str:
+    """The checkpoint after N chunk `index`: its head and tail anchors, with the cursor as metadata."""
+    return f"sessions/{session_id}/ckpt/{index:05d}.safetensors"
 
 
 def segment_name(kind: str, index: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from monologue.db import ChunkRow, SessionRow, utcnow
+from monologue.db import CheckpointRow, ChunkRow, SessionRow, utcnow
 
 
 def create_session(
@@ -130,12 +130,37 @@ def mark_completed(db: Session, *, session_id: str, video_key: str) -> None:
     db.commit()
 
 
-def mark_failed(db: Session, *, session_id: str, error: str) -> None:
+def mark_ended(db: Session, *, session_id: str, status: str, error: str | None) -> None:
+    """The session ended without a video: `failed` (with the error) or `cancelled`."""
     row = _require(db, session_id)
-    row.status = "failed"
+    row.status = status
     row.error = error
     row.finished_at = utcnow()
     db.commit()
+
+
+def record_checkpoint(db: Session, *, session_id: str, index: int, key: str, sha256: str, keep: int = 2) -> list[str]:
+    """Upsert checkpoint `index`; drop the rows older than the last `keep`. Returns the dropped keys."""
+    db.merge(CheckpointRow(session_id=session_id, index=index, key=key, sha256=sha256, created_at=utcnow()))
+    stale = list(
+        db.scalars(
+            select(CheckpointRow).where(CheckpointRow.session_id == session_id, CheckpointRow.index <= index - keep)
+        )
+    )
+    for row in stale:
+        db.delete(row)
+    db.commit()
+    return [row.key for row in stale]
+
+
+def get_checkpoint(db: Session, *, session_id: str, index: int) -> CheckpointRow | None:
+    return db.get(CheckpointRow, (session_id, index))
+
+
+def generated_chunks(db: Session, *, session_id: str) -> set[tuple[str, int]]:
+    """(kind, index) of every chunk done: where a resumed session picks up."""
+    query = select(ChunkRow.kind, ChunkRow.index).where(ChunkRow.session_id == session_id, ChunkRow.status == "done")
+    return {(kind, index) for kind, index in db.execute(query)}
 
 
 def _require(db: Session, session_id: str) -> SessionRow:

@@ -49,6 +49,10 @@ class NodeSettings(BaseModel):
     capacity: int = Field(default=1, ge=1)
     # A chunk can take seconds; a node told to stop finishes it instead of abandoning it.
     graceful_shutdown_s: float = Field(default=30.0, ge=0)
+    lease_timeout_s: float = Field(
+        default=10.0, gt=0, description="a node silent this long is declared lost and its sessions move"
+    )
+    chunk_delay_s: float = Field(default=0.0, ge=0, description="testing only: stretch every chunk by this long")
 
 
 class LimitSettings(BaseModel):
@@ -67,6 +71,7 @@ class RenderDefaults(BaseModel):
     resolution: Literal["source", "512", "720p", "1080p"] = "source"
     preview: bool = False
     family: Literal["warp"] = "warp"
+    continue_as_new_every: int = Field(default=500, ge=1, description="chunks per workflow run (bounded history)")
 
 
 class Settings(BaseSettings):

@@ -1,27 +1,35 @@
-"""RenderWorkflow: one render session, from stored inputs to a final MP4.
+"""RenderWorkflow: one render session, from stored inputs to a final MP4, surviving lost nodes.
 
 Pure orchestration: no I/O, clocks or randomness here, and no heavy imports (only the standard
 library, temporalio and the stdlib-only contracts and plan modules). Activities are called by name
 so their modules (numpy, PyAV, SQLAlchemy) never enter the workflow sandbox.
 
-    prepare (shared queue) → acquire_node (shared queue, answered by a free node)
-      → init_session → generate_chunk per chunk in generation order (N0 N1 I0 N2 I1 …) → finalize
-        (on the node's own queue `node-<id>`), with `publish` (shared queue) appending segments to
-        the HLS playlist in timeline order while the next chunk generates.
+    prepare (shared queue)
+    hold_node (lease queue): a node with a free slot starts it, signals `node_acquired` and heartbeats
+      until released; the session's work then runs on that node's own queue `node-<id>`:
+      init_session → generate_chunk in generation order (N0 N1 I0 N2 I1 …) → finalize,
+      with `publish` (shared queue) appending segments to the playlist in timeline order.
+
+If the lease dies (node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned
+activity cannot start (schedule-to-start timeout), the session takes another lease and carries on
+from its cursor; the new node restores the reference and the anchors from storage, so the frames are
+the ones the first node would have made. Every `continue_as_new_every` chunks the workflow continues
+as new with its cursor, so the history stays bounded however long the session.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
-    from monologue.plan import plan_chunks, timeline_order
+    from monologue.plan import ChunkSpec, plan_chunks, timeline_order
 
 Result = TypeVar("Result")
 
@@ -31,7 +39,12 @@ RETRY = RetryPolicy(
     backoff_coefficient=2.0,
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
+    non_retryable_error_types=[c.NODE_DRAINING, c.CHECKPOINT_LOST],
 )
+
+
+class NodeLost(Exception):
+    """The node holding the session died, is draining, or stopped taking its work."""
 
 
 async def _shared(name: str, arg: Any, result_type: type[Result]) -> Result:
@@ -42,111 +55,265 @@ async def _shared(name: str, arg: Any, result_type: type[Result]) -> Result:
     return result
 
 
-async def _pinned(name: str, arg: Any, result_type: type[Result], *, task_queue: str) -> Result:
-    """An activity on one node's own queue. A dead node leaves its queue without a poller, which only
-    schedule_to_start notices; the heartbeat timeout notices a node that dies mid-activity."""
-    result: Result = await workflow.execute_activity(
-        name,
-        arg,
-        result_type=result_type,
-        task_queue=task_queue,
-        schedule_to_start_timeout=timedelta(minutes=2),
-        start_to_close_timeout=timedelta(minutes=15),
-        heartbeat_timeout=timedelta(seconds=30),
-        retry_policy=RETRY,
-    )
-    return result
-
-
 @workflow.defn(name="RenderWorkflow")
 class RenderWorkflow:
     def __init__(self) -> None:
         self._progress = c.Progress()
+        self._lease: workflow.ActivityHandle[None] | None = None
+        self._lease_number = 0
+        self._node_id: str | None = None
+        self._offered: c.NodeAcquired | None = None
 
     @workflow.query
     def progress(self) -> c.Progress:
         return self._progress
 
+    @workflow.signal(name=c.NODE_ACQUIRED)
+    def node_acquired(self, acquired: c.NodeAcquired) -> None:
+        if acquired.lease == self._lease_number:  # a stale lease's signal is ignored
+            self._offered = acquired
+
     @workflow.run
     async def run(self, request: c.RenderInput) -> c.RenderResult:
-        session_id = request.session_id
+        self._request = request
+        self._frames = request.frames
+        self._published = 0
         try:
             return await self._render(request)
-        except ActivityError as err:
+        except asyncio.CancelledError:
+            # Cancelled by the API: close the stream so what was published stays playable, record it, and
+            # release the node. Activities still run here because the cancellation was caught.
+            self._release()
+            self._progress.status = "cancelled"
+            await self._record("cancelled", None)
+            raise
+        except (ActivityError, ApplicationError) as err:
             message = _root_message(err)
-            workflow.logger.warning("session failed", extra={"session_id": session_id, "error": message})
+            workflow.logger.warning("session failed", extra={"session_id": request.session_id, "error": message})
+            self._release()
             self._progress.status = "failed"
-            await _shared(c.RECORD_FAILURE, c.RecordFailureInput(session_id=session_id, error=message), type(None))
-            raise ApplicationError(f"session {session_id} failed: {message}", non_retryable=True) from err
+            await self._record("failed", message)
+            raise ApplicationError(f"session {request.session_id} failed: {message}", non_retryable=True) from err
 
     async def _render(self, request: c.RenderInput) -> c.RenderResult:
         session_id, options = request.session_id, request.options
-        prepared = await _shared(c.PREPARE, c.PrepareInput(session_id=session_id, options=options), c.PrepareResult)
-        plan = plan_chunks(prepared.frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
+        if self._frames == 0:
+            prepared = await _shared(c.PREPARE, c.PrepareInput(session_id=session_id, options=options), c.PrepareResult)
+            self._frames = prepared.frames
+        plan = plan_chunks(self._frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
         timeline = timeline_order(plan)
-        self._progress.chunks_total = len(plan)
-
-        node = await _shared(c.ACQUIRE_NODE, c.AcquireNodeInput(session_id=session_id), c.AcquireNodeResult)
-        self._progress.node_id = node.node_id
-        self._progress.status = "running"
-        queue = node.task_queue
-        await _pinned(
-            c.INIT_SESSION,
-            c.InitSessionInput(session_id=session_id, node_id=node.node_id, options=options),
-            c.InitSessionResult,
-            task_queue=queue,
-        )
-        generated: set[str] = set()
-        published = 0  # timeline chunks published so far (a prefix of the timeline)
+        cursor = request.cursor
+        generated = {spec.name for spec in plan[:cursor]}
+        published = _published_prefix(timeline, generated)
+        self._published = timeline[published - 1].end_frame if published else 0
+        self._progress.chunks_total, self._progress.chunks_done = len(plan), cursor
         publishing: workflow.ActivityHandle[c.PublishResult] | None = None
-        for spec in plan:  # generation order: N0 N1 I0 N2 I1 …
-            chunk = c.GenerateChunkInput(
-                session_id=session_id,
-                node_id=node.node_id,
-                options=options,
-                kind=spec.kind,
-                index=spec.index,
-                first_frame=spec.first_frame,
-                n_frames=spec.n_frames,
-            )
-            await _pinned(c.GENERATE_CHUNK, chunk, c.GenerateChunkResult, task_queue=queue)
+        started_at = cursor
+
+        while cursor < len(plan):
+            if cursor - started_at >= request.continue_as_new_every or workflow.info().is_continue_as_new_suggested():
+                if publishing is not None:
+                    await publishing
+                self._release()
+                workflow.continue_as_new(
+                    c.RenderInput(
+                        session_id=session_id,
+                        options=options,
+                        cursor=cursor,
+                        frames=self._frames,
+                        lease_timeout_s=request.lease_timeout_s,
+                        continue_as_new_every=request.continue_as_new_every,
+                    )
+                )
+            spec = plan[cursor]
+            try:
+                await self._ensure_node()
+                await self._on_node(c.GENERATE_CHUNK, self._chunk_input(spec), c.GenerateChunkResult)
+            except NodeLost:
+                self._lose_node()
+                continue
+            except ActivityError as err:
+                lost = _lost_checkpoint(err)
+                if lost is None:
+                    raise
+                # Regenerate from the N chunk whose checkpoint is gone (its own dependency is checked the
+                # same way): the frames come out identical, so nothing published changes.
+                workflow.logger.warning("checkpoint lost", extra={"session_id": session_id, "chunk": f"N{lost}"})
+                cursor = next(i for i, s in enumerate(plan) if (s.kind, s.index) == ("N", lost))
+                continue
             generated.add(spec.name)
-            self._progress.chunks_done += 1
+            cursor += 1
+            self._progress.chunks_done = max(self._progress.chunks_done, cursor)
             before = published
-            while published < len(timeline) and timeline[published].name in generated:
-                published += 1
+            published = _published_prefix(timeline, generated)
             if published > before:
                 # Segments go out in timeline order, while the next chunk generates.
                 if publishing is not None:
                     await publishing
-                publishing = _start_publish(session_id, options, prepared.frames, timeline[published - 1].end_frame)
+                self._published = timeline[published - 1].end_frame
+                publishing = workflow.start_activity(
+                    c.PUBLISH,
+                    c.PublishInput(
+                        session_id=session_id,
+                        options=options,
+                        total_frames=self._frames,
+                        published_frames=self._published,
+                    ),
+                    result_type=c.PublishResult,
+                    start_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=RETRY,
+                )
         if publishing is not None:
             await publishing
 
-        final = await _pinned(
-            c.FINALIZE,
-            c.FinalizeInput(session_id=session_id, node_id=node.node_id, options=options, frames=prepared.frames),
-            c.FinalizeResult,
-            task_queue=queue,
-        )
+        finalize = c.FinalizeInput(session_id=session_id, node_id="", options=options, frames=self._frames)
+        while True:
+            try:
+                await self._ensure_node()
+                finalize.node_id = self._node_id or ""
+                final = await self._on_node(c.FINALIZE, finalize, c.FinalizeResult)
+                break
+            except NodeLost:
+                self._lose_node()
+        self._release()
         self._progress.status = "completed"
-        return c.RenderResult(
-            session_id=session_id, video_key=final.video_key, frames=prepared.frames, chunks=len(plan)
+        return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
+
+    def _chunk_input(self, spec: ChunkSpec) -> c.GenerateChunkInput:
+        return c.GenerateChunkInput(
+            session_id=self._request.session_id,
+            node_id=self._node_id or "",
+            options=self._request.options,
+            kind=spec.kind,
+            index=spec.index,
+            first_frame=spec.first_frame,
+            n_frames=spec.n_frames,
+        )
+
+    async def _ensure_node(self) -> None:
+        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there."""
+        while self._node_id is None:
+            self._lease_number += 1
+            self._offered = None
+            self._lease = workflow.start_activity(
+                c.HOLD_NODE,
+                c.HoldNodeInput(
+                    session_id=self._request.session_id,
+                    workflow_id=workflow.info().workflow_id,
+                    lease=self._lease_number,
+                    heartbeat_s=min(1.0, self._request.lease_timeout_s / 4),
+                ),
+                task_queue=c.lease_task_queue(workflow.info().task_queue),
+                # Waiting for a free slot can take as long as other sessions take; a held lease lasts the session.
+                schedule_to_close_timeout=timedelta(days=7),
+                heartbeat_timeout=timedelta(seconds=self._request.lease_timeout_s),
+                retry_policy=RetryPolicy(maximum_attempts=1),  # this workflow decides what to do next
+            )
+            await workflow.wait_condition(self._offered_or_lease_ended)
+            if self._offered is None:  # the lease ended before any node took it
+                self._lease = None
+                continue
+            self._node_id = self._offered.node_id
+            self._progress.node_id, self._progress.status = self._node_id, "running"
+            try:
+                await self._on_node(
+                    c.INIT_SESSION,
+                    c.InitSessionInput(
+                        session_id=self._request.session_id, node_id=self._node_id, options=self._request.options
+                    ),
+                    c.InitSessionResult,
+                )
+            except NodeLost:
+                self._lose_node()
+
+    def _offered_or_lease_ended(self) -> bool:
+        return self._offered is not None or self._lease is None or self._lease.done()
+
+    async def _on_node(self, name: str, arg: Any, result_type: type[Result]) -> Result:
+        """Run an activity on the held node, watching the lease: if the node goes, so does the activity."""
+        if self._node_id is None or self._lease is None:
+            raise NodeLost("no node held")
+        lease = self._lease
+        handle = workflow.start_activity(
+            name,
+            arg,
+            result_type=result_type,
+            task_queue=c.node_task_queue(self._node_id),
+            # A dead node's queue has no poller: only schedule_to_start notices that.
+            schedule_to_start_timeout=timedelta(seconds=3 * self._request.lease_timeout_s),
+            start_to_close_timeout=timedelta(minutes=15),
+            heartbeat_timeout=timedelta(minutes=2),
+            retry_policy=RETRY,
+        )
+        await workflow.wait([handle, lease], return_when=asyncio.FIRST_COMPLETED)
+        if not handle.done():
+            if _draining(lease):
+                try:
+                    finished: Result = await handle  # a draining node finishes the activity it has
+                    return finished
+                except ActivityError as err:
+                    raise NodeLost(f"node {self._node_id} drained during {name}") from err
+            handle.cancel()
+            raise NodeLost(f"node {self._node_id} lost during {name}")
+        try:
+            result: Result = handle.result()
+            return result
+        except ActivityError as err:
+            if isinstance(err.cause, TimeoutError) and err.cause.type in (
+                TimeoutType.SCHEDULE_TO_START,
+                TimeoutType.HEARTBEAT,
+            ):
+                raise NodeLost(f"node {self._node_id} stopped taking work ({err.cause.type.name})") from err
+            raise
+
+    def _lose_node(self) -> None:
+        workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self._node_id})
+        self._release()
+        self._progress.node_changes += 1
+
+    def _release(self) -> None:
+        """Give the node's slot back (the lease activity sees the cancellation at its next heartbeat)."""
+        if self._lease is not None and not self._lease.done():
+            self._lease.cancel()
+        self._lease, self._node_id = None, None
+
+    async def _record(self, status: str, error: str | None) -> None:
+        await _shared(
+            c.RECORD_STATUS,
+            c.RecordStatusInput(
+                session_id=self._request.session_id,
+                status=status,
+                options=self._request.options,
+                total_frames=self._frames,
+                published_frames=self._published,
+                error=error,
+            ),
+            type(None),
         )
 
 
-def _start_publish(
-    session_id: str, options: c.RenderOptions, total_frames: int, published_frames: int
-) -> workflow.ActivityHandle[c.PublishResult]:
-    return workflow.start_activity(
-        c.PUBLISH,
-        c.PublishInput(
-            session_id=session_id, options=options, total_frames=total_frames, published_frames=published_frames
-        ),
-        result_type=c.PublishResult,
-        start_to_close_timeout=timedelta(minutes=1),
-        retry_policy=RETRY,
+def _published_prefix(timeline: list[ChunkSpec], generated: set[str]) -> int:
+    """How many timeline chunks, from the start, are all generated (so their segments can go out)."""
+    count = 0
+    while count < len(timeline) and timeline[count].name in generated:
+        count += 1
+    return count
+
+
+def _draining(lease: workflow.ActivityHandle[None]) -> bool:
+    error = lease.exception() if lease.done() and not lease.cancelled() else None
+    return (
+        isinstance(error, ActivityError)
+        and isinstance(error.cause, ApplicationError)
+        and (error.cause.type == c.NODE_DRAINING)
     )
+
+
+def _lost_checkpoint(err: ActivityError) -> int | None:
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type == c.CHECKPOINT_LOST and cause.details:
+        return int(cause.details[0])
+    return None
 
 
 def _root_message(err: BaseException) -> str:

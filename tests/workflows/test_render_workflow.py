@@ -1,10 +1,13 @@
 """RenderWorkflow against a real Temporal dev server with fake activities registered under the real
-names: the orchestration alone, in seconds, with a fresh task queue per test."""
+names: the orchestration alone, in seconds, with fresh task queues per test."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
 
 import pytest
 import pytest_asyncio
@@ -32,90 +35,121 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     await environment.shutdown()
 
 
-class FakeNode:
-    """Records every call; `fail_chunk` makes that chunk fail like bad input does."""
+class FakeNodes:
+    """Fake activities for a shared queue and any number of nodes; records every call.
 
-    def __init__(self, frames: int, fail_chunk: int | None = None) -> None:
+    `fail_chunk` makes that N chunk fail like a model error does; `lose_checkpoint` makes the first
+    generation of that I chunk report the checkpoint of N(k) lost (once)."""
+
+    def __init__(
+        self,
+        env: WorkflowEnvironment,
+        frames: int,
+        *,
+        fail_chunk: int | None = None,
+        lose_checkpoint: int | None = None,
+    ) -> None:
+        self.env = env
         self.frames = frames
         self.fail_chunk = fail_chunk
+        self.lose_checkpoint = lose_checkpoint
         self.calls: list[str] = []
-        self.failure: str | None = None
+        self.ended: c.RecordStatusInput | None = None
+        self.queue = f"q-{uuid.uuid4().hex}"
 
-    def activities(self) -> list[object]:
+    def shared(self) -> list[object]:
         @activity.defn(name=c.PREPARE)
         def prepare(request: c.PrepareInput) -> c.PrepareResult:
             self.calls.append("prepare")
             return c.PrepareResult(frames=self.frames, audio_samples=self.frames * 640, width=64, height=64)
-
-        @activity.defn(name=c.ACQUIRE_NODE)
-        def acquire_node(request: c.AcquireNodeInput) -> c.AcquireNodeResult:
-            self.calls.append("acquire_node")
-            return c.AcquireNodeResult(node_id="n1", task_queue=self.queue)
-
-        @activity.defn(name=c.INIT_SESSION)
-        def init_session(request: c.InitSessionInput) -> c.InitSessionResult:
-            self.calls.append("init_session")
-            return c.InitSessionResult(width=64, height=64)
-
-        @activity.defn(name=c.GENERATE_CHUNK)
-        def generate_chunk(request: c.GenerateChunkInput) -> c.GenerateChunkResult:
-            self.calls.append(f"{request.kind}{request.index} {request.first_frame}+{request.n_frames}")
-            if request.kind == "N" and request.index == self.fail_chunk:
-                raise ApplicationError("model: cannot render this", non_retryable=True)
-            return c.GenerateChunkResult(segment_key=f"k{request.index}", frames=request.n_frames)
 
         @activity.defn(name=c.PUBLISH)
         def publish(request: c.PublishInput) -> c.PublishResult:
             self.calls.append(f"publish {request.published_frames}")
             return c.PublishResult(segments=0)
 
+        @activity.defn(name=c.RECORD_STATUS)
+        def record_status(request: c.RecordStatusInput) -> None:
+            self.calls.append(f"record {request.status}")
+            self.ended = request
+
+        return [prepare, publish, record_status]
+
+    def lease(self, node_id: str) -> list[object]:
+        @activity.defn(name=c.HOLD_NODE)
+        async def hold_node(request: c.HoldNodeInput) -> None:
+            self.calls.append(f"lease {node_id}")
+            handle = self.env.client.get_workflow_handle(request.workflow_id)
+            await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=node_id))
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(0.2)
+
+        return [hold_node]
+
+    def node(self, node_id: str) -> list[object]:
+        @activity.defn(name=c.INIT_SESSION)
+        def init_session(request: c.InitSessionInput) -> c.InitSessionResult:
+            self.calls.append(f"init {node_id}")
+            return c.InitSessionResult(width=64, height=64)
+
+        @activity.defn(name=c.GENERATE_CHUNK)
+        def generate_chunk(request: c.GenerateChunkInput) -> c.GenerateChunkResult:
+            name = f"{request.kind}{request.index} {request.first_frame}+{request.n_frames}"
+            self.calls.append(name)
+            if request.kind == "N" and request.index == self.fail_chunk:
+                raise ApplicationError("model: cannot render this", non_retryable=True)
+            if request.kind == "I" and request.index == self.lose_checkpoint:
+                self.lose_checkpoint = None
+                raise ApplicationError("checkpoint gone", request.index, type=c.CHECKPOINT_LOST, non_retryable=True)
+            return c.GenerateChunkResult(segment_key=name, frames=request.n_frames)
+
         @activity.defn(name=c.FINALIZE)
         def finalize(request: c.FinalizeInput) -> c.FinalizeResult:
             self.calls.append(f"finalize {request.frames}")
             return c.FinalizeResult(video_key="final", size_bytes=1)
 
-        @activity.defn(name=c.RECORD_FAILURE)
-        def record_failure(request: c.RecordFailureInput) -> None:
-            self.calls.append("record_failure")
-            self.failure = request.error
+        return [init_session, generate_chunk, finalize]
 
-        return [prepare, acquire_node, init_session, generate_chunk, publish, finalize, record_failure]
+    async def run(self, options: c.RenderOptions, **extra: int) -> c.RenderResult:
+        node_id = f"n-{uuid.uuid4().hex[:8]}"
+        with ThreadPoolExecutor(4) as executor:
+            async with AsyncExitStack() as stack:
+                for queue, activities, workflows in (
+                    (self.queue, self.shared(), [RenderWorkflow]),
+                    (c.lease_task_queue(self.queue), self.lease(node_id), []),
+                    (c.node_task_queue(node_id), self.node(node_id), []),
+                ):
+                    await stack.enter_async_context(
+                        Worker(
+                            self.env.client,
+                            task_queue=queue,
+                            workflows=workflows,
+                            activities=activities,
+                            activity_executor=executor,
+                            # A bug in workflow code fails the test at once instead of retrying the task forever.
+                            workflow_failure_exception_types=[Exception],
+                        )
+                    )
+                result: c.RenderResult = await self.env.client.execute_workflow(
+                    RenderWorkflow.run,
+                    c.RenderInput(session_id="s", options=options, **extra),  # type: ignore[arg-type]
+                    id=f"wf-{uuid.uuid4().hex}",
+                    task_queue=self.queue,
+                )
+                return result
 
-    queue = ""
-
-
-async def _run(env: WorkflowEnvironment, node: FakeNode, chunk_frames: int, i_frames: int = 4) -> c.RenderResult:
-    node.queue = f"q-{uuid.uuid4().hex}"
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(4) as executor:
-        async with Worker(
-            env.client,
-            task_queue=node.queue,
-            workflows=[RenderWorkflow],
-            activities=node.activities(),
-            activity_executor=executor,
-            # A bug in workflow code fails the test at once instead of retrying the task forever.
-            workflow_failure_exception_types=[Exception],
-        ):
-            result: c.RenderResult = await env.client.execute_workflow(
-                RenderWorkflow.run,
-                c.RenderInput(session_id="s", options=c.RenderOptions(chunk_frames=chunk_frames, i_frames=i_frames)),
-                id=f"wf-{uuid.uuid4().hex}",
-                task_queue=node.queue,
-            )
-            return result
+    def chunks(self) -> list[str]:
+        return [call for call in self.calls if call[0] in "NI" or call.startswith(("finalize", "init", "lease"))]
 
 
 async def test_chunks_run_in_generation_order_and_publish_in_timeline_order(env: WorkflowEnvironment) -> None:
-    node = FakeNode(frames=97)
-    result = await _run(env, node, chunk_frames=40)
-    # Publishing runs beside the next chunk, so only its position relative to its own chunk is fixed.
-    chunks = [call for call in node.calls if not call.startswith("publish")]
-    assert chunks == [
-        "prepare",
-        "acquire_node",
-        "init_session",
+    fake = FakeNodes(env, frames=97)
+    result = await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    node = fake.calls[1].split()[1]
+    assert fake.chunks() == [
+        f"lease {node}",
+        f"init {node}",
         "N0 0+40",
         "N1 44+40",
         "I0 40+4",
@@ -123,18 +157,37 @@ async def test_chunks_run_in_generation_order_and_publish_in_timeline_order(env:
         "I1 84+4",
         "finalize 97",
     ]
-    published = [int(call.split()[1]) for call in node.calls if call.startswith("publish")]
+    published = [int(call.split()[1]) for call in fake.calls if call.startswith("publish")]
     # N0 alone; then nothing until I0 (N1 is behind it in the timeline); then I0+N1; then I1+N2.
     assert published == [40, 84, 97]
-    assert node.calls.index("publish 40") > node.calls.index("N0 0+40")
+    assert fake.calls.index("publish 40") > fake.calls.index("N0 0+40")
     assert (result.frames, result.chunks, result.video_key) == (97, 5, "final")
 
 
 async def test_a_chunk_that_cannot_succeed_fails_the_session_with_its_message(env: WorkflowEnvironment) -> None:
-    node = FakeNode(frames=97, fail_chunk=1)
+    fake = FakeNodes(env, frames=97, fail_chunk=1)
     with pytest.raises(WorkflowFailureError) as failure:
-        await _run(env, node, chunk_frames=40)
-    assert node.calls[-1] == "record_failure" and "N1 44+40" in node.calls  # not retried, no finalize
-    assert node.calls.count("N1 44+40") == 1 and not any(call.startswith("finalize") for call in node.calls)
-    assert node.failure == "model: cannot render this"
+        await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    assert fake.calls.count("N1 44+40") == 1  # not retried
+    assert not any(call.startswith("finalize") for call in fake.calls)
+    assert fake.ended is not None and fake.ended.status == "failed"
+    assert fake.ended.error == "model: cannot render this"
+    assert fake.ended.published_frames == 40  # N0 went out; the stream is closed there
     assert "model: cannot render this" in str(failure.value.cause)
+
+
+async def test_a_lost_checkpoint_regenerates_from_its_n_chunk(env: WorkflowEnvironment) -> None:
+    fake = FakeNodes(env, frames=97, lose_checkpoint=0)
+    await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    generated = [call for call in fake.chunks() if call[0] in "NI"]
+    # I0 found N0's checkpoint gone: N0 is generated again, then N1 (from N0) and I0.
+    assert generated == ["N0 0+40", "N1 44+40", "I0 40+4", "N0 0+40", "N1 44+40", "I0 40+4", "N2 88+9", "I1 84+4"]
+
+
+async def test_continue_as_new_keeps_the_same_chunk_sequence(env: WorkflowEnvironment) -> None:
+    plain, renewed = FakeNodes(env, frames=300), FakeNodes(env, frames=300)
+    await plain.run(c.RenderOptions(chunk_frames=20, i_frames=4))
+    result = await renewed.run(c.RenderOptions(chunk_frames=20, i_frames=4), continue_as_new_every=3)
+    assert [call for call in renewed.calls if call[0] in "NI"] == [call for call in plain.calls if call[0] in "NI"]
+    assert result.frames == 300
+    assert sum(call.startswith("lease") for call in renewed.calls) > 3  # one lease per run

@@ -1,0 +1,49 @@
+"""The node lease: how a session holds one of a node's slots, and how a lost node is noticed.
+
+`hold_node` runs on the lease queue, which every node polls with as many slots as it has capacity,
+so a session waits (in order) until some node has a free slot. Once started it tells the workflow
+which node it is on (a signal), then heartbeats until the workflow cancels it. If the node dies, the
+heartbeats stop and Temporal fails the activity after the heartbeat timeout: that is how the workflow
+learns it must move the session. A node shutting down ends its leases with NodeDraining at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from monologue import contracts as c
+
+
+class NodeLease:
+    def __init__(self, *, client: Client, node_id: str) -> None:
+        self._client = client
+        self._node_id = node_id
+        self.draining = asyncio.Event()
+
+    @activity.defn(name=c.HOLD_NODE)
+    async def hold_node(self, request: c.HoldNodeInput) -> None:
+        """Hold a slot of this node for the session until cancelled (the workflow releases it)."""
+        log = structlog.get_logger("lease").bind(
+            session_id=request.session_id, workflow_id=request.workflow_id, node_id=self._node_id, lease=request.lease
+        )
+        if self.draining.is_set():
+            raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)
+        handle = self._client.get_workflow_handle(request.workflow_id)
+        await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self._node_id))
+        log.info("node acquired")
+        try:
+            while not self.draining.is_set():
+                activity.heartbeat()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.draining.wait(), timeout=request.heartbeat_s)
+        except asyncio.CancelledError:
+            log.info("node released")
+            raise
+        log.info("node draining: handing the session back")
+        raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)
