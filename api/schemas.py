@@ -29,6 +29,7 @@ class Progress(BaseModel):
     chunks_done: int
     chunks_total: int | None
     frames_total: int | None
+    retries: int = Field(description="Chunk attempts beyond the first (retries and regenerations after a node loss).")
 
 
 class RenderLinks(BaseModel):
@@ -40,7 +41,7 @@ class RenderLinks(BaseModel):
 
 class RenderPublic(BaseModel):
     id: str
-    status: str = Field(description="queued, running, completed or failed")
+    status: str = Field(description="queued, running, completed, failed or cancelled")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

@@ -17,7 +17,9 @@ from gpu_worker.models import build_family
 from gpu_worker.pipeline import Family
 from monologue import contracts as c
 from monologue import keys, repo
+from monologue.db import SessionRow
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
+from monologue.plan import plan_chunks
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 
@@ -101,3 +103,47 @@ async def _start_workflow(client: Client, settings: Settings, session_id: str, o
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
     )
+
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+async def cancel_workflow(services: Services, row: SessionRow) -> None:
+    """Ask the workflow to stop; it closes the stream and records `cancelled` itself (never terminated:
+    termination would skip that cleanup)."""
+    await services.temporal.get_workflow_handle(row.workflow_id or c.render_workflow_id(row.id)).cancel()
+    log.info("render cancel requested", session_id=row.id)
+
+
+async def resume_workflow(services: Services, row: SessionRow) -> None:
+    """A new run of the session's workflow from the first chunk (in generation order) not yet made.
+
+    Chunks already generated are kept (their segments are in storage); the node restores the anchors
+    from the checkpoints, or regenerates from an earlier N chunk if they are gone."""
+    options = c.RenderOptions(**RenderOptionsCreate.model_validate(row.options).model_dump())
+    cursor = 0
+    if row.frames:
+        with services.sessions() as db:
+            done = repo.generated_chunks(db, session_id=row.id)
+        for spec in plan_chunks(row.frames, n_frames=options.chunk_frames, i_frames=options.i_frames):
+            if (spec.kind, spec.index) not in done:
+                break
+            cursor += 1
+    settings = services.settings
+    await services.temporal.start_workflow(
+        "RenderWorkflow",
+        c.RenderInput(
+            session_id=row.id,
+            options=options,
+            cursor=cursor,
+            frames=row.frames or 0,
+            lease_timeout_s=settings.node.lease_timeout_s,
+            continue_as_new_every=settings.render.continue_as_new_every,
+        ),
+        id=row.workflow_id or c.render_workflow_id(row.id),
+        task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+    )
+    with services.sessions() as db:
+        repo.mark_resumed(db, session_id=row.id)
+    log.info("render resumed", session_id=row.id, cursor=cursor)

@@ -67,8 +67,12 @@ def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int
 
 
 def set_node(db: Session, *, session_id: str, node_id: str) -> None:
+    """The node that holds the session now; a queued (or resumed) session is running from here on."""
     row = _require(db, session_id)
     row.node_id = node_id
+    if row.status == "queued":
+        row.status = "running"
+        row.started_at = row.started_at or utcnow()
     db.commit()
 
 
@@ -114,6 +118,19 @@ def chunks_done(db: Session, *, session_id: str) -> int:
         select(func.count()).select_from(ChunkRow).where(ChunkRow.session_id == session_id, ChunkRow.status == "done")
     )
     return int(db.scalar(query) or 0)
+
+
+def chunk_retries(db: Session, *, session_id: str) -> int:
+    query = select(func.coalesce(func.sum(ChunkRow.attempt - 1), 0)).where(ChunkRow.session_id == session_id)
+    return int(db.scalar(query) or 0)
+
+
+def mark_resumed(db: Session, *, session_id: str) -> None:
+    row = _require(db, session_id)
+    row.status = "queued"
+    row.error = None
+    row.finished_at = None
+    db.commit()
 
 
 def list_chunks(db: Session, *, session_id: str) -> list[ChunkRow]:

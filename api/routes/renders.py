@@ -3,6 +3,9 @@ side effects live in `api.submit` and `monologue.repo`."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Annotated
 from urllib.parse import quote
 
@@ -18,7 +21,7 @@ from monologue.storage import LocalStore
 
 from ..deps import DbDep, ServicesDep
 from ..schemas import Progress, RenderLinks, RenderList, RenderOptionsBase, RenderOptionsCreate, RenderPublic
-from ..submit import start_render, validate_inputs
+from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
 
@@ -94,6 +97,62 @@ def get_render(session_id: str, request: Request, services: ServicesDep, db: DbD
     return _public(request, services, db, _find(db, session_id))
 
 
+@router.post(
+    "/{session_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=RenderPublic,
+    responses={404: {}, 409: {}},
+)
+async def cancel_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+    """Stop the render within one chunk; what was published stays playable (the playlist is closed)."""
+    row = _find(db, session_id)
+    if row.status in TERMINAL:
+        raise HTTPException(409, f"render {session_id} is already {row.status}; there is nothing to cancel")
+    await cancel_workflow(services, row)
+    return _public(request, services, db, row)
+
+
+@router.post(
+    "/{session_id}/resume",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=RenderPublic,
+    responses={404: {}, 409: {}},
+)
+async def resume_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+    """Start a failed or cancelled render again from its last checkpoint; chunks already made are kept."""
+    row = _find(db, session_id)
+    if row.status not in ("failed", "cancelled"):
+        raise HTTPException(409, f"render {session_id} is {row.status}; only failed or cancelled renders resume")
+    await resume_workflow(services, row)
+    db.refresh(row)
+    return _public(request, services, db, row)
+
+
+@router.get(
+    "/{session_id}/events", response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}}
+)
+async def render_events(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> StreamingResponse:
+    """Server-sent events: a `progress` event whenever the render's progress changes, until it ends."""
+    _find(db, session_id)
+
+    async def events() -> AsyncIterator[str]:
+        last = None
+        while not await request.is_disconnected():
+            with services.sessions() as fresh:
+                row = repo.get_session(fresh, session_id=session_id)
+                if row is None:
+                    return
+                public = _public(request, services, fresh, row).model_dump(mode="json")
+            if public != last:
+                yield f"event: progress\ndata: {json.dumps(public)}\n\n"
+                last = public
+            if public["status"] in TERMINAL:
+                return
+            await asyncio.sleep(0.5)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 @router.get(
     "/{session_id}/video.mp4",
     response_class=Response,
@@ -166,7 +225,10 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
         ttff_ms=row.ttff_ms,
         error=row.error,
         progress=Progress(
-            chunks_done=repo.chunks_done(db, session_id=row.id), chunks_total=row.chunks_total, frames_total=row.frames
+            chunks_done=repo.chunks_done(db, session_id=row.id),
+            chunks_total=row.chunks_total,
+            frames_total=row.frames,
+            retries=repo.chunk_retries(db, session_id=row.id),
         ),
         links=RenderLinks(
             stream=f"{base}/v1/renders/{row.id}/stream.m3u8",

@@ -1,0 +1,147 @@
+"""Sessions survive lost nodes, and can be cancelled and resumed: real processes, real SIGKILLs.
+
+A separate stack with two nodes, a 3-second lease timeout (so a lost node is noticed quickly) and a
+small delay in every chunk (so a node can be killed in the middle of one)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from monologue.plan import plan_chunks, timeline_order
+from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
+from monologue.stack import Stack, free_port
+from tests.helpers import submit, wait_done
+
+pytestmark = pytest.mark.slow
+NODES = ("node-a", "node-b")
+
+
+@pytest.fixture(scope="module")
+def durable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    settings = Settings(
+        home=tmp_path_factory.mktemp("durable"),
+        log_format="json",
+        temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
+        api=ApiSettings(port=free_port()),
+        node=NodeSettings(id=NODES[0], lease_timeout_s=3.0, chunk_delay_s=0.4, graceful_shutdown_s=10.0),
+    )
+    stack = Stack(settings)
+    stack.start()
+    stack.start_node(NODES[1])
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def baseline(durable_stack: Stack, sample_portrait: bytes, sample_speech: bytes) -> dict[str, Any]:
+    """An uninterrupted render: what every interrupted one must reproduce, frame for frame."""
+    url = str(durable_stack.settings.api.public_url)
+    render = wait_done(url, submit(url, sample_portrait, sample_speech).json()["id"])
+    assert render["status"] == "completed", render["error"]
+    return {"render": render, "hashes": _hashes(durable_stack, render["id"])}
+
+
+def _out(stack: Stack, session_id: str) -> Path:
+    root = stack.settings.storage.root
+    assert root is not None
+    return root / "sessions" / session_id / "out"
+
+
+def _hashes(stack: Stack, session_id: str) -> list[str]:
+    return [json.loads(line)["sha256"] for line in (_out(stack, session_id) / "frames.jsonl").read_text().splitlines()]
+
+
+def _node_process(stack: Stack, node_id: str) -> Any:
+    return next(
+        child.process for child in stack.children if child.name == f"node-{node_id}" and child.process.poll() is None
+    )
+
+
+def _wait_for(url: str, session_id: str, condition: Any, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        render: dict[str, Any] = httpx.get(f"{url}/v1/renders/{session_id}", timeout=10).json()
+        if condition(render):
+            return render
+        time.sleep(0.05)
+    raise TimeoutError(f"render {session_id} never reached the condition")
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 4], ids=["first-N0", "N1", "I0", "last-I1"])
+def test_node_killed_mid_chunk_another_node_finishes_with_identical_frames(
+    position: int, durable_stack: Stack, baseline: dict[str, Any], sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    # Chunk `position` (in generation order N0 N1 I0 N2 I1) is running once `position` chunks are done.
+    running = _wait_for(url, session_id, lambda r: r["node_id"] and r["progress"]["chunks_done"] == position)
+    victim = running["node_id"]
+    _node_process(durable_stack, victim).send_signal(signal.SIGKILL)
+    try:
+        render = wait_done(url, session_id, timeout_s=120)
+    finally:
+        durable_stack.start_node(victim)  # the next test has two nodes again
+    assert render["status"] == "completed", render["error"]
+    assert render["node_id"] != victim
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
+    frames = render["progress"]["frames_total"]
+    expected = {f"seg-{s.kind}{s.index:05d}.m4s" for s in timeline_order(plan_chunks(frames, n_frames=40, i_frames=4))}
+    assert {p.name for p in _out(durable_stack, session_id).glob("seg-*.m4s")} == expected  # none missing, none extra
+
+
+def test_cancel_stops_the_render_and_keeps_what_was_published(
+    durable_stack: Stack, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 1)
+    response = httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
+    assert response.status_code == 202
+    render = _wait_for(url, session_id, lambda r: r["status"] in ("cancelled", "completed", "failed"), timeout_s=30)
+    assert render["status"] == "cancelled"
+    assert render["progress"]["chunks_done"] < render["progress"]["chunks_total"]
+    playlist = httpx.get(render["links"]["stream"], timeout=10).text
+    assert playlist.rstrip().endswith("#EXT-X-ENDLIST") and "seg-N00000.m4s" in playlist
+    assert httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10).status_code == 409
+
+
+def test_a_cancelled_render_resumes_from_its_checkpoint_to_the_same_frames(
+    durable_stack: Stack, baseline: dict[str, Any], sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 2)
+    httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
+    cancelled = _wait_for(url, session_id, lambda r: r["status"] == "cancelled", timeout_s=30)
+    done_before = cancelled["progress"]["chunks_done"]
+    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
+    render = wait_done(url, session_id, timeout_s=120)
+    assert render["status"] == "completed", render["error"]
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
+    assert render["progress"]["chunks_done"] == render["progress"]["chunks_total"] > done_before
+    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 409
+
+
+def test_events_stream_progress_until_the_render_ends(
+    durable_stack: Stack, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    seen: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{url}/v1/renders/{session_id}/events", timeout=120) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                seen.append(json.loads(line.removeprefix("data: ")))
+    assert seen[-1]["status"] == "completed"
+    done = [event["progress"]["chunks_done"] for event in seen]
+    assert done == sorted(done) and len(set(done)) >= 3  # progress arrived step by step
+    assert seen[-1]["node_id"] in NODES
