@@ -30,6 +30,8 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    command: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def temporal_binary() -> str:
@@ -137,8 +139,28 @@ class Stack:
                 stdin=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,
             )
-        child = Child(name, process, log_path)
+        child = Child(name, process, log_path, command, extra_env or {})
         self.children.append(child)
+        return child
+
+    def restart(self, name: str, timeout_s: float = 60.0) -> Child:
+        """Stop the child called `name` (SIGTERM, then SIGKILL) and start it again the same way: what an
+        operator's restart of one service looks like. Waits until it answers again."""
+        old = next(child for child in self.children if child.name == name and child.process.poll() is None)
+        old.process.terminate()
+        try:
+            old.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            old.process.kill()
+            old.process.wait()
+        self.children.remove(old)
+        child = self._spawn(name, old.command, old.extra_env)
+        if name == "temporal":
+            host, port = self.settings.temporal.address.rsplit(":", 1)
+            self._wait(lambda: _port_open(host, int(port)), name, timeout_s)
+        elif name == "api":
+            api = self.settings.api
+            self._wait(lambda: http_ok(f"http://{api.host}:{api.port}/healthz"), name, timeout_s)
         return child
 
     def _wait(self, ready: object, name: str, timeout_s: float) -> None:

@@ -5,6 +5,7 @@ small delay in every chunk (so a node can be killed in the middle of one)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -145,3 +146,86 @@ def test_events_stream_progress_until_the_render_ends(
     done = [event["progress"]["chunks_done"] for event in seen]
     assert done == sorted(done) and len(set(done)) >= 3  # progress arrived step by step
     assert seen[-1]["node_id"] in NODES
+
+
+def test_a_node_told_to_stop_hands_its_session_over(
+    durable_stack: Stack, baseline: dict[str, Any], sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    """SIGTERM (a deploy): the node ends its lease with NodeDraining at once, so the session moves without
+    waiting for the lease to time out, and the frames are still the same."""
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    running = _wait_for(url, session_id, lambda r: r["node_id"] and r["progress"]["chunks_done"] == 1)
+    node_id = running["node_id"]
+    _node_process(durable_stack, node_id).send_signal(signal.SIGTERM)
+    try:
+        render = wait_done(url, session_id, timeout_s=120)
+    finally:
+        _node_process_wait(durable_stack, node_id)
+        durable_stack.start_node(node_id)
+    assert render["status"] == "completed" and render["node_id"] != node_id
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
+    log = (durable_stack.log_dir / f"node-{node_id}.log").read_text()
+    assert "node draining: handing the session back" in log
+
+
+def test_sessions_beyond_capacity_wait_and_never_share_a_node(
+    durable_stack: Stack, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    ids = [submit(url, sample_portrait, sample_speech).json()["id"] for _ in range(3)]
+    renders = [wait_done(url, session_id, timeout_s=180) for session_id in ids]
+    assert [render["status"] for render in renders] == ["completed"] * 3
+    # From the chunk rows: on each node, the sessions' chunk times never interleave (capacity 1).
+    from sqlalchemy import select
+
+    from monologue.db import ChunkRow, make_engine, make_sessionmaker
+
+    engine = make_engine(durable_stack.settings.db_url)
+    with make_sessionmaker(engine)() as db:
+        rows = list(db.scalars(select(ChunkRow).where(ChunkRow.session_id.in_(ids))))
+    engine.dispose()
+    spans: dict[str, list[tuple[Any, Any]]] = {}
+    for session_id in ids:
+        mine = [row for row in rows if row.session_id == session_id]
+        assert {row.node_id for row in mine} <= set(NODES) and len({row.node_id for row in mine}) == 1
+        spans.setdefault(mine[0].node_id or "", []).append(
+            (min(row.updated_at for row in mine), max(row.updated_at for row in mine))
+        )
+    for node_spans in spans.values():
+        node_spans.sort()
+        assert all(earlier[1] < later[0] for earlier, later in itertools.pairwise(node_spans))
+
+
+@pytest.mark.parametrize("service", ["temporal", "api"])
+def test_a_session_survives_a_restart_of(
+    service: str, durable_stack: Stack, baseline: dict[str, Any], sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 1)
+    durable_stack.restart(service)  # Temporal keeps its state in its SQLite file
+    render = wait_done(url, session_id, timeout_s=120)
+    assert render["status"] == "completed", render["error"]
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
+
+
+async def test_recorded_histories_replay_deterministically(durable_stack: Stack, baseline: dict[str, Any]) -> None:
+    """Every finished session's history replays against today's workflow code without a nondeterminism error."""
+    from temporalio.client import Client
+    from temporalio.worker import Replayer
+
+    from workflows.render import RenderWorkflow
+
+    client = await Client.connect(durable_stack.settings.temporal.address)
+    histories = client.list_workflows("WorkflowType = 'RenderWorkflow' AND ExecutionStatus != 'Running'")
+    replayer = Replayer(workflows=[RenderWorkflow])
+    results = await replayer.replay_workflows(histories.map_histories(), raise_on_replay_failure=False)
+    assert results.replay_failures == {}
+    assert len([history async for history in client.list_workflows("WorkflowType = 'RenderWorkflow'")]) >= 1
+
+
+def _node_process_wait(stack: Stack, node_id: str) -> None:
+    for child in stack.children:
+        if child.name == f"node-{node_id}":
+            child.process.wait(timeout=60)
