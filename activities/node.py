@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities.errors import activity_context
 from activities.playlist import write_playlist
@@ -59,6 +60,12 @@ class NodeActivities:
         self._node_id = node_id
         self._pipelines: dict[str, Pipeline] = {}
         self._cache: OrderedDict[str, Session] = OrderedDict()
+        # The workflow keeps the next chunk scheduled while one runs; these put them back in order.
+        self._order = threading.Condition()
+        # session → (epoch, last position done here, when); the newest epoch seen per session
+        self._finished: dict[str, tuple[int, int, float]] = {}
+        self._epochs: dict[str, int] = {}
+        self._running: dict[str, threading.Lock] = {}  # per family: one chunk in its pipeline at a time
 
     @activity.defn(name=c.INIT_SESSION)
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
@@ -84,9 +91,8 @@ class NodeActivities:
         """Run the pipeline for one chunk; its frames become one fMP4 segment."""
         chunk_name = f"{request.kind}{request.index}"
         with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk_name) as log:
+            idle_ms = self._wait_turn(request)
             self._test_delay(chunk_name)
-            session = self._session(request.session_id, request.options)
-            self._ensure_anchors(request, session)
             chunk = ChunkRequest(
                 "I" if request.kind == "I" else "N",
                 request.index,
@@ -94,11 +100,20 @@ class NodeActivities:
                 request.n_frames,
                 request.options.seed,
             )
-            writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
-            result = self._pipeline(request.options.family).run_chunk(session, chunk, writer)
+            pipeline = self._pipeline(request.options.family)
+            # A family's modules reuse buffers and a session's anchors change as chunks run: one chunk at a
+            # time goes through a pipeline (rendering is CPU-bound; threads would not speed it up anyway).
+            with self._running[request.options.family]:
+                session = self._session(request.session_id, request.options)
+                self._ensure_anchors(request, session)
+                writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
+                result = pipeline.run_chunk(session, chunk, writer)
+                checkpoint_key = self._write_checkpoint(request, session) if request.kind == "N" else None
             activity.heartbeat(chunk_name)
             segment = writer.finish()
             stage_ms = writer.stage_ms(result.stage_ms)
+            if idle_ms is not None:
+                stage_ms["idle_before"] = idle_ms
             segment_key = keys.segment(request.session_id, request.kind, request.index)
             self._store.put(segment_key, segment, content_type="video/iso.segment")
             self._store.put(
@@ -106,7 +121,6 @@ class NodeActivities:
                 json.dumps(result.frame_hashes).encode(),
                 content_type="application/json",
             )
-            checkpoint_key = self._write_checkpoint(request, session) if request.kind == "N" else None
             digest = hashlib.sha256("".join(result.frame_hashes).encode()).hexdigest()
             with self._sessions() as db:
                 repo.record_chunk(
@@ -122,6 +136,9 @@ class NodeActivities:
                     segment_key=segment_key,
                     frames_sha256=digest,
                 )
+            with self._order:
+                self._finished[request.session_id] = (request.epoch, request.position, time.perf_counter())
+                self._order.notify_all()
             log.info(
                 "chunk done",
                 frames=request.n_frames,
@@ -175,6 +192,27 @@ class NodeActivities:
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
+    def _wait_turn(self, request: c.GenerateChunkInput) -> float | None:
+        """Block until the chunk scheduled before this one (same epoch) is done on this node; refuse a chunk
+        from an abandoned epoch. Returns how long the node sat idle between that chunk and this one (ms)."""
+        session_id = request.session_id
+        with self._order:
+            self._epochs[session_id] = max(self._epochs.get(session_id, 0), request.epoch)
+            while True:
+                if request.epoch < self._epochs[session_id]:
+                    raise CancelledError(f"chunk {request.kind}{request.index} was abandoned (epoch {request.epoch})")
+                epoch, position, _ = self._finished.get(session_id, (-1, -1, 0.0))
+                if request.wait_for is None or (epoch == request.epoch and position >= request.wait_for):
+                    break
+                activity.heartbeat("waiting for the previous chunk")
+                if activity.is_cancelled():
+                    raise CancelledError(f"chunk {request.kind}{request.index} cancelled while waiting its turn")
+                self._order.wait(timeout=0.2)
+            previous = self._finished.get(session_id)
+        if previous is None or previous[:2] != (request.epoch, request.position - 1):
+            return None
+        return (time.perf_counter() - previous[2]) * 1000
+
     def _test_delay(self, chunk_name: str) -> None:
         """Fault-injection tests stretch each chunk (setting node.chunk_delay_s) so they can kill the node
         in the middle of one; heartbeats keep flowing meanwhile."""
@@ -184,9 +222,11 @@ class NodeActivities:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _pipeline(self, family: str) -> Pipeline:
-        if family not in self._pipelines:
-            self._pipelines[family] = Pipeline(build_family(family))
-        return self._pipelines[family]
+        with self._order:
+            if family not in self._pipelines:
+                self._pipelines[family] = Pipeline(build_family(family))
+                self._running[family] = threading.Lock()
+            return self._pipelines[family]
 
     def _session(self, session_id: str, options: c.RenderOptions) -> Session:
         """The session from the cache, or rebuilt from storage (the reference is encoded only once)."""

@@ -46,7 +46,8 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
     capacity = settings.node.capacity
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
 
-    with ThreadPoolExecutor(max_workers=capacity + 4, thread_name_prefix="activity") as executor:
+    window = 2  # chunk activities a session keeps scheduled on its node (see RenderInput.window)
+    with ThreadPoolExecutor(max_workers=capacity * window + 4, thread_name_prefix="activity") as executor:
         shared_worker = Worker(
             client,
             task_queue=settings.temporal.task_queue,
@@ -60,10 +61,13 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
             client,
             task_queue=c.node_task_queue(node_id),
             activities=[pinned.init_session, pinned.generate_chunk, pinned.finalize],
-            # One chunk at a time per session slot: chunks of one session are sequential anyway.
+            # Per session slot: the chunk running and the next one, waiting its turn in-process.
             activity_executor=executor,
-            max_concurrent_activities=capacity,
+            max_concurrent_activities=capacity * window,
             graceful_shutdown_timeout=grace,
+            # Cancellations reach activities through heartbeat responses: let them through within a second.
+            max_heartbeat_throttle_interval=timedelta(seconds=1),
+            default_heartbeat_throttle_interval=timedelta(seconds=1),
         )
         lease_worker = Worker(
             client,

@@ -63,6 +63,7 @@ class RenderInput:
     # Orchestration settings, fixed by the API when the session starts.
     lease_timeout_s: float = 10.0
     continue_as_new_every: int = 500
+    window: int = 2  # chunk activities scheduled ahead on the node (1: none ahead)
 
 
 @dataclass
@@ -136,6 +137,9 @@ class GenerateChunkInput:
     index: int
     first_frame: int
     n_frames: int
+    position: int = 0  # in the generation order
+    wait_for: int | None = None  # a position scheduled on the same node just before: run after it finishes
+    epoch: int = 0  # bumped whenever the workflow abandons scheduled chunks; older ones must not run
 
 
 @dataclass

@@ -20,6 +20,7 @@ as new with its cursor, so the history stays bounded however long the session.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -63,6 +64,7 @@ class RenderWorkflow:
         self._lease_number = 0
         self._node_id: str | None = None
         self._offered: c.NodeAcquired | None = None
+        self._epoch = 0  # bumped when scheduled chunks are abandoned, so a node never runs a stale one
 
     @workflow.query
     def progress(self) -> c.Progress:
@@ -109,9 +111,15 @@ class RenderWorkflow:
         self._progress.chunks_total, self._progress.chunks_done = len(plan), cursor
         publishing: workflow.ActivityHandle[c.PublishResult] | None = None
         started_at = cursor
+        # Chunk activities already scheduled on the node, oldest first: (position, spec, handle). Keeping the
+        # next chunk scheduled while one runs hides Temporal's round trip; the node runs them in order.
+        inflight: deque[tuple[int, ChunkSpec, workflow.ActivityHandle[c.GenerateChunkResult]]] = deque()
 
         while cursor < len(plan):
-            if cursor - started_at >= request.continue_as_new_every or workflow.info().is_continue_as_new_suggested():
+            renew = (
+                cursor - started_at >= request.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
+            )
+            if renew and not inflight:
                 if publishing is not None:
                     await publishing
                 self._release()
@@ -123,13 +131,22 @@ class RenderWorkflow:
                         frames=self._frames,
                         lease_timeout_s=request.lease_timeout_s,
                         continue_as_new_every=request.continue_as_new_every,
+                        window=request.window,
                     )
                 )
-            spec = plan[cursor]
             try:
                 await self._ensure_node()
-                await self._on_node(c.GENERATE_CHUNK, self._chunk_input(spec), c.GenerateChunkResult)
+                next_position = cursor + len(inflight)
+                while not renew and len(inflight) < request.window and next_position < len(plan):
+                    wait_for = next_position - 1 if inflight else None
+                    chunk_input = self._chunk_input(plan[next_position], next_position, wait_for)
+                    handle = self._start_on_node(c.GENERATE_CHUNK, chunk_input, c.GenerateChunkResult)
+                    inflight.append((next_position, plan[next_position], handle))
+                    next_position += 1
+                _, spec, handle = inflight[0]
+                await self._await_on_node(handle, c.GENERATE_CHUNK)
             except NodeLost:
+                self._abandon(inflight)
                 self._lose_node()
                 continue
             except ActivityError as err:
@@ -139,8 +156,10 @@ class RenderWorkflow:
                 # Regenerate from the N chunk whose checkpoint is gone (its own dependency is checked the
                 # same way): the frames come out identical, so nothing published changes.
                 workflow.logger.warning("checkpoint lost", extra={"session_id": session_id, "chunk": f"N{lost}"})
+                self._abandon(inflight)
                 cursor = next(i for i, s in enumerate(plan) if (s.kind, s.index) == ("N", lost))
                 continue
+            inflight.popleft()
             generated.add(spec.name)
             cursor += 1
             self._progress.chunks_done = max(self._progress.chunks_done, cursor)
@@ -179,7 +198,7 @@ class RenderWorkflow:
         self._progress.status = "completed"
         return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
 
-    def _chunk_input(self, spec: ChunkSpec) -> c.GenerateChunkInput:
+    def _chunk_input(self, spec: ChunkSpec, position: int, wait_for: int | None) -> c.GenerateChunkInput:
         return c.GenerateChunkInput(
             session_id=self._request.session_id,
             node_id=self._node_id or "",
@@ -188,6 +207,9 @@ class RenderWorkflow:
             index=spec.index,
             first_frame=spec.first_frame,
             n_frames=spec.n_frames,
+            position=position,
+            wait_for=wait_for,
+            epoch=self._epoch,
         )
 
     async def _ensure_node(self) -> None:
@@ -231,10 +253,12 @@ class RenderWorkflow:
 
     async def _on_node(self, name: str, arg: Any, result_type: type[Result]) -> Result:
         """Run an activity on the held node, watching the lease: if the node goes, so does the activity."""
-        if self._node_id is None or self._lease is None:
+        return await self._await_on_node(self._start_on_node(name, arg, result_type), name)
+
+    def _start_on_node(self, name: str, arg: Any, result_type: type[Result]) -> workflow.ActivityHandle[Result]:
+        if self._node_id is None:
             raise NodeLost("no node held")
-        lease = self._lease
-        handle = workflow.start_activity(
+        return workflow.start_activity(
             name,
             arg,
             result_type=result_type,
@@ -245,6 +269,12 @@ class RenderWorkflow:
             heartbeat_timeout=timedelta(minutes=2),
             retry_policy=RETRY,
         )
+
+    async def _await_on_node(self, handle: workflow.ActivityHandle[Result], name: str) -> Result:
+        """The activity's result, unless the lease ends first (node lost or draining)."""
+        lease = self._lease
+        if lease is None:
+            raise NodeLost("no node held")
         await workflow.wait([handle, lease], return_when=asyncio.FIRST_COMPLETED)
         if not handle.done():
             if _draining(lease):
@@ -265,6 +295,14 @@ class RenderWorkflow:
             ):
                 raise NodeLost(f"node {self._node_id} stopped taking work ({err.cause.type.name})") from err
             raise
+
+    def _abandon(self, inflight: deque[tuple[int, ChunkSpec, workflow.ActivityHandle[c.GenerateChunkResult]]]) -> None:
+        """Cancel the chunks scheduled ahead; the new epoch keeps a node from running any that linger."""
+        for _, _, handle in inflight:
+            if not handle.done():
+                handle.cancel()
+        inflight.clear()
+        self._epoch += 1
 
     def _lose_node(self) -> None:
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self._node_id})

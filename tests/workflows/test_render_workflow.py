@@ -4,6 +4,7 @@ names: the orchestration alone, in seconds, with fresh task queues per test."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -55,6 +56,10 @@ class FakeNodes:
         self.lose_checkpoint = lose_checkpoint
         self.calls: list[str] = []
         self.ended: c.RecordStatusInput | None = None
+        # Like a real node: run a chunk only after the one scheduled before it (same epoch), never a stale one.
+        self.done: tuple[int, int] = (-1, -1)  # (epoch, position)
+        self.epoch = 0
+        self.order = threading.Condition()
         self.queue = f"q-{uuid.uuid4().hex}"
 
     def shared(self) -> list[object]:
@@ -95,6 +100,15 @@ class FakeNodes:
 
         @activity.defn(name=c.GENERATE_CHUNK)
         def generate_chunk(request: c.GenerateChunkInput) -> c.GenerateChunkResult:
+            with self.order:
+                self.epoch = max(self.epoch, request.epoch)
+                while request.wait_for is not None and self.done < (request.epoch, request.wait_for):
+                    if request.epoch < self.epoch or activity.is_cancelled():
+                        raise CancelledError("abandoned while waiting")
+                    activity.heartbeat()
+                    self.order.wait(0.05)
+                if request.epoch < self.epoch:
+                    raise CancelledError("abandoned")
             name = f"{request.kind}{request.index} {request.first_frame}+{request.n_frames}"
             self.calls.append(name)
             if request.kind == "N" and request.index == self.fail_chunk:
@@ -102,6 +116,9 @@ class FakeNodes:
             if request.kind == "I" and request.index == self.lose_checkpoint:
                 self.lose_checkpoint = None
                 raise ApplicationError("checkpoint gone", request.index, type=c.CHECKPOINT_LOST, non_retryable=True)
+            with self.order:
+                self.done = (request.epoch, request.position)
+                self.order.notify_all()
             return c.GenerateChunkResult(segment_key=name, frames=request.n_frames)
 
         @activity.defn(name=c.FINALIZE)
