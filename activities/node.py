@@ -108,12 +108,16 @@ class NodeActivities:
                 self._ensure_anchors(request, session)
                 writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
                 result = pipeline.run_chunk(session, chunk, writer)
+                checkpoint_started = time.perf_counter()
                 checkpoint_key = self._write_checkpoint(request, session) if request.kind == "N" else None
+                checkpoint_ms = (time.perf_counter() - checkpoint_started) * 1000
             activity.heartbeat(chunk_name)
             segment = writer.finish()
             stage_ms = writer.stage_ms(result.stage_ms)
             if idle_ms is not None:
                 stage_ms["idle_before"] = idle_ms
+            if checkpoint_key is not None:
+                stage_ms["checkpoint"] = checkpoint_ms
             segment_key = keys.segment(request.session_id, request.kind, request.index)
             self._store.put(segment_key, segment, content_type="video/iso.segment")
             self._store.put(

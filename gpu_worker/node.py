@@ -46,7 +46,7 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
     capacity = settings.node.capacity
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
 
-    window = 2  # chunk activities a session keeps scheduled on its node (see RenderInput.window)
+    window = c.CHUNK_WINDOW
     with ThreadPoolExecutor(max_workers=capacity * window + 4, thread_name_prefix="activity") as executor:
         shared_worker = Worker(
             client,

@@ -165,6 +165,17 @@ def bench_pipeline_command(minutes: float, resolution: str, preview: bool, famil
     click.echo(report_json(report) if as_json else report.table())
 
 
+@bench.command("orchestration")
+@click.option("--minutes", type=float, default=1.0, show_default=True, help="Minutes of speech to render.")
+@click.option("--lease-timeout", type=float, default=5.0, show_default=True, help="Node lease heartbeat timeout (s).")
+def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
+    """Start a private stack with two nodes and print node idle time between chunks, Temporal's round trip,
+    checkpoint write time, history events per chunk and recovery time after a node kill."""
+    from monologue.bench_orchestration import bench_orchestration
+
+    click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
+
+
 def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
     from monologue.client import RenderFailed, download, submit, wait
 

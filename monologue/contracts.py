@@ -32,6 +32,11 @@ def render_workflow_id(session_id: str) -> str:
     return f"render-{session_id}"
 
 
+# Chunk activities a session keeps scheduled on its node at once (the one running and the next ones,
+# waiting their turn in-process), so the node never waits for Temporal between chunks. Nodes size their
+# slots by it.
+CHUNK_WINDOW = 3
+
 # Signal a node's lease activity sends the workflow once it holds the session.
 NODE_ACQUIRED = "node_acquired"
 # ApplicationError types the workflow reacts to.
@@ -63,7 +68,7 @@ class RenderInput:
     # Orchestration settings, fixed by the API when the session starts.
     lease_timeout_s: float = 10.0
     continue_as_new_every: int = 500
-    window: int = 2  # chunk activities scheduled ahead on the node (1: none ahead)
+    window: int = CHUNK_WINDOW  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
 
 
 @dataclass

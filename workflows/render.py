@@ -65,6 +65,9 @@ class RenderWorkflow:
         self._node_id: str | None = None
         self._offered: c.NodeAcquired | None = None
         self._epoch = 0  # bumped when scheduled chunks are abandoned, so a node never runs a stale one
+        self._publishing: workflow.ActivityHandle[c.PublishResult] | None = None
+        self._published = 0  # frames of the timeline whose segments can go out (all generated)
+        self._published_sent = 0  # frames the playlist was last asked to show
 
     @workflow.query
     def progress(self) -> c.Progress:
@@ -109,7 +112,6 @@ class RenderWorkflow:
         published = _published_prefix(timeline, generated)
         self._published = timeline[published - 1].end_frame if published else 0
         self._progress.chunks_total, self._progress.chunks_done = len(plan), cursor
-        publishing: workflow.ActivityHandle[c.PublishResult] | None = None
         started_at = cursor
         # Chunk activities already scheduled on the node, oldest first: (position, spec, handle). Keeping the
         # next chunk scheduled while one runs hides Temporal's round trip; the node runs them in order.
@@ -120,8 +122,8 @@ class RenderWorkflow:
                 cursor - started_at >= request.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
             )
             if renew and not inflight:
-                if publishing is not None:
-                    await publishing
+                if self._publishing is not None:
+                    await self._publishing
                 self._release()
                 workflow.continue_as_new(
                     c.RenderInput(
@@ -163,27 +165,14 @@ class RenderWorkflow:
             generated.add(spec.name)
             cursor += 1
             self._progress.chunks_done = max(self._progress.chunks_done, cursor)
-            before = published
             published = _published_prefix(timeline, generated)
-            if published > before:
-                # Segments go out in timeline order, while the next chunk generates.
-                if publishing is not None:
-                    await publishing
+            if published:
                 self._published = timeline[published - 1].end_frame
-                publishing = workflow.start_activity(
-                    c.PUBLISH,
-                    c.PublishInput(
-                        session_id=session_id,
-                        options=options,
-                        total_frames=self._frames,
-                        published_frames=self._published,
-                    ),
-                    result_type=c.PublishResult,
-                    start_to_close_timeout=timedelta(minutes=1),
-                    retry_policy=RETRY,
-                )
-        if publishing is not None:
-            await publishing
+            self._publish()
+        while self._publishing is not None:  # the last segments
+            await self._publishing
+            self._publishing = None
+            self._publish()
 
         finalize = c.FinalizeInput(session_id=session_id, node_id="", options=options, frames=self._frames)
         while True:
@@ -197,6 +186,29 @@ class RenderWorkflow:
         self._release()
         self._progress.status = "completed"
         return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
+
+    def _publish(self) -> None:
+        """Extend the playlist to everything generated so far, one publish at a time and never waiting for
+        one: segments go out in timeline order while the node keeps generating."""
+        if self._publishing is not None:
+            if not self._publishing.done():
+                return
+            self._publishing.result()  # a publish that failed for good fails the session
+            self._publishing = None
+        if self._published > self._published_sent:
+            self._published_sent = self._published
+            self._publishing = workflow.start_activity(
+                c.PUBLISH,
+                c.PublishInput(
+                    session_id=self._request.session_id,
+                    options=self._request.options,
+                    total_frames=self._frames,
+                    published_frames=self._published,
+                ),
+                result_type=c.PublishResult,
+                start_to_close_timeout=timedelta(minutes=1),
+                retry_policy=RETRY,
+            )
 
     def _chunk_input(self, spec: ChunkSpec, position: int, wait_for: int | None) -> c.GenerateChunkInput:
         return c.GenerateChunkInput(
