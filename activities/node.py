@@ -62,7 +62,8 @@ class NodeActivities:
         self._cache: OrderedDict[str, Session] = OrderedDict()
         # The workflow keeps the next chunk scheduled while one runs; these put them back in order.
         self._order = threading.Condition()
-        # session → (epoch, last position done here, when); the newest epoch seen per session
+        # Per workflow run (positions and epochs restart with each run): (epoch, last position done here,
+        # when), and the newest epoch seen.
         self._finished: dict[str, tuple[int, int, float]] = {}
         self._epochs: dict[str, int] = {}
         self._running: dict[str, threading.Lock] = {}  # per family: one chunk in its pipeline at a time
@@ -71,7 +72,6 @@ class NodeActivities:
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
         """Encode the reference once and write the stream's init segment."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
-            self._cache.pop(request.session_id, None)
             session = self._session(request.session_id, request.options)
             self._store.put(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
@@ -141,7 +141,7 @@ class NodeActivities:
                     frames_sha256=digest,
                 )
             with self._order:
-                self._finished[request.session_id] = (request.epoch, request.position, time.perf_counter())
+                self._finished[_run_key(request.session_id)] = (request.epoch, request.position, time.perf_counter())
                 self._order.notify_all()
             log.info(
                 "chunk done",
@@ -193,26 +193,30 @@ class NodeActivities:
             with self._sessions() as db:
                 repo.mark_completed(db, session_id=sid, video_key=video_key)
             self._cache.pop(sid, None)
+            with self._order:
+                for run in [run for run in self._finished if run.startswith(f"{sid}/")]:
+                    self._finished.pop(run, None)
+                    self._epochs.pop(run, None)
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
     def _wait_turn(self, request: c.GenerateChunkInput) -> float | None:
         """Block until the chunk scheduled before this one (same epoch) is done on this node; refuse a chunk
         from an abandoned epoch. Returns how long the node sat idle between that chunk and this one (ms)."""
-        session_id = request.session_id
+        run = _run_key(request.session_id)
         with self._order:
-            self._epochs[session_id] = max(self._epochs.get(session_id, 0), request.epoch)
+            self._epochs[run] = max(self._epochs.get(run, 0), request.epoch)
             while True:
-                if request.epoch < self._epochs[session_id]:
+                if request.epoch < self._epochs[run]:
                     raise CancelledError(f"chunk {request.kind}{request.index} was abandoned (epoch {request.epoch})")
-                epoch, position, _ = self._finished.get(session_id, (-1, -1, 0.0))
+                epoch, position, _ = self._finished.get(run, (-1, -1, 0.0))
                 if request.wait_for is None or (epoch == request.epoch and position >= request.wait_for):
                     break
                 activity.heartbeat("waiting for the previous chunk")
                 if activity.is_cancelled():
                     raise CancelledError(f"chunk {request.kind}{request.index} cancelled while waiting its turn")
                 self._order.wait(timeout=0.2)
-            previous = self._finished.get(session_id)
+            previous = self._finished.get(run)
         if previous is None or previous[:2] != (request.epoch, request.position - 1):
             return None
         return (time.perf_counter() - previous[2]) * 1000
@@ -306,3 +310,8 @@ class NodeActivities:
                 non_retryable=True,
             )
         return load_tensors(data)
+
+
+def _run_key(session_id: str) -> str:
+    """Chunk positions and epochs count from zero in every workflow run (continue-as-new, resume)."""
+    return f"{session_id}/{activity.info().workflow_run_id}"

@@ -37,6 +37,10 @@ def render_workflow_id(session_id: str) -> str:
 # slots by it.
 CHUNK_WINDOW = 3
 
+# Search attributes that make sessions findable in Temporal's UI (registered by `monologue up`; on
+# another Temporal cluster register them first, or set MONOLOGUE_TEMPORAL__SEARCH_ATTRIBUTES=false).
+SEARCH_ATTRIBUTES = {"MonologueStatus": "Keyword", "MonologueNode": "Keyword", "MonologueTenant": "Keyword"}
+
 # Signal a node's lease activity sends the workflow once it holds the session.
 NODE_ACQUIRED = "node_acquired"
 # ApplicationError types the workflow reacts to.
@@ -68,6 +72,8 @@ class RenderInput:
     # Orchestration settings, fixed by the API when the session starts.
     lease_timeout_s: float = 10.0
     continue_as_new_every: int = 500
+    tenant: str = "local"
+    search_attributes: bool = True  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
     window: int = CHUNK_WINDOW  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
 
 

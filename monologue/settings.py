@@ -36,6 +36,9 @@ class TemporalSettings(BaseModel):
     task_queue: str = "monologue"
     ui_port: int = 8233
     ui_url: str | None = None  # link shown to users; defaults to http://127.0.0.1:<ui_port>
+    search_attributes: bool = Field(
+        default=True, description="tag workflows with status, node and tenant (register them on your cluster)"
+    )
 
 
 class ApiSettings(BaseModel):

@@ -43,6 +43,11 @@ def temporal_binary() -> str:
     return found
 
 
+def search_attribute_flags() -> list[str]:
+    """`temporal server start-dev` flags registering Monologue's search attributes."""
+    return [flag for name, kind in c.SEARCH_ATTRIBUTES.items() for flag in ("--search-attribute", f"{name}={kind}")]
+
+
 def _die_with_parent() -> None:
     # Linux: the kernel sends SIGTERM to the child when the parent dies, even by SIGKILL.
     with contextlib.suppress(OSError):
@@ -123,6 +128,7 @@ class Stack:
                 "warn",
                 "--namespace",
                 self.settings.temporal.namespace,
+                *search_attribute_flags(),
             ],
         )
         self._wait(lambda: _port_open(host, int(port)), "temporal", timeout_s)

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
@@ -33,6 +33,9 @@ with workflow.unsafe.imports_passed_through():
     from monologue.plan import ChunkSpec, plan_chunks, timeline_order
 
 Result = TypeVar("Result")
+STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
+NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
+TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
 
 # Bad input is marked non-retryable by the activities themselves; everything else retries with backoff.
 RETRY = RetryPolicy(
@@ -78,9 +81,22 @@ class RenderWorkflow:
         if acquired.lease == self._lease_number:  # a stale lease's signal is ignored
             self._offered = acquired
 
+    def _set_status(self, status: str) -> None:
+        """The status in the progress query and, where enabled, in Temporal's search attributes."""
+        self._progress.status = status
+        if self._request.search_attributes:
+            workflow.upsert_search_attributes(
+                [
+                    STATUS_KEY.value_set(status),
+                    NODE_KEY.value_set(self._progress.node_id or ""),
+                    TENANT_KEY.value_set(self._request.tenant),
+                ]
+            )
+
     @workflow.run
     async def run(self, request: c.RenderInput) -> c.RenderResult:
         self._request = request
+        self._set_status("queued")
         self._frames = request.frames
         self._published = 0
         try:
@@ -89,14 +105,14 @@ class RenderWorkflow:
             # Cancelled by the API: close the stream so what was published stays playable, record it, and
             # release the node. Activities still run here because the cancellation was caught.
             self._release()
-            self._progress.status = "cancelled"
+            self._set_status("cancelled")
             await self._record("cancelled", None)
             raise
         except (ActivityError, ApplicationError) as err:
             message = _root_message(err)
             workflow.logger.warning("session failed", extra={"session_id": request.session_id, "error": message})
             self._release()
-            self._progress.status = "failed"
+            self._set_status("failed")
             await self._record("failed", message)
             raise ApplicationError(f"session {request.session_id} failed: {message}", non_retryable=True) from err
 
@@ -134,6 +150,8 @@ class RenderWorkflow:
                         lease_timeout_s=request.lease_timeout_s,
                         continue_as_new_every=request.continue_as_new_every,
                         window=request.window,
+                        tenant=request.tenant,
+                        search_attributes=request.search_attributes,
                     )
                 )
             try:
@@ -184,7 +202,7 @@ class RenderWorkflow:
             except NodeLost:
                 self._lose_node()
         self._release()
-        self._progress.status = "completed"
+        self._set_status("completed")
         return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
 
     def _publish(self) -> None:
@@ -248,7 +266,8 @@ class RenderWorkflow:
                 self._lease = None
                 continue
             self._node_id = self._offered.node_id
-            self._progress.node_id, self._progress.status = self._node_id, "running"
+            self._progress.node_id = self._node_id
+            self._set_status("running")
             try:
                 await self._on_node(
                     c.INIT_SESSION,

