@@ -246,3 +246,25 @@ async def test_sessions_are_findable_by_status_node_and_tenant(durable_stack: St
     query = f"MonologueStatus = 'completed' AND MonologueNode = '{node}' AND MonologueTenant = 'local'"
     found = {execution.id async for execution in client.list_workflows(query)}
     assert f"render-{baseline['render']['id']}" in found
+
+
+def test_a_failed_render_resumes_from_its_last_checkpoint(
+    durable_stack: Stack, baseline: dict[str, Any], sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    """Storage loses the audio mid-render: chunks retry with backoff, run out of attempts, and the render
+    fails with the reason. Once the audio is back, resume finishes it with the same frames."""
+    url = str(durable_stack.settings.api.public_url)
+    session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 2)
+    audio = _out(durable_stack, session_id).parent / "input" / "audio.wav"
+    kept = audio.read_bytes()
+    audio.unlink()
+    failed = _wait_for(url, session_id, lambda r: r["status"] in ("failed", "completed"), timeout_s=120)
+    assert failed["status"] == "failed" and "audio.wav" in failed["error"]
+    done_before = failed["progress"]["chunks_done"]
+    audio.write_bytes(kept)
+    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
+    render = wait_done(url, session_id, timeout_s=120)
+    assert render["status"] == "completed", render["error"]
+    assert render["progress"]["chunks_done"] > done_before
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
