@@ -13,6 +13,8 @@ from fastapi import APIRouter, File, Form, HTTPException, Query, Request, Upload
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from monologue import keys, repo
 from monologue.db import SessionRow
@@ -108,7 +110,10 @@ async def cancel_render(session_id: str, request: Request, services: ServicesDep
     row = _find(db, session_id)
     if row.status in TERMINAL:
         raise HTTPException(409, f"render {session_id} is already {row.status}; there is nothing to cancel")
-    await cancel_workflow(services, row)
+    try:
+        await cancel_workflow(services, row)
+    except RPCError as err:  # it ended between the check and the request
+        raise HTTPException(409, f"render {session_id} could not be cancelled: {err.message}") from err
     return _public(request, services, db, row)
 
 
@@ -123,7 +128,10 @@ async def resume_render(session_id: str, request: Request, services: ServicesDep
     row = _find(db, session_id)
     if row.status not in ("failed", "cancelled"):
         raise HTTPException(409, f"render {session_id} is {row.status}; only failed or cancelled renders resume")
-    await resume_workflow(services, row)
+    try:
+        await resume_workflow(services, row)
+    except WorkflowAlreadyStartedError as err:
+        raise HTTPException(409, f"render {session_id} is already running again") from err
     db.refresh(row)
     return _public(request, services, db, row)
 
