@@ -1,9 +1,10 @@
 """The node process: one worker machine that generates frames.
 
-It polls two Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, and
-`acquire_node`, which is how a node takes a session) and its own queue `node-<id>` (the pinned
-per-session work). Heavy work runs in sync activities on a thread pool so the event loop keeps
-heartbeating. SIGTERM/SIGINT stop polling and let running activities finish (graceful shutdown)."""
+It polls three Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
+`record_status`), the lease queue (`hold_node`, with one slot per session the node can hold: this is
+how a node takes a session) and its own queue `node-<id>` (the pinned per-session work). Heavy work
+runs in sync activities on a thread pool so the event loop keeps heartbeating. SIGTERM/SIGINT hand the
+sessions back (their leases end with NodeDraining), stop polling, and let running chunks finish."""
 
 from __future__ import annotations
 
