@@ -13,13 +13,14 @@ import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
+from monologue.client import poll, submit
 from monologue.media import decode_wav, encode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
@@ -62,26 +63,12 @@ def _speech(minutes: float, folder: Path) -> Path:
     return path
 
 
-def _submit(api: str, audio: Path, **options: Any) -> str:
-    with (SAMPLES / "portrait.jpg").open("rb") as portrait, audio.open("rb") as speech:
-        response = httpx.post(
-            f"{api}/v1/renders",
-            files={"portrait": portrait, "audio": speech},
-            data={k: str(v) for k, v in options.items()},
-            timeout=120,
-        )
-    response.raise_for_status()
-    return str(response.json()["id"])
+def _submit(api: str, audio: Path) -> str:
+    return str(submit(api, SAMPLES / "portrait.jpg", audio)["id"])
 
 
-def _wait(api: str, session_id: str, until: Any, timeout_s: float = 1800) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        render: dict[str, Any] = httpx.get(f"{api}/v1/renders/{session_id}", timeout=30).json()
-        if until(render):
-            return render
-        time.sleep(0.02)
-    raise TimeoutError(f"render {session_id} did not get there in {timeout_s} s")
+def _wait(api: str, session_id: str, until: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    return poll(api, session_id, lambda render: bool(until(render)), poll_s=0.02, timeout_s=1800)
 
 
 async def _round_trip_ms(address: str, count: int = 50) -> float:

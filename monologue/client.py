@@ -31,6 +31,26 @@ def submit(
     return result
 
 
+def poll(
+    api_url: str,
+    session_id: str,
+    until: Callable[[dict[str, Any]], bool],
+    *,
+    poll_s: float = 0.5,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
+    """GET the render every `poll_s` until `until(render)` holds; returns that render."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        response = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=30)
+        response.raise_for_status()
+        render: dict[str, Any] = response.json()
+        if until(render):
+            return render
+        time.sleep(poll_s)
+    raise RenderFailed(f"render {session_id} did not get there within {timeout_s:.0f} s")
+
+
 def wait(
     api_url: str,
     session_id: str,
@@ -40,19 +60,16 @@ def wait(
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
     """Poll until the render completes; raises RenderFailed if it fails."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        response = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=30)
-        response.raise_for_status()
-        render: dict[str, Any] = response.json()
+
+    def ended(render: dict[str, Any]) -> bool:
         if on_progress is not None:
             on_progress(render)
-        if render["status"] == "completed":
-            return render
-        if render["status"] == "failed":
-            raise RenderFailed(f"render {session_id} failed: {render['error']}")
-        time.sleep(poll_s)
-    raise RenderFailed(f"render {session_id} did not finish within {timeout_s:.0f} s")
+        return render["status"] in ("completed", "failed")
+
+    render = poll(api_url, session_id, ended, poll_s=poll_s, timeout_s=timeout_s)
+    if render["status"] == "failed":
+        raise RenderFailed(f"render {session_id} failed: {render['error']}")
+    return render
 
 
 def download(api_url: str, session_id: str, output: Path) -> int:
