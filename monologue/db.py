@@ -45,6 +45,9 @@ class SessionRow(Base):
     height: Mapped[int | None] = mapped_column(Integer)
     video_key: Mapped[str | None] = mapped_column(String(512))
     error: Mapped[str | None] = mapped_column(Text)
+    sinks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # per sink name: status, sent, error
+    audio_samples: Mapped[int | None] = mapped_column(Integer)  # live sessions: audio received so far
+    latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # live: audio in → segment out p50/p95 ms
 
 
 class ChunkRow(Base):
@@ -63,6 +66,8 @@ class ChunkRow(Base):
     stage_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)  # per stage: context, audio_to_video, …
     segment_key: Mapped[str | None] = mapped_column(String(512))
     frames_sha256: Mapped[str | None] = mapped_column(String(64))  # hash of the per-frame hashes
+    audio_ready_at: Mapped[datetime | None]  # live sessions: when the chunk's last audio sample arrived
+    published_at: Mapped[datetime | None]  # when its segment entered the playlist
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
@@ -77,6 +82,34 @@ class CheckpointRow(Base):
     key: Mapped[str] = mapped_column(String(512))
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class NodeRow(Base):
+    """A node as it last reported itself (written by the node every few seconds; read by the ops UI)."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    capacity: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="up")  # up | draining | stopped
+    sessions: Mapped[list[str]] = mapped_column(JSON, default=list)
+    chunks_done: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mb: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """An API key: only its SHA-256 is stored; `id` is the key's public prefix, for listing and revoking."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
 
 
 def make_engine(url: str) -> Engine:
