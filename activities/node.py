@@ -31,10 +31,12 @@ from activities.playlist import write_playlist
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session
+from gpu_worker.pipeline.types import AudioSource
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import NotFound
+from monologue.live_audio import LiveAudio
 from monologue.media import StoredWav, decode_png
 from monologue.plan import plan_timeline
 from monologue.storage import ObjectStore
@@ -67,12 +69,13 @@ class NodeActivities:
         self._finished: dict[str, tuple[int, int, float]] = {}
         self._epochs: dict[str, int] = {}
         self._running: dict[str, threading.Lock] = {}  # per family: one chunk in its pipeline at a time
+        self.chunks_done = 0  # since the node started, for the node registry (guarded by _order)
 
     @activity.defn(name=c.INIT_SESSION)
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
         """Encode the reference once and write the stream's init segment."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
-            session = self._session(request.session_id, request.options)
+            session = self._session(request.session_id, request.options, live=request.live)
             self._store.put(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
@@ -104,7 +107,9 @@ class NodeActivities:
             # A family's modules reuse buffers and a session's anchors change as chunks run: one chunk at a
             # time goes through a pipeline (rendering is CPU-bound; threads would not speed it up anyway).
             with self._running[request.options.family]:
-                session = self._session(request.session_id, request.options)
+                session = self._session(request.session_id, request.options, live=request.live)
+                if isinstance(session.audio, LiveAudio):
+                    session.audio.update(request.audio_samples, request.audio_ended)
                 self._ensure_anchors(request, session)
                 writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
                 result = pipeline.run_chunk(session, chunk, writer)
@@ -139,9 +144,11 @@ class NodeActivities:
                     stage_ms=stage_ms,
                     segment_key=segment_key,
                     frames_sha256=digest,
+                    audio_ready_ms=request.audio_ready_ms,
                 )
             with self._order:
                 self._finished[_run_key(request.session_id)] = (request.epoch, request.position, time.perf_counter())
+                self.chunks_done += 1
                 self._order.notify_all()
             log.info(
                 "chunk done",
@@ -191,7 +198,9 @@ class NodeActivities:
             )
             write_playlist(self._store, sid, options, request.frames, request.frames, ended=True)
             with self._sessions() as db:
-                repo.mark_completed(db, session_id=sid, video_key=video_key)
+                repo.mark_completed(
+                    db, session_id=sid, video_key=video_key, frames=request.frames, chunks=len(timeline)
+                )
             self._cache.pop(sid, None)
             with self._order:
                 for run in [run for run in self._finished if run.startswith(f"{sid}/")]:
@@ -236,13 +245,14 @@ class NodeActivities:
                 self._running[family] = threading.Lock()
             return self._pipelines[family]
 
-    def _session(self, session_id: str, options: c.RenderOptions) -> Session:
+    def _session(self, session_id: str, options: c.RenderOptions, *, live: bool) -> Session:
         """The session from the cache, or rebuilt from storage (the reference is encoded only once)."""
         if session_id in self._cache:
             self._cache.move_to_end(session_id)
             return self._cache[session_id]
         portrait = decode_png(self._store.get(keys.portrait(session_id)))
-        audio = StoredWav(self._store, keys.audio(session_id))
+        audio: AudioSource
+        audio = LiveAudio(self._store, session_id) if live else StoredWav(self._store, keys.audio(session_id))
         try:
             reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
         except NotFound:

@@ -54,14 +54,19 @@ class SessionActivities:
                 request.published_frames,
                 ended=request.ended,
             )
-            log.info("published", segments=count, frames=request.published_frames)
+            with self._sessions() as db:
+                latency = repo.mark_published(
+                    db, session_id=request.session_id, published_frames=request.published_frames
+                )
+            log.info("published", segments=count, frames=request.published_frames, latency=latency)
             return c.PublishResult(segments=count)
 
     @activity.defn(name=c.RECORD_STATUS)
     def record_status(self, request: c.RecordStatusInput) -> None:
         """The session ended without a video (failed or cancelled): close its stream and record why."""
         with activity_context(session_id=request.session_id) as log:
-            if request.total_frames > 0:  # what was published stays playable: the playlist gets its ENDLIST
+            if request.total_frames > 0 or (request.live and request.published_frames > 0):
+                # what was published stays playable: the playlist gets its ENDLIST
                 write_playlist(
                     self._store,
                     request.session_id,

@@ -37,10 +37,19 @@ class RenderLinks(BaseModel):
     video: str
     stream: str = Field(description="HLS playlist (fMP4 segments); plays while the render runs.")
     workflow: str = Field(description="This session's workflow in Temporal's UI.")
+    audio: str | None = Field(default=None, description="Live sessions: the WebSocket to stream the speech to.")
+
+
+class Latency(BaseModel):
+    chunks: int = Field(description="Segments measured.")
+    p50_ms: float = Field(description="Median time from a segment's audio stored to the segment published.")
+    p95_ms: float
+    max_ms: float
 
 
 class RenderPublic(BaseModel):
     id: str
+    kind: str = Field(default="render", description="render (all audio up front) or live (audio streamed in)")
     status: str = Field(description="queued, running, completed, failed or cancelled")
     created_at: datetime
     started_at: datetime | None
@@ -50,7 +59,11 @@ class RenderPublic(BaseModel):
     height: int | None
     audio_seconds: float | None
     node_id: str | None
-    ttff_ms: float | None = Field(description="Submit to first chunk encoded, in milliseconds.")
+    ttff_ms: float | None = Field(
+        description="Time to first frame in ms: renders, submit to first chunk encoded; live sessions, first audio"
+        " stored to first segment published."
+    )
+    latency: Latency | None = Field(default=None, description="Live sessions: audio in to segment out.")
     error: str | None
     progress: Progress
     links: RenderLinks

@@ -18,8 +18,9 @@ from gpu_worker.pipeline import Family
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.db import SessionRow
+from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
-from monologue.plan import plan_chunks
+from monologue.plan import AUDIO_RATE, live_frames, plan_chunks
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 
@@ -33,6 +34,13 @@ log = structlog.get_logger("api.submit")
 class ValidInputs:
     portrait: Portrait
     speech: Speech
+
+
+def validate_portrait(*, portrait: bytes, family: str, settings: Settings) -> Portrait:
+    """Decode and check a live session's portrait (its audio comes later, over the audio socket)."""
+    image = normalise_portrait(portrait, max_side=settings.limits.max_portrait_side)
+    _family(family).reference.check(decode_png(image.png))
+    return image
 
 
 def validate_inputs(*, portrait: bytes, audio: bytes, family: str, settings: Settings) -> ValidInputs:
@@ -69,7 +77,7 @@ async def start_render(
                     width=inputs.portrait.width,
                     height=inputs.portrait.height,
                 )
-            await _start_workflow(services.temporal, services.settings, session_id, options)
+            await _start_workflow(services.temporal, services.settings, session_id, options, tenant=tenant)
         except BaseException:
             log.exception("submit failed; removing what was written")
             services.store.delete_prefix(keys.session_prefix(session_id))
@@ -90,7 +98,47 @@ def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> N
     store.put(keys.audio(session_id), inputs.speech.wav, content_type="audio/wav")
 
 
-async def _start_workflow(client: Client, settings: Settings, session_id: str, options: RenderOptionsCreate) -> None:
+async def start_live(
+    services: Services, *, portrait: Portrait, options: RenderOptionsCreate, tenant: str = "local"
+) -> str:
+    """A live session: store the portrait, write the row, start the workflow (which waits for audio)."""
+    session_id = uuid.uuid4().hex
+    workflow_id = c.render_workflow_id(session_id)
+    with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
+        try:
+            services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+            with services.sessions() as db:
+                repo.create_session(
+                    db,
+                    session_id=session_id,
+                    tenant=tenant,
+                    kind="live",
+                    options=options.model_dump(),
+                    workflow_id=workflow_id,
+                    audio_seconds=0.0,
+                    width=portrait.width,
+                    height=portrait.height,
+                )
+            await _start_workflow(services.temporal, services.settings, session_id, options, live=True, tenant=tenant)
+        except BaseException:
+            log.exception("live session start failed; removing what was written")
+            services.store.delete_prefix(keys.session_prefix(session_id))
+            with services.sessions() as db:
+                repo.delete_session(db, session_id=session_id)
+            raise
+        log.info("live session started", width=portrait.width, height=portrait.height)
+    return session_id
+
+
+async def _start_workflow(
+    client: Client,
+    settings: Settings,
+    session_id: str,
+    options: RenderOptionsCreate,
+    *,
+    live: bool = False,
+    tenant: str = "local",
+) -> None:
     await client.start_workflow(
         "RenderWorkflow",
         c.RenderInput(
@@ -99,6 +147,9 @@ async def _start_workflow(client: Client, settings: Settings, session_id: str, o
             lease_timeout_s=settings.node.lease_timeout_s,
             continue_as_new_every=settings.render.continue_as_new_every,
             search_attributes=settings.temporal.search_attributes,
+            tenant=tenant,
+            live=live,
+            idle_timeout_s=settings.render.live_idle_timeout_s,
         ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
@@ -122,11 +173,18 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
     Chunks already generated are kept (their segments are in storage); the node restores the anchors
     from the checkpoints, or regenerates from an earlier N chunk if they are gone."""
     options = c.RenderOptions(**RenderOptionsCreate.model_validate(row.options).model_dump())
+    live = row.kind == "live"
+    samples, ended = stored_live_audio(services.store, row.id) if live else (0, True)
+    if live and not ended:
+        # Its audio socket is gone: the session resumes to make video of the audio it has, then ends.
+        LiveAudioWriter.mark_ended(services.store, row.id, samples)
+        ended = True
+    frames = live_frames(samples, rate=AUDIO_RATE, fps=options.fps, ended=True) if live else (row.frames or 0)
     cursor = 0
-    if row.frames:
+    if frames:
         with services.sessions() as db:
             done = repo.generated_chunks(db, session_id=row.id)
-        for spec in plan_chunks(row.frames, n_frames=options.chunk_frames, i_frames=options.i_frames):
+        for spec in plan_chunks(frames, n_frames=options.chunk_frames, i_frames=options.i_frames):
             if (spec.kind, spec.index) not in done:
                 break
             cursor += 1
@@ -137,10 +195,15 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
             session_id=row.id,
             options=options,
             cursor=cursor,
-            frames=row.frames or 0,
+            frames=0 if live else frames,
             lease_timeout_s=settings.node.lease_timeout_s,
             continue_as_new_every=settings.render.continue_as_new_every,
             search_attributes=settings.temporal.search_attributes,
+            tenant=row.tenant,
+            live=live,
+            audio_samples=samples,
+            audio_ended=ended,
+            idle_timeout_s=settings.render.live_idle_timeout_s,
         ),
         id=row.workflow_id or c.render_workflow_id(row.id),
         task_queue=settings.temporal.task_queue,

@@ -107,6 +107,49 @@ def render(
     _render(api_url or str(settings.api.public_url), portrait, audio, output, options)
 
 
+@main.command()
+@click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Stream at this multiple of real time.")
+@click.option("--chunk-frames", type=int, default=None, help="Frames per chunk (default 40).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
+def live(
+    portrait: Path, audio: Path, api_url: str | None, speed: float, chunk_frames: int | None, as_json: bool
+) -> None:
+    """Stream AUDIO into a live session of PORTRAIT in real time; print its latency and TTFF."""
+    import json
+
+    from monologue.live_client import stream_live
+
+    settings = get_settings()
+    options = {"chunk_frames": chunk_frames} if chunk_frames else None
+    report = stream_live(api_url or str(settings.api.public_url), portrait, audio, options=options, speed=speed)
+    session = report.session
+    latency = session.get("latency") or {}
+    figures = {
+        "session": report.session_id,
+        "status": session["status"],
+        "audio_s": round(report.audio_seconds, 2),
+        "streamed_s": round(report.send_seconds, 2),
+        "segments_while_streaming": report.segments_while_streaming,
+        "ttff_ms": session.get("ttff_ms"),
+        "latency_p50_ms": latency.get("p50_ms"),
+        "latency_p95_ms": latency.get("p95_ms"),
+        "latency_max_ms": latency.get("max_ms"),
+        "chunk_s": session["options"]["chunk_frames"] / session["options"]["fps"],
+        "stream": session["links"]["stream"],
+        "errors": report.errors,
+    }
+    if as_json:
+        click.echo(json.dumps(figures))
+    else:
+        for name, value in figures.items():
+            click.echo(f"{name:>26}: {value}")
+    if session["status"] != "completed":
+        raise SystemExit(f"live session ended {session['status']}: {session.get('error')}")
+
+
 @main.command(epilog=SETTINGS_HELP)
 @click.option(
     "-o",

@@ -43,6 +43,8 @@ SEARCH_ATTRIBUTES = {"MonologueStatus": "Keyword", "MonologueNode": "Keyword", "
 
 # Signal a node's lease activity sends the workflow once it holds the session.
 NODE_ACQUIRED = "node_acquired"
+# Signal the API sends a live session's workflow when stored audio unlocks new chunks, or ends.
+AUDIO_AVAILABLE = "audio_available"
 # ApplicationError types the workflow reacts to.
 NODE_DRAINING = "NodeDraining"  # the node is shutting down: move the session now
 CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint is missing or corrupt
@@ -75,6 +77,22 @@ class RenderInput:
     tenant: str = "local"
     search_attributes: bool = True  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
     window: int = CHUNK_WINDOW  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
+    # Live sessions: audio arrives while the session runs (AUDIO_AVAILABLE signals); carried across
+    # continue-as-new like the cursor.
+    live: bool = False
+    audio_samples: int = 0  # stored so far (16 kHz)
+    audio_ended: bool = False
+    idle_timeout_s: float = 30.0  # no new audio for this long ends a live session
+
+
+@dataclass
+class AudioAvailable:
+    """A live session's stored audio: `samples` (16 kHz mono) exist in storage; `ended` when no more will
+    come. `marks` are (samples stored, API wall-clock ms) pairs since the last signal, for latency figures."""
+
+    samples: int
+    ended: bool = False
+    marks: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +149,7 @@ class InitSessionInput:
     session_id: str
     node_id: str
     options: RenderOptions
+    live: bool = False
 
 
 @dataclass
@@ -151,6 +170,12 @@ class GenerateChunkInput:
     position: int = 0  # in the generation order
     wait_for: int | None = None  # a position scheduled on the same node just before: run after it finishes
     epoch: int = 0  # bumped whenever the workflow abandons scheduled chunks; older ones must not run
+    # Live sessions: the audio stored when the chunk was planned (the chunk never reads past it unless
+    # `audio_ended`), and when its audio arrived at the API (epoch ms), for latency figures.
+    live: bool = False
+    audio_samples: int = 0
+    audio_ended: bool = False
+    audio_ready_ms: float | None = None
 
 
 @dataclass
@@ -171,6 +196,7 @@ class PublishInput:
     total_frames: int
     published_frames: int
     ended: bool = False
+    live: bool = False  # total_frames unknown until the audio ends: a sliding-window playlist
 
 
 @dataclass
@@ -202,3 +228,4 @@ class RecordStatusInput:
     total_frames: int = 0
     published_frames: int = 0
     error: str | None = None
+    live: bool = False

@@ -62,3 +62,14 @@ def frames_manifest(session_id: str) -> str:
 
 def final_video(session_id: str) -> str:
     return output(session_id, "final.mp4")
+
+
+def live_audio_piece(session_id: str, number: int) -> str:
+    """Piece `number` of a live session's audio: LIVE_PIECE_SAMPLES samples of 16 kHz s16le mono (the last
+    piece of an ended session may be shorter)."""
+    return f"sessions/{session_id}/input/live/{number:08d}.pcm"
+
+
+def live_audio_end(session_id: str) -> str:
+    """Written once when a live session's audio ends: its total sample count."""
+    return f"sessions/{session_id}/input/live/end.json"

@@ -17,9 +17,9 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from monologue.errors import InputError
+from monologue.plan import AUDIO_RATE as AUDIO_RATE  # normalised audio: 16 kHz mono signed 16-bit PCM
 from monologue.storage import ObjectStore
 
-AUDIO_RATE = 16_000  # normalised audio: 16 kHz mono signed 16-bit PCM
 MIN_SIDE = 64
 
 _IMAGE_HINT = "send a PNG, JPEG or WebP photo"

@@ -46,6 +46,29 @@ def frame_count(samples: int, *, rate: int, fps: int) -> int:
     return (2 * samples * fps + rate) // (2 * rate)
 
 
+AUDIO_RATE = 16_000  # stored speech: 16 kHz mono s16le (monologue.media normalises everything to it)
+
+# A live session plans a chunk only once the audio this far past its last frame is stored: the context's
+# look-ahead (warp: 2 frames, 80 ms at 25 fps) and the AAC encoder's post-roll (about 90 ms) read past the
+# chunk, and must read the same samples whenever the chunk is regenerated. The node's LiveAudio refuses
+# to read past what is stored, so a family that looks further ahead fails loudly instead of drifting.
+LIVE_LOOKAHEAD_S = 0.1
+
+
+def live_frames(samples: int, *, rate: int, fps: int, ended: bool) -> int:
+    """Frames of a live session that can be generated from `samples` stored audio samples: every frame
+    once the audio has ended (as for a render), else those whose audio and look-ahead are stored."""
+    if ended:
+        return frame_count(samples, rate=rate, fps=fps)
+    usable = samples - int(LIVE_LOOKAHEAD_S * rate)
+    return max(0, usable * fps // rate)
+
+
+def live_samples_needed(end_frame: int, *, rate: int, fps: int) -> int:
+    """Stored samples at which `live_frames` first reaches `end_frame` (while the audio has not ended)."""
+    return -(-end_frame * rate // fps) + int(LIVE_LOOKAHEAD_S * rate)
+
+
 def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tuple[int, int]:
     """The [start, end) audio samples that frames [first_frame, first_frame + n_frames) cover."""
     return first_frame * rate // fps, (first_frame + n_frames) * rate // fps

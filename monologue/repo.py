@@ -3,9 +3,10 @@ by session id, or by (session, chunk kind, index)) so a retried activity rewrite
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, utcnow
@@ -21,11 +22,12 @@ def create_session(
     audio_seconds: float,
     width: int,
     height: int,
+    kind: str = "render",
 ) -> SessionRow:
     row = SessionRow(
         id=session_id,
         tenant=tenant,
-        kind="render",
+        kind=kind,
         status="queued",
         options=options,
         workflow_id=workflow_id,
@@ -72,7 +74,8 @@ def set_node(db: Session, *, session_id: str, node_id: str) -> None:
     row.node_id = node_id
     if row.status == "queued":
         row.status = "running"
-        row.started_at = row.started_at or utcnow()
+        if row.kind != "live":  # a live session's clock starts with its first audio (record_live_audio)
+            row.started_at = row.started_at or utcnow()
     db.commit()
 
 
@@ -89,8 +92,10 @@ def record_chunk(
     stage_ms: dict[str, float],
     segment_key: str,
     frames_sha256: str,
+    audio_ready_ms: float | None = None,
 ) -> None:
-    """Upsert the chunk row; the first chunk done also sets the session's time to first frame."""
+    """Upsert the chunk row; for a render, the first chunk done also sets the time to first frame (a live
+    session's is set when its first segment is published: see `mark_published`)."""
     db.merge(
         ChunkRow(
             session_id=session_id,
@@ -104,11 +109,12 @@ def record_chunk(
             stage_ms=stage_ms,
             segment_key=segment_key,
             frames_sha256=frames_sha256,
+            audio_ready_at=None if audio_ready_ms is None else datetime.fromtimestamp(audio_ready_ms / 1000, UTC),
             updated_at=utcnow(),
         )
     )
     row = _require(db, session_id)
-    if row.ttff_ms is None:
+    if row.ttff_ms is None and row.kind != "live":
         row.ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
     db.commit()
 
@@ -138,8 +144,10 @@ def list_chunks(db: Session, *, session_id: str) -> list[ChunkRow]:
     return list(db.scalars(query))
 
 
-def mark_completed(db: Session, *, session_id: str, video_key: str) -> None:
+def mark_completed(db: Session, *, session_id: str, video_key: str, frames: int, chunks: int) -> None:
+    """The final video is stored (a live session learns its length here)."""
     row = _require(db, session_id)
+    row.frames, row.chunks_total = frames, chunks
     row.status = "completed"
     row.video_key = video_key
     row.finished_at = utcnow()
@@ -192,3 +200,69 @@ def _aware(moment: Any) -> Any:
     from datetime import UTC
 
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def claim_audio_socket(db: Session, *, session_id: str) -> bool:
+    """Mark that a live session's audio socket has connected; False if one ever did (a session takes one
+    audio stream: a second socket, or a reconnect after the first closed, is refused)."""
+    result = db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.audio_samples.is_(None))
+        .values(audio_samples=0)
+    )
+    db.commit()
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def record_live_audio(db: Session, *, session_id: str, samples: int, rate: int) -> None:
+    """Audio stored for a live session so far; the first call (on its first audio) starts the session's
+    clock, for TTFF."""
+    row = _require(db, session_id)
+    row.audio_samples = samples
+    row.audio_seconds = samples / rate
+    row.started_at = row.started_at or utcnow()
+    db.commit()
+
+
+def mark_published(db: Session, *, session_id: str, published_frames: int) -> dict[str, Any] | None:
+    """Stamp the chunks whose segments just entered the playlist, and refresh the session's live latency
+    figures (audio stored → segment published, p50/p95 ms) and, for a live session, its TTFF (first audio
+    stored → first segment published). Returns the latency figures, if any."""
+    now = utcnow()
+    db.execute(
+        update(ChunkRow)
+        .where(
+            ChunkRow.session_id == session_id,
+            ChunkRow.published_at.is_(None),
+            ChunkRow.first_frame < published_frames,
+        )
+        .values(published_at=now)
+    )
+    row = _require(db, session_id)
+    if row.kind == "live" and row.ttff_ms is None and row.started_at is not None and published_frames > 0:
+        row.ttff_ms = (now - _aware(row.started_at)).total_seconds() * 1000
+    pairs = db.execute(
+        select(ChunkRow.audio_ready_at, ChunkRow.published_at).where(
+            ChunkRow.session_id == session_id,
+            ChunkRow.audio_ready_at.is_not(None),
+            ChunkRow.published_at.is_not(None),
+        )
+    ).all()
+    if pairs:
+        waits = sorted((_aware(published) - _aware(ready)).total_seconds() * 1000 for ready, published in pairs)
+        row.latency = {
+            "chunks": len(waits),
+            "p50_ms": round(_percentile(waits, 50), 1),
+            "p95_ms": round(_percentile(waits, 95), 1),
+            "max_ms": round(waits[-1], 1),
+        }
+    db.commit()
+    return row.latency
+
+
+def _percentile(ordered: list[float], percent: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on a sorted list."""
+    position = (len(ordered) - 1) * percent / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

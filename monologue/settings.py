@@ -75,6 +75,9 @@ class RenderDefaults(BaseModel):
     preview: bool = False
     family: Literal["warp"] = "warp"
     continue_as_new_every: int = Field(default=500, ge=1, description="chunks per workflow run (bounded history)")
+    live_idle_timeout_s: float = Field(
+        default=30.0, gt=0, description="live sessions: no audio for this long ends the session"
+    )
 
 
 class Settings(BaseSettings):

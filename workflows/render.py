@@ -26,11 +26,19 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
-    from monologue.plan import ChunkSpec, plan_chunks, timeline_order
+    from monologue.plan import (
+        AUDIO_RATE,
+        ChunkSpec,
+        IncrementalPlanner,
+        live_frames,
+        live_samples_needed,
+        timeline_order,
+    )
 
 Result = TypeVar("Result")
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
@@ -71,6 +79,10 @@ class RenderWorkflow:
         self._publishing: workflow.ActivityHandle[c.PublishResult] | None = None
         self._published = 0  # frames of the timeline whose segments can go out (all generated)
         self._published_sent = 0  # frames the playlist was last asked to show
+        # Live sessions: the audio stored so far, and when it arrived (from AUDIO_AVAILABLE signals).
+        self._samples, self._ended, self._audio_news = 0, False, False
+        self._audio_marks: deque[tuple[int, float]] = deque()
+        self._audio_ready: dict[str, float] = {}  # planned live chunks: when their audio was stored (epoch ms)
 
     @workflow.query
     def progress(self) -> c.Progress:
@@ -118,22 +130,25 @@ class RenderWorkflow:
 
     async def _render(self, request: c.RenderInput) -> c.RenderResult:
         session_id, options = request.session_id, request.options
-        if self._frames == 0:
+        if self._frames == 0 and not request.live:
             prepared = await _shared(c.PREPARE, c.PrepareInput(session_id=session_id, options=options), c.PrepareResult)
             self._frames = prepared.frames
-        plan = plan_chunks(self._frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
-        timeline = timeline_order(plan)
+        self._plan_chunks()
+        plan, timeline = self._plan, self._timeline
         cursor = request.cursor
         generated = {spec.name for spec in plan[:cursor]}
-        published = _published_prefix(timeline, generated)
+        published = _published_prefix(timeline, generated, 0)
         self._published = timeline[published - 1].end_frame if published else 0
-        self._progress.chunks_total, self._progress.chunks_done = len(plan), cursor
+        self._progress.chunks_done = cursor
         started_at = cursor
         # Chunk activities already scheduled on the node, oldest first: (position, spec, handle). Keeping the
         # next chunk scheduled while one runs hides Temporal's round trip; the node runs them in order.
         inflight: deque[tuple[int, ChunkSpec, workflow.ActivityHandle[c.GenerateChunkResult]]] = deque()
 
-        while cursor < len(plan):
+        while cursor < len(plan) or not self._planned_all():
+            if cursor == len(plan):  # a live session waiting for audio (holding its node)
+                await self._wait_for_audio()
+                continue
             renew = (
                 cursor - started_at >= request.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
             )
@@ -152,6 +167,10 @@ class RenderWorkflow:
                         window=request.window,
                         tenant=request.tenant,
                         search_attributes=request.search_attributes,
+                        live=request.live,
+                        audio_samples=self._samples,
+                        audio_ended=self._ended,
+                        idle_timeout_s=request.idle_timeout_s,
                     )
                 )
             try:
@@ -181,9 +200,10 @@ class RenderWorkflow:
                 continue
             inflight.popleft()
             generated.add(spec.name)
+            self._audio_ready.pop(spec.name, None)
             cursor += 1
             self._progress.chunks_done = max(self._progress.chunks_done, cursor)
-            published = _published_prefix(timeline, generated)
+            published = _published_prefix(timeline, generated, published)
             if published:
                 self._published = timeline[published - 1].end_frame
             self._publish()
@@ -205,6 +225,81 @@ class RenderWorkflow:
         self._set_status("completed")
         return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
 
+    # --- the chunk plan: fixed for a render, growing with the audio for a live session ---
+
+    def _plan_chunks(self) -> None:
+        request = self._request
+        self._plan: list[ChunkSpec] = []
+        self._timeline: list[ChunkSpec] = []
+        self._planner = IncrementalPlanner(n_frames=request.options.chunk_frames, i_frames=request.options.i_frames)
+        if request.live:
+            self._samples = max(self._samples, request.audio_samples)  # a signal may have come in first
+            self._ended = self._ended or request.audio_ended
+            self._extend_plan()
+        else:
+            self._samples, self._ended = 0, True
+            self._extend_plan(frames=self._frames)
+
+    def _extend_plan(self, frames: int | None = None) -> None:
+        """Add the chunks the audio stored so far makes possible (chunks only ever get appended, and newly
+        planned chunks always come after the planned ones in timeline order)."""
+        options = self._request.options
+        if frames is None:
+            frames = live_frames(self._samples, rate=AUDIO_RATE, fps=options.fps, ended=self._ended)
+            if self._ended:
+                if frames < 1:
+                    raise ApplicationError(
+                        f"live session {self._request.session_id} ended with no audio"
+                        f" ({self._samples} samples is less than one frame)",
+                        non_retryable=True,
+                    )
+                self._frames = frames
+        new = list(self._planner.advance(frames, final=self._ended))
+        if self._request.live:
+            self._note_audio_ready(new)
+        self._plan.extend(new)
+        self._timeline.extend(timeline_order(new))
+        self._progress.chunks_total = len(self._plan) if self._planned_all() else 0
+
+    def _planned_all(self) -> bool:
+        return self._planner.finished
+
+    @workflow.signal(name=c.AUDIO_AVAILABLE)
+    def audio_available(self, audio: c.AudioAvailable) -> None:
+        """More of a live session's audio is stored (signals may repeat or arrive late: take the maximum)."""
+        for samples, received_ms in audio.marks:
+            self._audio_marks.append((int(samples), received_ms))
+        if audio.samples > self._samples or (audio.ended and not self._ended):
+            self._samples = max(self._samples, audio.samples)
+            self._ended = self._ended or audio.ended
+            self._audio_news = True
+
+    async def _wait_for_audio(self) -> None:
+        """Wait for a live session's next audio; none for `idle_timeout_s` ends the session."""
+        self._audio_news = False
+        try:
+            await workflow.wait_condition(
+                lambda: self._audio_news, timeout=timedelta(seconds=self._request.idle_timeout_s)
+            )
+        except TimeoutError:  # the builtin: wait_condition's timeout
+            workflow.logger.info("live session idle: ending it", extra={"session_id": self._request.session_id})
+            self._ended = True
+        self._extend_plan()
+
+    def _note_audio_ready(self, new: list[ChunkSpec]) -> None:
+        """When the API had stored the audio each newly planned live chunk needs (its frames and the
+        look-ahead): the first arrival mark that covers it. Marks before the newest are then dropped: later
+        chunks need more audio than these."""
+        for spec in new:
+            needed = live_samples_needed(spec.end_frame, rate=AUDIO_RATE, fps=self._request.options.fps)
+            ready = next((ms for samples, ms in self._audio_marks if samples >= needed), None)
+            if ready is None and self._audio_marks:
+                ready = self._audio_marks[-1][1]  # the last chunks of an ended session: the end of the audio
+            if ready is not None:
+                self._audio_ready[spec.name] = ready
+        while len(self._audio_marks) > 1:
+            self._audio_marks.popleft()
+
     def _publish(self) -> None:
         """Extend the playlist to everything generated so far, one publish at a time and never waiting for
         one: segments go out in timeline order while the node keeps generating."""
@@ -222,6 +317,7 @@ class RenderWorkflow:
                     options=self._request.options,
                     total_frames=self._frames,
                     published_frames=self._published,
+                    live=self._request.live,
                 ),
                 result_type=c.PublishResult,
                 start_to_close_timeout=timedelta(minutes=1),
@@ -240,6 +336,10 @@ class RenderWorkflow:
             position=position,
             wait_for=wait_for,
             epoch=self._epoch,
+            live=self._request.live,
+            audio_samples=self._samples,
+            audio_ended=self._ended,
+            audio_ready_ms=self._audio_ready.get(spec.name),
         )
 
     async def _ensure_node(self) -> None:
@@ -272,7 +372,10 @@ class RenderWorkflow:
                 await self._on_node(
                     c.INIT_SESSION,
                     c.InitSessionInput(
-                        session_id=self._request.session_id, node_id=self._node_id, options=self._request.options
+                        session_id=self._request.session_id,
+                        node_id=self._node_id,
+                        options=self._request.options,
+                        live=self._request.live,
                     ),
                     c.InitSessionResult,
                 )
@@ -320,7 +423,7 @@ class RenderWorkflow:
             result: Result = handle.result()
             return result
         except ActivityError as err:
-            if isinstance(err.cause, TimeoutError) and err.cause.type in (
+            if isinstance(err.cause, ActivityTimeout) and err.cause.type in (
                 TimeoutType.SCHEDULE_TO_START,
                 TimeoutType.HEARTBEAT,
             ):
@@ -356,14 +459,15 @@ class RenderWorkflow:
                 total_frames=self._frames,
                 published_frames=self._published,
                 error=error,
+                live=self._request.live,
             ),
             type(None),
         )
 
 
-def _published_prefix(timeline: list[ChunkSpec], generated: set[str]) -> int:
-    """How many timeline chunks, from the start, are all generated (so their segments can go out)."""
-    count = 0
+def _published_prefix(timeline: list[ChunkSpec], generated: set[str], count: int) -> int:
+    """How many timeline chunks, from the start, are all generated (so their segments can go out), given
+    that the first `count` are."""
     while count < len(timeline) and timeline[count].name in generated:
         count += 1
     return count

@@ -22,7 +22,7 @@ from monologue.errors import InputError, NotFound
 from monologue.storage import LocalStore
 
 from ..deps import DbDep, ServicesDep
-from ..schemas import Progress, RenderLinks, RenderList, RenderOptionsBase, RenderOptionsCreate, RenderPublic
+from ..schemas import Latency, Progress, RenderLinks, RenderList, RenderOptionsBase, RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
@@ -217,10 +217,12 @@ def _find(db: DbDep, session_id: str) -> SessionRow:
 
 def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow) -> RenderPublic:
     base = str(request.base_url).rstrip("/")
+    ws_base = "ws" + base.removeprefix("http")  # http → ws, https → wss
     ui = services.settings.temporal.ui_url
     namespace = services.settings.temporal.namespace
     return RenderPublic(
         id=row.id,
+        kind=row.kind,
         status=row.status,
         created_at=row.created_at,
         started_at=row.started_at,
@@ -231,6 +233,7 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
         audio_seconds=row.audio_seconds,
         node_id=row.node_id,
         ttff_ms=row.ttff_ms,
+        latency=Latency.model_validate(row.latency) if row.latency else None,
         error=row.error,
         progress=Progress(
             chunks_done=repo.chunks_done(db, session_id=row.id),
@@ -243,6 +246,7 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
             self=f"{base}/v1/renders/{row.id}",
             video=f"{base}/v1/renders/{row.id}/video.mp4",
             workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",
+            audio=f"{ws_base}/v1/sessions/{row.id}/audio" if row.kind == "live" else None,
         ),
     )
 

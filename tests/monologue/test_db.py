@@ -65,7 +65,7 @@ def test_chunk_writes_are_idempotent_and_progress_counts_them(database_url: str)
         assert repo.chunks_done(db, session_id="s1") == 1
         row = repo.get_session(db, session_id="s1")
         assert row is not None and row.status == "running" and row.ttff_ms is not None and row.ttff_ms >= 0
-        repo.mark_completed(db, session_id="s1", video_key="v")
+        repo.mark_completed(db, session_id="s1", video_key="v", frames=10, chunks=1)
         assert repo.get_session(db, session_id="s1").status == "completed"  # type: ignore[union-attr]
         repo.delete_session(db, session_id="s1")
         assert repo.get_session(db, session_id="s1") is None

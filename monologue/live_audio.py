@@ -1,0 +1,137 @@
+"""A live session's audio in object storage: written by the API in small fixed-size pieces as it
+arrives, read by the node by sample range.
+
+Pieces have a fixed size (0.1 s), so sample s is in piece s // LIVE_PIECE_SAMPLES and no index is
+needed; the API acknowledges audio to the client only once the pieces holding it are stored. When the
+audio ends, the last (short) piece and `end.json` (the total) are written. Object keys come from
+`monologue.keys` (ids only).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+import numpy as np
+
+from monologue import keys
+from monologue.errors import NotFound
+from monologue.plan import AUDIO_RATE
+from monologue.storage import ObjectStore
+
+LIVE_PIECE_SAMPLES = AUDIO_RATE // 10  # 0.1 s: what the API holds back from storage at most
+_CACHED_PIECES = 64
+
+
+class LiveAudioWriter:
+    """Appends PCM to a live session's stored audio. Not thread-safe: one writer per session (the API
+    refuses a second audio socket)."""
+
+    def __init__(self, store: ObjectStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self._pending = np.zeros(0, dtype="<i2")
+        self.stored = 0  # samples in storage
+        self.ended = False
+
+    def append(self, samples: np.ndarray) -> int:
+        """Buffer int16 samples and store every full piece; returns the samples now stored."""
+        if self.ended:
+            raise ValueError("the audio has ended; no more can be appended")
+        self._pending = np.concatenate([self._pending, samples.astype("<i2", copy=False)])
+        full = len(self._pending) // LIVE_PIECE_SAMPLES * LIVE_PIECE_SAMPLES
+        for offset in range(0, full, LIVE_PIECE_SAMPLES):
+            self._put_piece(self._pending[offset : offset + LIVE_PIECE_SAMPLES])
+        self._pending = self._pending[full:]
+        return self.stored
+
+    def finish(self) -> int:
+        """Store the rest and mark the audio ended; returns the total samples."""
+        if not self.ended:
+            if len(self._pending):
+                self._put_piece(self._pending)
+                self._pending = self._pending[:0]
+            self.mark_ended(self._store, self._session_id, self.stored)
+            self.ended = True
+        return self.stored
+
+    @staticmethod
+    def mark_ended(store: ObjectStore, session_id: str, samples: int) -> None:
+        """End a live session's audio at `samples` (resuming a session whose socket is gone)."""
+        store.put(
+            keys.live_audio_end(session_id), json.dumps({"samples": samples}).encode(), content_type="application/json"
+        )
+
+    def _put_piece(self, piece: np.ndarray) -> None:
+        number = self.stored // LIVE_PIECE_SAMPLES
+        self._store.put(keys.live_audio_piece(self._session_id, number), piece.tobytes())
+        self.stored += len(piece)
+
+
+def stored_live_audio(store: ObjectStore, session_id: str) -> tuple[int, bool]:
+    """(samples stored, ended) from storage alone, for resuming a live session: the end marker if it was
+    written, else the run of consecutive full pieces."""
+    try:
+        return int(json.loads(store.get(keys.live_audio_end(session_id)))["samples"]), True
+    except NotFound:
+        pass
+    prefix = keys.live_audio_piece(session_id, 0).rsplit("/", 1)[0] + "/"
+    numbers = sorted(int(key.rsplit("/", 1)[1].split(".")[0]) for key in store.list(prefix) if key.endswith(".pcm"))
+    count = 0
+    while count < len(numbers) and numbers[count] == count:
+        count += 1
+    return count * LIVE_PIECE_SAMPLES, False
+
+
+class LiveAudio:
+    """An AudioSource over a live session's stored pieces. `update` tells it how much audio the workflow
+    knows of; reading past that before the audio has ended is a bug (the frames would depend on when the
+    chunk ran), so it raises instead of padding."""
+
+    rate = AUDIO_RATE
+
+    def __init__(self, store: ObjectStore, session_id: str) -> None:
+        self._store = store
+        self._session_id = session_id
+        self.available = 0
+        self.total_samples: int | None = None  # known once the audio has ended
+        self._pieces: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def update(self, samples: int, ended: bool) -> None:
+        self.available = max(self.available, samples)
+        if ended:
+            self.total_samples = samples
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        """float32 samples [start, end); zeros before 0 and past the end of ended audio."""
+        limit = self.total_samples if self.total_samples is not None else self.available
+        if self.total_samples is None and end > self.available:
+            raise RuntimeError(
+                f"live audio of session {self._session_id}: read up to sample {end}, but only"
+                f" {self.available} are known stored (the chunk was planned too early)"
+            )
+        out = np.zeros(max(0, end - start), dtype=np.float32)
+        lo, hi = max(start, 0), min(end, limit)
+        position = lo
+        while position < hi:
+            number = position // LIVE_PIECE_SAMPLES
+            piece = self._piece(number)
+            piece_start = number * LIVE_PIECE_SAMPLES
+            take = min(hi, piece_start + len(piece)) - position
+            if take <= 0:
+                raise RuntimeError(f"live audio piece {number} of session {self._session_id} is short")
+            offset = position - piece_start
+            out[position - start : position - start + take] = piece[offset : offset + take]
+            position += take
+        return out
+
+    def _piece(self, number: int) -> np.ndarray:
+        if number in self._pieces:
+            self._pieces.move_to_end(number)
+            return self._pieces[number]
+        raw = self._store.get(keys.live_audio_piece(self._session_id, number))
+        piece = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        self._pieces[number] = piece
+        while len(self._pieces) > _CACHED_PIECES:
+            self._pieces.popitem(last=False)
+        return piece

@@ -1,0 +1,149 @@
+"""Live sessions on the real embedded stack: speech streamed in over the WebSocket in real time, video
+published while it arrives, and the same frames a render of the same audio gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from monologue.live_client import start_session, stream_live
+from monologue.media import normalise_audio
+from monologue.stack import Stack
+from tests.conftest import SAMPLES
+from tests.helpers import decode_video, submit, wait_done
+
+PORTRAIT, SPEECH = SAMPLES / "portrait.jpg", SAMPLES / "speech.wav"
+
+
+def _frame_hashes(stack: Stack, session_id: str) -> list[str]:
+    root = stack.settings.storage.root
+    assert root is not None
+    lines = (root / "sessions" / session_id / "out" / "frames.jsonl").read_text().splitlines()
+    return [json.loads(line)["sha256"] for line in lines]
+
+
+def _pcm(path: Path) -> np.ndarray:
+    return np.frombuffer(normalise_audio(path.read_bytes()).wav[44:], dtype="<i2")
+
+
+def _close_reason(socket: Any) -> tuple[int | None, list[dict[str, Any]]]:
+    """Read until the server closes: (close code, the JSON messages it sent)."""
+    messages = []
+    try:
+        for message in socket:
+            messages.append(json.loads(message))
+    except ConnectionClosed:
+        pass
+    return socket.close_code, messages
+
+
+def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
+    stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    report = stream_live(api_url, PORTRAIT, SPEECH)  # real time: 6.9 s of espeak-ng speech
+    session = report.session
+    assert session["status"] == "completed", session["error"]
+    assert session["kind"] == "live" and not report.errors
+    assert report.acks > 0
+    assert report.segments_while_streaming >= 2  # video went out while the speech was still coming in
+    latency = session["latency"]
+    assert latency["chunks"] == session["progress"]["chunks_total"]
+    assert 0 < latency["p50_ms"] <= latency["p95_ms"] <= latency["max_ms"]
+    chunk_ms = 1000 * session["options"]["chunk_frames"] / session["options"]["fps"]
+    assert session["ttff_ms"] >= chunk_ms  # the first chunk needs its own audio first
+    video = httpx.get(session["links"]["video"], timeout=30)
+    frames, video_seconds, audio_seconds = decode_video(video.content)
+    assert len(frames) == session["progress"]["frames_total"]
+    assert abs(video_seconds - report.audio_seconds) <= 1 / 25 and abs(audio_seconds - report.audio_seconds) < 0.05
+    playlist = httpx.get(session["links"]["stream"], timeout=10).text
+    assert playlist.rstrip().endswith("#EXT-X-ENDLIST")
+
+    # The same audio as a render: the incremental plan and the stored pieces give the very same frames.
+    render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech).json()["id"])
+    assert render["status"] == "completed", render["error"]
+    assert _frame_hashes(stack, session["id"]) == _frame_hashes(stack, render["id"])
+
+
+def test_other_rates_are_resampled_and_audio_may_come_faster_than_real_time(stack: Stack, api_url: str) -> None:
+    pcm = _pcm(SPEECH)[: 16_000 * 3]
+    stereo_48k = np.repeat(np.repeat(pcm, 3)[:, None], 2, axis=1)  # 48 kHz, two channels
+    session = start_session(api_url, PORTRAIT)
+    with connect(session["links"]["audio"]) as socket:
+        socket.send(json.dumps({"type": "start", "sample_rate": 48_000, "channels": 2, "format": "s16le"}))
+        for offset in range(0, len(stereo_48k), 4800):  # 0.1 s messages, as fast as the socket takes them
+            socket.send(stereo_48k[offset : offset + 4800].tobytes())
+        socket.send(json.dumps({"type": "end"}))
+        code, messages = _close_reason(socket)
+    assert code == 1000 and messages[-1]["type"] == "ended"
+    assert abs(messages[-1]["seconds"] - 3.0) < 0.01
+    render = wait_done(api_url, session["id"])
+    assert render["status"] == "completed", render["error"]
+    assert render["progress"]["frames_total"] == 75
+
+
+@pytest.mark.parametrize(
+    ("first", "problem"),
+    [
+        (b"\x01\x02\x03", "whole samples"),
+        ("not json", "JSON objects"),
+        (json.dumps({"type": "start", "format": "f32le"}), "format"),
+        (json.dumps({"type": "start", "sample_rate": 44}), "sample_rate"),
+        (json.dumps({"type": "pause"}), "unknown message type"),
+    ],
+    ids=["odd-bytes", "not-json", "float-format", "bad-rate", "unknown-type"],
+)
+def test_bad_audio_is_refused_with_a_clear_error_and_ends_the_session_cleanly(
+    api_url: str, first: bytes | str, problem: str
+) -> None:
+    session = start_session(api_url, PORTRAIT)
+    with connect(session["links"]["audio"]) as socket:
+        socket.send(first)
+        code, messages = _close_reason(socket)
+    assert code == 4400
+    assert messages[-1]["type"] == "error" and problem in messages[-1]["message"]
+    render = wait_done(api_url, session["id"], timeout_s=60)
+    assert render["status"] == "failed" and "no audio" in render["error"]  # nothing stored, nothing half-made
+
+
+def test_a_second_audio_socket_and_audio_after_end_are_refused(api_url: str) -> None:
+    session = start_session(api_url, PORTRAIT)
+    second_half = _pcm(SPEECH)[16_000 * 2 : 16_000 * 4]
+    with connect(session["links"]["audio"]) as first:
+        first.send(_pcm(SPEECH)[: 16_000 * 2].tobytes())
+        with connect(session["links"]["audio"]) as second:
+            code, messages = _close_reason(second)
+        assert code == 4409 and "already has" in messages[-1]["message"]
+        first.send(json.dumps({"type": "end"}))
+        assert _close_reason(first)[0] == 1000
+    with connect(session["links"]["audio"]) as late:  # audio after `end`: the session takes no more
+        late.send(second_half.tobytes())
+        code, messages = _close_reason(late)
+    assert code in (4409,) and messages[-1]["type"] == "error"
+    render = wait_done(api_url, session["id"])
+    assert render["status"] == "completed" and render["progress"]["frames_total"] == 50  # 2 s, not 4
+
+
+def test_unknown_sessions_and_renders_have_no_audio_socket(
+    api_url: str, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    with connect(f"ws{api_url.removeprefix('http')}/v1/sessions/nope/audio") as socket:
+        code, messages = _close_reason(socket)
+    assert code == 4404 and "not found" in messages[-1]["message"]
+    render = submit(api_url, sample_portrait, sample_speech).json()
+    with connect(f"ws{api_url.removeprefix('http')}/v1/sessions/{render['id']}/audio") as socket:
+        assert _close_reason(socket)[0] == 4404
+    assert render["links"]["audio"] is None
+
+
+def test_a_live_session_needs_a_usable_portrait(api_url: str) -> None:
+    response = httpx.post(f"{api_url}/v1/sessions", files={"portrait": ("p.png", b"not an image")}, timeout=30)
+    assert response.status_code == 422 and "portrait" in response.json()["detail"]
+    response = httpx.post(f"{api_url}/v1/sessions", data={"fps": "0"}, files={"portrait": ("p.png", b"x")}, timeout=30)
+    assert response.status_code == 422 and "fps" in response.json()["detail"]
