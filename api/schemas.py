@@ -5,7 +5,37 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SinkOptions(BaseModel):
+    """A publisher besides the session's own HLS stream. Credentials are the server's (boto3's usual chain)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["s3", "kvs"] = Field(description="s3: any S3-compatible bucket; kvs: Kinesis Video Streams.")
+    name: str = Field(default="", pattern=r"^[a-z0-9-]{0,32}$", description="Unique per session; default: type.")
+    bucket: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])?$", description="s3 bucket")
+    prefix: str = Field(default="", pattern=r"^[A-Za-z0-9/_.-]{0,200}$", description="s3: keys go under <prefix>/<id>/")
+    endpoint_url: str | None = Field(
+        default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description="S3 or Kinesis Video endpoint (default AWS)"
+    )
+    region: str | None = Field(default=None, pattern=r"^[a-z0-9-]{1,32}$")
+    stream_name: str = Field(default="", pattern=r"^[a-zA-Z0-9_.-]{0,256}$", description="kvs stream name")
+
+    @model_validator(mode="after")
+    def _complete(self) -> SinkOptions:
+        if self.type == "s3" and not self.bucket:
+            raise ValueError("an s3 sink needs a bucket")
+        if ".." in self.prefix.split("/"):
+            raise ValueError("an s3 prefix may not contain '..'")
+        if self.type == "kvs" and not self.stream_name:
+            raise ValueError("a kvs sink needs a stream_name")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
 
 
 class RenderOptionsBase(BaseModel):
@@ -19,6 +49,16 @@ class RenderOptionsBase(BaseModel):
     )
     preview: bool = Field(description="Render fast at half resolution; the same seed gives the same motion.")
     family: Literal["warp"] = Field(description="Model family.")
+    sinks: list[SinkOptions] = Field(
+        default_factory=list, max_length=4, description="Publishers besides the HLS stream (S3, Kinesis Video)."
+    )
+
+    @model_validator(mode="after")
+    def _unique_sinks(self) -> RenderOptionsBase:
+        labels = [sink.label for sink in self.sinks]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")
+        return self
 
 
 class RenderOptionsCreate(RenderOptionsBase):
@@ -38,6 +78,15 @@ class RenderLinks(BaseModel):
     stream: str = Field(description="HLS playlist (fMP4 segments); plays while the render runs.")
     workflow: str = Field(description="This session's workflow in Temporal's UI.")
     audio: str | None = Field(default=None, description="Live sessions: the WebSocket to stream the speech to.")
+
+
+class SinkStatus(BaseModel):
+    name: str
+    type: str
+    status: str = Field(description="starting, streaming, done, retrying or failed")
+    acknowledged: int = Field(description="Segments the sink holds, from the start of the timeline.")
+    error: str | None
+    playback: str | None = Field(description="s3: an HLS playlist of presigned URLs, served by this API.")
 
 
 class Latency(BaseModel):
@@ -64,6 +113,7 @@ class RenderPublic(BaseModel):
         " stored to first segment published."
     )
     latency: Latency | None = Field(default=None, description="Live sessions: audio in to segment out.")
+    sinks: list[SinkStatus] = Field(default_factory=list)
     error: str | None
     progress: Progress
     links: RenderLinks

@@ -143,7 +143,7 @@ async def _start_workflow(
         "RenderWorkflow",
         c.RenderInput(
             session_id=session_id,
-            options=c.RenderOptions(**options.model_dump()),
+            options=c.render_options(options.model_dump()),
             lease_timeout_s=settings.node.lease_timeout_s,
             continue_as_new_every=settings.render.continue_as_new_every,
             search_attributes=settings.temporal.search_attributes,
@@ -172,7 +172,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
 
     Chunks already generated are kept (their segments are in storage); the node restores the anchors
     from the checkpoints, or regenerates from an earlier N chunk if they are gone."""
-    options = c.RenderOptions(**RenderOptionsCreate.model_validate(row.options).model_dump())
+    options = c.render_options(RenderOptionsCreate.model_validate(row.options).model_dump())
     live = row.kind == "live"
     samples, ended = stored_live_audio(services.store, row.id) if live else (0, True)
     if live and not ended:

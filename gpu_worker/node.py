@@ -1,8 +1,9 @@
 """The node process: one worker machine that generates frames.
 
-It polls three Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
+It polls four Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
 `record_status`), the lease queue (`hold_node`, with one slot per session the node can hold: this is
-how a node takes a session) and its own queue `node-<id>` (the pinned per-session work). Heavy work
+how a node takes a session), its own queue `node-<id>` (the pinned per-session work) and the sink queue
+(`run_sink`: the pumps feeding S3 and Kinesis Video Streams from storage). Heavy work
 runs in sync activities on a thread pool so the event loop keeps heartbeating. SIGTERM/SIGINT hand the
 sessions back (their leases end with NodeDraining), stop polling, and let running chunks finish."""
 
@@ -20,11 +21,15 @@ from temporalio.worker import Worker
 from activities.lease import NodeLease
 from activities.node import NodeActivities
 from activities.session import SessionActivities
+from activities.sinks import SinkActivities
+from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
 from monologue.db import make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
 from workflows.render import RenderWorkflow
+
+SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
 
 log = structlog.get_logger("node")
 
@@ -42,13 +47,24 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
     node_id = settings.node.id
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
     shared = SessionActivities(store=store, sessions=sessions)
+    sinks = SinkActivities(store=store, sessions=sessions)
     pinned = NodeActivities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
     lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity
+    reporter = NodeReporter(
+        sessions=sessions,
+        node_id=node_id,
+        capacity=capacity,
+        held_sessions=lease.held_sessions,
+        chunks_done=lambda: pinned.chunks_done,
+    )
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
 
     window = c.CHUNK_WINDOW
-    with ThreadPoolExecutor(max_workers=capacity * window + 4, thread_name_prefix="activity") as executor:
+    with (
+        ThreadPoolExecutor(max_workers=capacity * window + 4, thread_name_prefix="activity") as executor,
+        ThreadPoolExecutor(max_workers=SINK_SLOTS, thread_name_prefix="sink") as sink_executor,
+    ):
         shared_worker = Worker(
             client,
             task_queue=settings.temporal.task_queue,
@@ -82,19 +98,34 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
             default_heartbeat_throttle_interval=timedelta(seconds=1),
             graceful_shutdown_timeout=grace,
         )
+        # Sink pumps stream for as long as their sessions: their own queue and threads, never the shared slots.
+        sink_worker = Worker(
+            client,
+            task_queue=c.sink_task_queue(settings.temporal.task_queue),
+            activities=[sinks.run_sink],
+            activity_executor=sink_executor,
+            max_concurrent_activities=SINK_SLOTS,
+            max_heartbeat_throttle_interval=timedelta(seconds=1),
+            default_heartbeat_throttle_interval=timedelta(seconds=1),
+            graceful_shutdown_timeout=grace,
+        )
         queues = [
             settings.temporal.task_queue,
             c.lease_task_queue(settings.temporal.task_queue),
             c.node_task_queue(node_id),
         ]
-        async with shared_worker, node_worker, lease_worker:
+        async with shared_worker, node_worker, lease_worker, sink_worker:
+            reporting = asyncio.create_task(reporter.run())
             log.info("node ready", node_id=node_id, capacity=capacity, queues=queues)
             await stop.wait()
             # Hand the sessions back first (their workflows move them at once instead of waiting for a
             # heartbeat timeout); the chunk in progress still finishes while the workers shut down.
             log.info("node draining", node_id=node_id)
             lease.draining.set()
+            reporter.set_status("draining")
             await asyncio.sleep(0.5)
+        reporter.set_status("stopped")
+        await reporting
     engine.dispose()
     engine.dispose()
     log.info("node stopped", node_id=node_id)

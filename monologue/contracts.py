@@ -16,6 +16,8 @@ INIT_SESSION = "init_session"
 GENERATE_CHUNK = "generate_chunk"
 PUBLISH = "publish"
 FINALIZE = "finalize"
+RUN_SINK = "run_sink"
+SINK_ATTEMPTS = 8  # a sink pump's tries (backing off to 30 s) before the sink is marked failed
 
 
 def node_task_queue(node_id: str) -> str:
@@ -26,6 +28,11 @@ def node_task_queue(node_id: str) -> str:
 def lease_task_queue(shared_queue: str) -> str:
     """The queue of node leases: every node polls it with one slot per session it can hold."""
     return f"{shared_queue}-nodes"
+
+
+def sink_task_queue(shared_queue: str) -> str:
+    """The queue of sink pumps (long-running: kept off the shared queue so they never starve it)."""
+    return f"{shared_queue}-sinks"
 
 
 def render_workflow_id(session_id: str) -> str:
@@ -51,6 +58,23 @@ CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint i
 
 
 @dataclass
+class SinkSpec:
+    """A publisher besides the session's own HLS stream. Credentials come from the node's boto3 chain."""
+
+    type: str  # "s3" or "kvs"
+    name: str = ""  # unique within the session; defaults to the type
+    bucket: str = ""  # s3
+    prefix: str = ""  # s3: keys go under <prefix>/<session id>/
+    endpoint_url: str | None = None  # s3 or kvs control plane: any compatible endpoint
+    region: str | None = None
+    stream_name: str = ""  # kvs
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+@dataclass
 class RenderOptions:
     """Per-session options (validated by the API before the workflow starts)."""
 
@@ -61,6 +85,13 @@ class RenderOptions:
     resolution: str = "source"  # "source", "512", "720p" or "1080p"
     preview: bool = False  # half resolution, same motion
     family: str = "warp"
+    sinks: list[SinkSpec] = field(default_factory=list)
+
+
+def render_options(values: dict[str, object]) -> RenderOptions:
+    """RenderOptions from validated plain values (the API's model_dump, a stored session's options)."""
+    sinks = [spec if isinstance(spec, SinkSpec) else SinkSpec(**spec) for spec in values.get("sinks") or []]  # type: ignore[attr-defined]
+    return RenderOptions(**{**values, "sinks": sinks})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -229,3 +260,17 @@ class RecordStatusInput:
     published_frames: int = 0
     error: str | None = None
     live: bool = False
+
+
+@dataclass
+class RunSinkInput:
+    """Feed one sink every segment of the session, in timeline order, until the stream ends."""
+
+    session_id: str
+    options: RenderOptions
+    sink: SinkSpec
+
+
+@dataclass
+class RunSinkResult:
+    acknowledged: int  # segments the sink holds

@@ -45,7 +45,6 @@ class SessionRow(Base):
     height: Mapped[int | None] = mapped_column(Integer)
     video_key: Mapped[str | None] = mapped_column(String(512))
     error: Mapped[str | None] = mapped_column(Text)
-    sinks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # per sink name: status, sent, error
     audio_samples: Mapped[int | None] = mapped_column(Integer)  # live sessions: audio received so far
     latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # live: audio in → segment out p50/p95 ms
 
@@ -82,6 +81,20 @@ class CheckpointRow(Base):
     key: Mapped[str] = mapped_column(String(512))
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SinkRow(Base):
+    """One publisher of a session besides its own HLS stream (S3, Kinesis Video Streams): how far it got."""
+
+    __tablename__ = "sinks"
+
+    session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="starting")  # streaming | done | retrying | failed
+    acknowledged: Mapped[int] = mapped_column(Integer, default=0)  # leading segments the far side holds
+    error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class NodeRow(Base):

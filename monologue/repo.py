@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from monologue.db import CheckpointRow, ChunkRow, SessionRow, utcnow
+from monologue.db import CheckpointRow, ChunkRow, SessionRow, SinkRow, utcnow
 
 
 def create_session(
@@ -266,3 +266,29 @@ def _percentile(ordered: list[float], percent: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def record_sink(
+    db: Session, *, session_id: str, name: str, kind: str, status: str, acknowledged: int, error: str | None = None
+) -> None:
+    """Upsert a sink's progress (one row per session and sink: pumps never write each other's rows)."""
+    db.merge(
+        SinkRow(
+            session_id=session_id,
+            name=name,
+            kind=kind,
+            status=status,
+            acknowledged=acknowledged,
+            error=error,
+            updated_at=utcnow(),
+        )
+    )
+    db.commit()
+
+
+def get_sink(db: Session, *, session_id: str, name: str) -> SinkRow | None:
+    return db.get(SinkRow, (session_id, name))
+
+
+def list_sinks(db: Session, *, session_id: str) -> list[SinkRow]:
+    return list(db.scalars(select(SinkRow).where(SinkRow.session_id == session_id).order_by(SinkRow.name)))

@@ -4,13 +4,17 @@ SeaweedFS server) through boto3, with the API streaming the video out of the buc
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from monologue.live_client import stream_live
+from monologue.plan import plan_timeline
 from monologue.settings import ApiSettings, NodeSettings, Settings, StorageSettings, TemporalSettings
 from monologue.stack import Stack, free_port
+from tests.conftest import SAMPLES
 from tests.helpers import decode_video, postgres_database, submit, wait_done
 from tests.s3_server import S3Server
 
@@ -68,6 +72,48 @@ def test_render_on_postgres_and_s3_gives_the_same_frames(
     assert local["status"] == "completed" and root is not None
     local_manifest = (root / "sessions" / local["id"] / "out" / "frames.jsonl").read_text()
     assert _hashes(s3_manifest.decode()) == _hashes(local_manifest)
+
+
+def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
+    production_stack: Stack, s3_server: S3Server
+) -> None:
+    """Live speech in; the session's segments land in a second bucket as they are published, each exactly
+    once and in timeline order, and the API serves that bucket's stream as a presigned playlist."""
+    url = str(production_stack.settings.api.public_url)
+    bucket = s3_server.client()
+    bucket.create_bucket(Bucket="monologue-sink")
+    sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "live", "endpoint_url": s3_server.endpoint_url}
+    report = stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"sinks": json.dumps([sink])})
+    session = report.session
+    assert session["status"] == "completed", session["error"]
+    # The sink finishes on its own schedule (its pump follows the stored playlist): wait for it.
+    deadline = time.monotonic() + 30
+    while session["sinks"][0]["status"] != "done" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        session = httpx.get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
+    (status,) = session["sinks"]
+    chunks = session["progress"]["chunks_total"]
+    assert (status["name"], status["status"], status["acknowledged"], status["error"]) == ("s3", "done", chunks, None)
+
+    listed = bucket.list_objects_v2(Bucket="monologue-sink", Prefix=f"live/{session['id']}/")["Contents"]
+    names = sorted(item["Key"].rsplit("/", 1)[1] for item in listed)
+    assert names == sorted(["init.mp4", "stream.m3u8", "final.mp4", *(f"seg-{i:06d}.m4s" for i in range(chunks))])
+    playlist = httpx.get(status["playback"], timeout=10)
+    assert playlist.status_code == 200 and playlist.text.rstrip().endswith("#EXT-X-ENDLIST")
+    segment_urls = [line for line in playlist.text.splitlines() if line.startswith("http")]
+    assert len(segment_urls) == chunks
+    # In timeline order, byte for byte the segments the session stored (N0 I0 N1 I1 ...).
+    stored = [
+        bucket.get_object(Bucket="monologue-prod", Key=f"tenant-a/sessions/{session['id']}/out/{name}")["Body"].read()
+        for name in _timeline_names(session["progress"]["frames_total"])
+    ]
+    assert [httpx.get(u, timeout=10).content for u in segment_urls] == stored
+    final = bucket.get_object(Bucket="monologue-sink", Key=f"live/{session['id']}/final.mp4")["Body"].read()
+    assert final == httpx.get(session["links"]["video"], timeout=30).content
+
+
+def _timeline_names(frames: int) -> list[str]:
+    return [f"seg-{s.kind}{s.index:05d}.m4s" for s in plan_timeline(frames, n_frames=40, i_frames=4)]
 
 
 def _hashes(manifest: str) -> list[str]:

@@ -20,6 +20,7 @@ as new with its cursor, so the history stays bounded however long the session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeout
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -41,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 Result = TypeVar("Result")
+SINK_DRAIN_S = 120  # a cancelled or failed session lets its sinks deliver what was published for this long
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
 NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
 TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
@@ -119,6 +122,7 @@ class RenderWorkflow:
             self._release()
             self._set_status("cancelled")
             await self._record("cancelled", None)
+            await self._wait_for_sinks(timeout_s=SINK_DRAIN_S)  # they send what was published, then stop
             raise
         except (ActivityError, ApplicationError) as err:
             message = _root_message(err)
@@ -126,6 +130,7 @@ class RenderWorkflow:
             self._release()
             self._set_status("failed")
             await self._record("failed", message)
+            await self._wait_for_sinks(timeout_s=SINK_DRAIN_S)
             raise ApplicationError(f"session {request.session_id} failed: {message}", non_retryable=True) from err
 
     async def _render(self, request: c.RenderInput) -> c.RenderResult:
@@ -134,6 +139,7 @@ class RenderWorkflow:
             prepared = await _shared(c.PREPARE, c.PrepareInput(session_id=session_id, options=options), c.PrepareResult)
             self._frames = prepared.frames
         self._plan_chunks()
+        self._start_sinks()
         plan, timeline = self._plan, self._timeline
         cursor = request.cursor
         generated = {spec.name for spec in plan[:cursor]}
@@ -155,6 +161,7 @@ class RenderWorkflow:
             if renew and not inflight:
                 if self._publishing is not None:
                     await self._publishing
+                await self._stop_sinks()
                 self._release()
                 workflow.continue_as_new(
                     c.RenderInput(
@@ -222,6 +229,7 @@ class RenderWorkflow:
             except NodeLost:
                 self._lose_node()
         self._release()
+        await self._wait_for_sinks()
         self._set_status("completed")
         return c.RenderResult(session_id=session_id, video_key=final.video_key, frames=self._frames, chunks=len(plan))
 
@@ -299,6 +307,52 @@ class RenderWorkflow:
                 self._audio_ready[spec.name] = ready
         while len(self._audio_marks) > 1:
             self._audio_marks.popleft()
+
+    # --- sinks: one pump activity per sink, fed from storage; never in the way of generation ---
+
+    def _start_sinks(self) -> None:
+        self._sinks: list[workflow.ActivityHandle[c.RunSinkResult]] = []
+        for spec in self._request.options.sinks:
+            self._sinks.append(
+                workflow.start_activity(
+                    c.RUN_SINK,
+                    c.RunSinkInput(session_id=self._request.session_id, options=self._request.options, sink=spec),
+                    result_type=c.RunSinkResult,
+                    task_queue=c.sink_task_queue(workflow.info().task_queue),
+                    start_to_close_timeout=timedelta(days=30),
+                    heartbeat_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(
+                        initial_interval=timedelta(seconds=1),
+                        maximum_interval=timedelta(seconds=30),
+                        maximum_attempts=c.SINK_ATTEMPTS,
+                    ),
+                    # Wait for a cancelled pump to hand over (close its connection) before starting the next.
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                )
+            )
+
+    async def _wait_for_sinks(self, timeout_s: float | None = None) -> None:
+        """Let the pumps deliver the rest of the stream. A sink that failed for good is recorded on the session
+        by its pump and does not fail the session: the video is in storage either way."""
+        pending = [handle for handle in self._sinks if not handle.done()]
+        if pending:
+            await workflow.wait(pending, timeout=timeout_s)
+        for handle in self._sinks:
+            if not handle.done():
+                handle.cancel()
+            elif handle.exception() is not None:
+                workflow.logger.warning(
+                    "sink failed", extra={"session_id": self._request.session_id, "error": str(handle.exception())}
+                )
+
+    async def _stop_sinks(self) -> None:
+        """Before continuing as new: stop the pumps (each records how far its sink got; the next run's resume)."""
+        for handle in self._sinks:
+            if not handle.done():
+                handle.cancel()
+        for handle in self._sinks:
+            with contextlib.suppress(ActivityError, asyncio.CancelledError):  # it recorded where it got to
+                await handle
 
     def _publish(self) -> None:
         """Extend the playlist to everything generated so far, one publish at a time and never waiting for

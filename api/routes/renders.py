@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
+from botocore.exceptions import ClientError
 from fastapi import APIRouter, File, Form, HTTPException, Query, Request, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
@@ -16,16 +17,27 @@ from pydantic import ValidationError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from gpu_worker.publish.s3_sink import presigned_playlist, s3_client
 from monologue import keys, repo
 from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
 from monologue.storage import LocalStore
 
 from ..deps import DbDep, ServicesDep
-from ..schemas import Latency, Progress, RenderLinks, RenderList, RenderOptionsBase, RenderOptionsCreate, RenderPublic
+from ..schemas import (
+    Latency,
+    Progress,
+    RenderLinks,
+    RenderList,
+    RenderOptionsBase,
+    RenderOptionsCreate,
+    RenderPublic,
+    SinkStatus,
+)
 from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
+PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic)
@@ -42,6 +54,10 @@ async def create_render(
     resolution: Annotated[str | None, Form()] = None,
     preview: Annotated[bool | None, Form()] = None,
     family: Annotated[str | None, Form()] = None,
+    sinks: Annotated[
+        str | None,
+        Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
+    ] = None,
 ) -> RenderPublic:
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
 
@@ -54,6 +70,7 @@ async def create_render(
         "resolution": resolution,
         "preview": preview,
         "family": family,
+        "sinks": parse_sinks(sinks),
     }
     try:
         options = RenderOptionsCreate.model_validate(
@@ -208,6 +225,42 @@ def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep
     return Response(data, media_type=media_type, headers={"Cache-Control": cache})
 
 
+def parse_sinks(text: str | None) -> list[Any] | None:
+    """The `sinks` form field: a JSON list (validated with the other options)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise HTTPException(422, f"sinks: not valid JSON ({err.msg} at character {err.pos})") from None
+    if not isinstance(value, list):
+        raise HTTPException(422, 'sinks: expected a JSON list, e.g. [{"type": "s3", "bucket": "videos"}]')
+    return value
+
+
+@router.get(
+    "/{session_id}/sinks/{sink}/stream.m3u8",
+    response_class=Response,
+    responses={200: {"content": {"application/vnd.apple.mpegurl": {}}}, 404: {}},
+)
+def get_sink_playlist(session_id: str, sink: str, services: ServicesDep, db: DbDep) -> Response:
+    """An S3 sink's HLS playlist with every segment link presigned, so it plays from a private bucket."""
+    row = _find(db, session_id)
+    spec = next((s for s in row.options.get("sinks") or [] if (s.get("name") or s["type"]) == sink), None)
+    if spec is None or spec["type"] != "s3":
+        raise HTTPException(404, f"render {session_id} has no s3 sink named {sink!r}")
+    client = s3_client(endpoint_url=spec.get("endpoint_url"), region=spec.get("region"))
+    base_key = f"{spec['prefix'].strip('/')}/{session_id}/" if spec.get("prefix", "").strip("/") else f"{session_id}/"
+    try:
+        text = client.get_object(Bucket=spec["bucket"], Key=base_key + "stream.m3u8")["Body"].read().decode()
+    except ClientError as err:
+        raise HTTPException(404, f"the {sink} sink has no playlist yet ({err.response['Error'].get('Code')})") from None
+    signed = presigned_playlist(
+        client, bucket=spec["bucket"], base_key=base_key, playlist_text=text, expires_s=PRESIGN_EXPIRES_S
+    )
+    return Response(signed, media_type="application/vnd.apple.mpegurl", headers={"Cache-Control": "no-cache"})
+
+
 def _find(db: DbDep, session_id: str) -> SessionRow:
     row = repo.get_session(db, session_id=session_id)
     if row is None:
@@ -234,6 +287,17 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
         node_id=row.node_id,
         ttff_ms=row.ttff_ms,
         latency=Latency.model_validate(row.latency) if row.latency else None,
+        sinks=[
+            SinkStatus(
+                name=sink.name,
+                type=sink.kind,
+                status=sink.status,
+                acknowledged=sink.acknowledged,
+                error=sink.error,
+                playback=f"{base}/v1/renders/{row.id}/sinks/{sink.name}/stream.m3u8" if sink.kind == "s3" else None,
+            )
+            for sink in repo.list_sinks(db, session_id=row.id)
+        ],
         error=row.error,
         progress=Progress(
             chunks_done=repo.chunks_done(db, session_id=row.id),

@@ -39,7 +39,7 @@ from monologue.plan import AUDIO_RATE, IncrementalPlanner, live_frames
 from ..deps import DbDep, Services, ServicesDep
 from ..schemas import RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, start_live, validate_portrait
-from .renders import _describe, _find, _public, _read_limited
+from .renders import _describe, _find, _public, _read_limited, parse_sinks
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"])
 log = structlog.get_logger("api.sessions")
@@ -63,6 +63,10 @@ async def create_session(
     resolution: Annotated[str | None, Form()] = None,
     preview: Annotated[bool | None, Form()] = None,
     family: Annotated[str | None, Form()] = None,
+    sinks: Annotated[
+        str | None,
+        Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
+    ] = None,
 ) -> RenderPublic:
     """Start a live session; stream its audio to `links.audio` and watch `links.stream`.
 
@@ -76,6 +80,7 @@ async def create_session(
         "resolution": resolution,
         "preview": preview,
         "family": family,
+        "sinks": parse_sinks(sinks),
     }
     try:
         options = RenderOptionsCreate.model_validate(

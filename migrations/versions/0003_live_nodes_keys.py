@@ -18,12 +18,21 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("sessions") as batch:
-        batch.add_column(sa.Column("sinks", sa.JSON(), nullable=True))  # per sink: status, sent, error
         batch.add_column(sa.Column("audio_samples", sa.Integer(), nullable=True))  # live: received so far
         batch.add_column(sa.Column("latency", sa.JSON(), nullable=True))  # live: audio in → segment out
     with op.batch_alter_table("chunks") as batch:
         batch.add_column(sa.Column("audio_ready_at", sa.DateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("published_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_table(
+        "sinks",
+        sa.Column("session_id", sa.String(64), sa.ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),  # starting | streaming | done | retrying | failed
+        sa.Column("acknowledged", sa.Integer(), nullable=False),  # leading segments the far side holds
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
     op.create_table(
         "nodes",
         sa.Column("id", sa.String(128), primary_key=True),
@@ -49,10 +58,10 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("api_keys")
     op.drop_table("nodes")
+    op.drop_table("sinks")
     with op.batch_alter_table("chunks") as batch:
         batch.drop_column("published_at")
         batch.drop_column("audio_ready_at")
     with op.batch_alter_table("sessions") as batch:
         batch.drop_column("latency")
         batch.drop_column("audio_samples")
-        batch.drop_column("sinks")

@@ -1,0 +1,193 @@
+"""Sink pumps: one long-running activity per session and sink (S3, Kinesis Video Streams) that feeds the
+sink every segment of the session's stream, in timeline order, from what is stored.
+
+The session's own HLS playlist in storage is the pump's source of truth: it lists exactly the segments
+that are published, in timeline order, and gets its ENDLIST when the session ends. So a pump needs no
+signals and never touches generation: a slow or failing sink delays only itself. It heartbeats the
+number of segments the sink has acknowledged and records it in the `sinks` table; a retried or resumed
+pump (after a crash, a sink error, or the workflow continuing as new) starts from there, re-reading the
+segments from storage, so nothing is lost and, for sinks that acknowledge durably, nothing repeats.
+
+Pumps run on their own queue (`<shared>-sinks`), so sessions that stream for hours never take the
+shared queue's slots.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import sessionmaker
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, CancelledError
+
+from activities.errors import activity_context
+from gpu_worker.publish.sinks import Sink, SinkError
+from monologue import contracts as c
+from monologue import keys, repo
+from monologue.errors import NotFound
+from monologue.storage import ObjectStore
+
+POLL_S = 0.2
+_EXTINF = re.compile(r"^#EXTINF:([0-9.]+),")
+
+SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions], Sink]
+
+
+def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions) -> Sink:
+    """The sink a spec describes (imports its client library only when used)."""
+    longest = max(options.chunk_frames, options.i_frames) / options.fps
+    if spec.type == "s3":
+        from gpu_worker.publish.s3_sink import S3Sink
+
+        return S3Sink(
+            session_id=session_id,
+            bucket=spec.bucket,
+            prefix=spec.prefix,
+            endpoint_url=spec.endpoint_url,
+            region=spec.region,
+            target_duration=longest,
+            name=spec.label,
+        )
+    if spec.type == "kvs":
+        from gpu_worker.publish.kvs import KinesisVideoSink
+
+        sink: Sink = KinesisVideoSink(
+            spec.stream_name, region=spec.region or "us-east-1", endpoint_url=spec.endpoint_url
+        )
+        sink.name = spec.label
+        return sink
+    raise ApplicationError(f"unknown sink type {spec.type!r}", non_retryable=True)
+
+
+@dataclass
+class StoredStream:
+    """The session's published stream as its stored playlist says: segment names and durations, in order."""
+
+    names: list[str]
+    durations: list[float]
+    ended: bool
+
+
+def read_stream(store: ObjectStore, session_id: str) -> StoredStream:
+    try:
+        text = store.get(keys.playlist(session_id)).decode()
+    except NotFound:
+        return StoredStream([], [], False)
+    names, durations, pending = [], [], None
+    for line in text.splitlines():
+        match = _EXTINF.match(line)
+        if match:
+            pending = float(match.group(1))
+        elif line and not line.startswith("#") and pending is not None:
+            names.append(line)
+            durations.append(pending)
+            pending = None
+    return StoredStream(names, durations, "#EXT-X-ENDLIST" in text)
+
+
+class SinkActivities:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        sessions: sessionmaker[Any],
+        factory: SinkFactory = build_sink,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self._store = store
+        self._sessions = sessions
+        self._factory = factory
+        self._poll_s = poll_s
+
+    @activity.defn(name=c.RUN_SINK)
+    def run_sink(self, request: c.RunSinkInput) -> c.RunSinkResult:
+        """Feed the sink until the stream ends (or the workflow cancels the pump to continue as new)."""
+        spec, sid = request.sink, request.session_id
+        with activity_context(session_id=sid, sink=spec.label) as log:
+            start = self._resume_point(sid, spec)
+            sink = self._factory(spec, sid, request.options)
+            index = start
+            try:
+                sink.start(self._wait_for(keys.init_segment(sid)), start)
+                self._record(sid, spec, "streaming", sink.acknowledged())
+                shown: tuple[int, bool] | None = None
+                while True:
+                    stream = read_stream(self._store, sid)
+                    while index < len(stream.names):
+                        sink.put(index, self._store.get(keys.output(sid, stream.names[index])))
+                        index += 1
+                        activity.heartbeat(sink.acknowledged())
+                    if (index, stream.ended) != shown:
+                        sink.playlist(stream.durations[:index], ended=stream.ended)
+                        self._record(sid, spec, "streaming", sink.acknowledged())
+                        shown = (index, stream.ended)
+                    if stream.ended and index == len(stream.names):
+                        break
+                    activity.heartbeat(sink.acknowledged())
+                    time.sleep(self._poll_s)
+                self._put_final(sid, sink)
+                sink.finish(ended=True)
+                acknowledged = sink.acknowledged()
+                self._record(sid, spec, "done", acknowledged)
+                log.info("sink done", segments=acknowledged)
+                return c.RunSinkResult(acknowledged=acknowledged)
+            except CancelledError:
+                # The workflow continues as new (or stopped): hand over cleanly; the next pump resumes here.
+                try:
+                    sink.finish(ended=False)
+                except SinkError as err:
+                    log.warning("sink finish on cancel failed", error=str(err))
+                self._record(sid, spec, "streaming", sink.acknowledged())
+                raise
+            except SinkError as err:
+                attempt = activity.info().attempt
+                status = "failed" if attempt >= c.SINK_ATTEMPTS else "retrying"
+                self._record(sid, spec, status, sink.acknowledged(), error=f"attempt {attempt}: {err}")
+                log.warning("sink failed; the pump retries from what is stored", error=str(err))
+                raise ApplicationError(str(err), type="SinkError") from err
+            finally:
+                sink.close()
+
+    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> int:
+        """Segments the sink already holds: from this attempt's last heartbeat, or the last pump's record."""
+        details = activity.info().heartbeat_details
+        from_heartbeat = int(details[0]) if details else 0
+        with self._sessions() as db:
+            row = repo.get_sink(db, session_id=session_id, name=spec.label)
+        return max(from_heartbeat, row.acknowledged if row is not None else 0)
+
+    def _wait_for(self, key: str) -> bytes:
+        while True:
+            try:
+                return self._store.get(key)
+            except NotFound:
+                activity.heartbeat(0)
+                time.sleep(self._poll_s)
+
+    def _put_final(self, session_id: str, sink: Sink) -> None:
+        if not self._store.exists(keys.final_video(session_id)):
+            return  # cancelled or failed: no final video
+        with tempfile.TemporaryDirectory(prefix="monologue-sink-") as scratch:
+            path = Path(scratch) / "final.mp4"
+            self._store.get_file(keys.final_video(session_id), path)
+            sink.put_final(path)
+
+    def _record(
+        self, session_id: str, spec: c.SinkSpec, status: str, acknowledged: int, error: str | None = None
+    ) -> None:
+        with self._sessions() as db:
+            repo.record_sink(
+                db,
+                session_id=session_id,
+                name=spec.label,
+                kind=spec.type,
+                status=status,
+                acknowledged=acknowledged,
+                error=error,
+            )
