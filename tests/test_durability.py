@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+from websockets.sync.client import connect
 
+from monologue.live_client import start_session, stream_live
 from monologue.plan import plan_chunks, timeline_order
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
+from tests.conftest import SAMPLES
 from tests.helpers import submit, wait_done
 
 pytestmark = pytest.mark.slow
@@ -33,7 +38,7 @@ def durable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         api=ApiSettings(port=free_port()),
         node=NodeSettings(id=NODES[0], lease_timeout_s=3.0, chunk_delay_s=0.4, graceful_shutdown_s=10.0),
         # Continue-as-new every two chunks, so every test here also crosses workflow runs.
-        render=RenderDefaults(continue_as_new_every=2),
+        render=RenderDefaults(continue_as_new_every=2, live_idle_timeout_s=3.0),
     )
     stack = Stack(settings)
     stack.start()
@@ -275,3 +280,52 @@ def test_a_failed_render_resumes_from_its_last_checkpoint(
     assert render["status"] == "completed", render["error"]
     assert render["progress"]["chunks_done"] > done_before
     assert _hashes(durable_stack, session_id) == baseline["hashes"]
+
+
+def test_a_live_session_survives_its_node_being_killed_with_identical_frames(
+    durable_stack: Stack, baseline: dict[str, Any]
+) -> None:
+    """Speech streamed in real time; the node holding the session is SIGKILLed mid-stream; the other node
+    takes over from the checkpoint and the stored audio pieces, and the frames match the render's."""
+    url = str(durable_stack.settings.api.public_url)
+    reports: list[Any] = []
+    streamer = threading.Thread(
+        target=lambda: reports.append(stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav"))
+    )
+    streamer.start()
+    session_id = _wait_for_live_session(url)
+    running = _wait_for(url, session_id, lambda r: r["node_id"] and r["progress"]["chunks_done"] >= 2)
+    victim = running["node_id"]
+    _node_process(durable_stack, victim).send_signal(signal.SIGKILL)
+    try:
+        streamer.join(timeout=180)
+    finally:
+        durable_stack.start_node(victim)
+    (report,) = reports
+    session = report.session
+    assert session["status"] == "completed", session["error"]
+    assert session["node_id"] != victim and not report.errors
+    assert _hashes(durable_stack, session_id) == baseline["hashes"]
+
+
+def test_a_live_session_with_no_audio_for_the_idle_timeout_ends_with_what_it_has(durable_stack: Stack) -> None:
+    url = str(durable_stack.settings.api.public_url)
+    session = start_session(url, SAMPLES / "portrait.jpg")
+    pcm = np.zeros(16_000, dtype="<i2")  # one second, then silence on the wire
+    with connect(session["links"]["audio"]) as socket:
+        socket.send(pcm.tobytes())
+        messages = [json.loads(m) for m in socket]  # the server ends the stream after 3 s without audio
+    assert messages[-1]["type"] == "ended" and "no audio for 3 s" in messages[-1]["message"]
+    render = wait_done(url, session["id"], timeout_s=60)
+    assert render["status"] == "completed" and render["progress"]["frames_total"] == 25
+
+
+def _wait_for_live_session(url: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        items = httpx.get(f"{url}/v1/renders", timeout=10).json()["items"]
+        live = [item for item in items if item["kind"] == "live" and item["status"] not in ("completed", "failed")]
+        if live:
+            return str(live[0]["id"])
+        time.sleep(0.05)
+    raise TimeoutError("no live session started")
