@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpu_worker.publish import playlist
 from monologue import contracts as c
 from monologue import keys
-from monologue.plan import IncrementalPlanner, plan_timeline, timeline_order
+from monologue.plan import IncrementalPlanner, chunk_sizes, plan_timeline, timeline_order
 from monologue.storage import ObjectStore
 
 
@@ -23,9 +23,9 @@ def write_playlist(
     `total_frames` is 0 for a live session whose audio has not ended: the chunks published so far are
     then the ones the incremental plan has emitted by `published_frames` (all full-size)."""
     if total_frames > 0:
-        timeline = plan_timeline(total_frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
+        timeline = plan_timeline(total_frames, **chunk_sizes(options))
     else:
-        planner = IncrementalPlanner(n_frames=options.chunk_frames, i_frames=options.i_frames)
+        planner = IncrementalPlanner(**chunk_sizes(options))
         timeline = timeline_order(list(planner.advance(published_frames, final=False)))
     entries = [
         (keys.segment_name(spec.kind, spec.index), spec.n_frames / options.fps)

@@ -14,7 +14,7 @@ from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import InputError
 from monologue.media import AUDIO_RATE, StoredWav, decode_png
-from monologue.plan import frame_count, plan_chunks
+from monologue.plan import chunk_sizes, frame_count, plan_chunks
 from monologue.storage import ObjectStore
 
 
@@ -34,7 +34,7 @@ class SessionActivities:
             frames = frame_count(samples, rate=AUDIO_RATE, fps=options.fps)
             if frames < 1:
                 raise InputError(f"audio: {samples} samples is shorter than one frame at {options.fps} fps")
-            chunks = len(plan_chunks(frames, n_frames=options.chunk_frames, i_frames=options.i_frames))
+            chunks = len(plan_chunks(frames, **chunk_sizes(options)))
             with self._sessions() as db:
                 repo.mark_running(db, session_id=request.session_id, frames=frames, chunks_total=chunks)
             log.info("prepared", frames=frames, chunks=chunks, audio_samples=samples)

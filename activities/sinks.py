@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +38,12 @@ from monologue.storage import ObjectStore
 POLL_S = 0.2
 _EXTINF = re.compile(r"^#EXTINF:([0-9.]+),")
 
-SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions], Sink]
+SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions, int], Sink]
 
 
-def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions) -> Sink:
-    """The sink a spec describes (imports its client library only when used)."""
+def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int) -> Sink:
+    """The sink a spec describes (imports its client library only when used). `origin_ms`: the session's
+    creation time (epoch ms), the producer timestamp of its first frame, the same for every pump."""
     longest = max(options.chunk_frames, options.i_frames) / options.fps
     if spec.type == "s3":
         from gpu_worker.publish.s3_sink import S3Sink
@@ -58,7 +61,10 @@ def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions) -> S
         from gpu_worker.publish.kvs import KinesisVideoSink
 
         sink: Sink = KinesisVideoSink(
-            spec.stream_name, region=spec.region or "us-east-1", endpoint_url=spec.endpoint_url
+            spec.stream_name,
+            region=spec.region or "us-east-1",
+            endpoint_url=spec.endpoint_url,
+            producer_start_ms=origin_ms,
         )
         sink.name = spec.label
         return sink
@@ -91,6 +97,29 @@ def read_stream(store: ObjectStore, session_id: str) -> StoredStream:
     return StoredStream(names, durations, "#EXT-X-ENDLIST" in text)
 
 
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)  # SQLite drops the zone
+
+
+def _heartbeating(step: Callable[[], None], sink: Sink) -> None:
+    """Run a blocking sink step (a flush can wait minutes for acknowledgements) while heartbeating."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            step()
+        except BaseException as err:  # handed to the activity thread below
+            failure.append(err)
+
+    worker = threading.Thread(target=run, name="sink-flush", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        activity.heartbeat(sink.acknowledged())
+        worker.join(timeout=1.0)
+    if failure:
+        raise failure[0]
+
+
 class SinkActivities:
     def __init__(
         self,
@@ -110,8 +139,8 @@ class SinkActivities:
         """Feed the sink until the stream ends (or the workflow cancels the pump to continue as new)."""
         spec, sid = request.sink, request.session_id
         with activity_context(session_id=sid, sink=spec.label) as log:
-            start = self._resume_point(sid, spec)
-            sink = self._factory(spec, sid, request.options)
+            start, origin_ms = self._resume_point(sid, spec)
+            sink = self._factory(spec, sid, request.options, origin_ms)
             index = start
             try:
                 sink.start(self._wait_for(keys.init_segment(sid)), start)
@@ -132,7 +161,7 @@ class SinkActivities:
                     activity.heartbeat(sink.acknowledged())
                     time.sleep(self._poll_s)
                 self._put_final(sid, sink)
-                sink.finish(ended=True)
+                _heartbeating(lambda: sink.finish(ended=True), sink)
                 acknowledged = sink.acknowledged()
                 self._record(sid, spec, "done", acknowledged)
                 log.info("sink done", segments=acknowledged)
@@ -140,7 +169,7 @@ class SinkActivities:
             except CancelledError:
                 # The workflow continues as new (or stopped): hand over cleanly; the next pump resumes here.
                 try:
-                    sink.finish(ended=False)
+                    _heartbeating(lambda: sink.finish(ended=False), sink)
                 except SinkError as err:
                     log.warning("sink finish on cancel failed", error=str(err))
                 self._record(sid, spec, "streaming", sink.acknowledged())
@@ -154,13 +183,17 @@ class SinkActivities:
             finally:
                 sink.close()
 
-    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> int:
-        """Segments the sink already holds: from this attempt's last heartbeat, or the last pump's record."""
+    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> tuple[int, int]:
+        """Segments the sink already holds (from this attempt's last heartbeat, or the last pump's record),
+        and the session's creation time in epoch ms (its streams' time origin)."""
         details = activity.info().heartbeat_details
         from_heartbeat = int(details[0]) if details else 0
         with self._sessions() as db:
             row = repo.get_sink(db, session_id=session_id, name=spec.label)
-        return max(from_heartbeat, row.acknowledged if row is not None else 0)
+            session = repo.get_session(db, session_id=session_id)
+            created = session.created_at if session is not None else None
+        origin_ms = int(_aware(created).timestamp() * 1000) if created is not None else 0
+        return max(from_heartbeat, row.acknowledged if row is not None else 0), origin_ms
 
     def _wait_for(self, key: str) -> bytes:
         while True:

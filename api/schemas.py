@@ -42,6 +42,9 @@ class RenderOptionsBase(BaseModel):
     fps: int = Field(ge=1, le=60, description="Frames per second of the output video.")
     chunk_frames: int = Field(ge=2, le=250, description="Frames per N chunk (about 1-2 s).")
     i_frames: int = Field(ge=0, le=32, description="Frames per I chunk, the seam between two N chunks (0: none).")
+    first_chunk_frames: int = Field(
+        default=0, ge=0, le=250, description="Frames in the first chunk (0: chunk_frames); fewer: faster first frame."
+    )
     seed: int = Field(ge=0, le=2**63 - 1, description="Seed: the same inputs and seed give the same frames.")
     resolution: Literal["source", "512", "720p", "1080p"] = Field(
         description="Output size: the portrait's own, 512x512, 1280x720 or 1920x1080 (portrait-shaped inputs"

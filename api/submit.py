@@ -20,7 +20,7 @@ from monologue import keys, repo
 from monologue.db import SessionRow
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
-from monologue.plan import AUDIO_RATE, live_frames, plan_chunks
+from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 
@@ -184,7 +184,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
     if frames:
         with services.sessions() as db:
             done = repo.generated_chunks(db, session_id=row.id)
-        for spec in plan_chunks(frames, n_frames=options.chunk_frames, i_frames=options.i_frames):
+        for spec in plan_chunks(frames, **chunk_sizes(options)):
             if (spec.kind, spec.index) not in done:
                 break
             cursor += 1

@@ -80,6 +80,7 @@ class RenderOptions:
 
     fps: int = 25
     chunk_frames: int = 40  # frames per N chunk
+    first_chunk_frames: int = 0  # frames in N0 (0: chunk_frames); shorter gives a faster first frame
     i_frames: int = 4  # frames per I chunk (the seam between two N chunks); 0: no interpolation
     seed: int = 0
     resolution: str = "source"  # "source", "512", "720p" or "1080p"

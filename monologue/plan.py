@@ -2,7 +2,8 @@
 
 Standard library only (workflow code runs it inside Temporal's sandbox).
 
-The timeline alternates N and I chunks, `N0 I0 N1 I1 N2 …`. N chunks carry the timeline; I chunk k
+The timeline alternates N and I chunks, `N0 I0 N1 I1 N2 …`. N chunks carry the timeline (N0 may be
+shorter than the rest, `first_frames`, so the first segment goes out sooner); I chunk k
 fills the seam between N(k) and N(k+1) and can only be generated once both exist, so the generation
 order is `N0 N1 I0 N2 I1 N3 I2 …`. Every frame belongs to exactly one chunk; the audio of frame f is
 samples [f*rate/fps, (f+1)*rate/fps).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -81,19 +83,30 @@ def _check_sizes(n_frames: int, i_frames: int) -> None:
         raise ValueError(f"i_frames must be 0 or more, got {i_frames}")
 
 
-def plan_timeline(total_frames: int, *, n_frames: int, i_frames: int) -> list[ChunkSpec]:
+def chunk_sizes(options: Any) -> dict[str, int]:
+    """The plan's keyword arguments from a session's options (RenderOptions or the API's model)."""
+    first = getattr(options, "first_chunk_frames", 0) or options.chunk_frames
+    return {"n_frames": options.chunk_frames, "i_frames": options.i_frames, "first_frames": first}
+
+
+def plan_timeline(
+    total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None
+) -> list[ChunkSpec]:
     """All chunks in timeline order for a video of `total_frames` frames."""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames)
+    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames)
     return sorted(planner.advance(total_frames, final=True), key=lambda spec: spec.first_frame)
 
 
-def plan_chunks(total_frames: int, *, n_frames: int, i_frames: int = 0) -> list[ChunkSpec]:
+def plan_chunks(
+    total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None
+) -> list[ChunkSpec]:
     """All chunks in generation order: N0 N1 I0 N2 I1 …"""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    return list(IncrementalPlanner(n_frames=n_frames, i_frames=i_frames).advance(total_frames, final=True))
+    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames)
+    return list(planner.advance(total_frames, final=True))
 
 
 def timeline_order(chunks: list[ChunkSpec]) -> list[ChunkSpec]:
@@ -108,8 +121,13 @@ class IncrementalPlanner:
     neighbours). The planner's state is two integers, so a workflow can carry it across continue-as-new.
     """
 
-    def __init__(self, *, n_frames: int, i_frames: int, next_frame: int = 0, next_index: int = 0) -> None:
+    def __init__(
+        self, *, n_frames: int, i_frames: int, first_frames: int | None = None, next_frame: int = 0, next_index: int = 0
+    ) -> None:
         _check_sizes(n_frames, i_frames)
+        self.first_frames = first_frames or n_frames  # N0 may be shorter: a faster first frame
+        if self.first_frames < 1:
+            raise ValueError(f"the first chunk needs at least one frame, got first_frames={first_frames}")
         self.n_frames = n_frames
         self.i_frames = i_frames
         self.next_frame = next_frame  # first frame not yet in any chunk
@@ -123,8 +141,8 @@ class IncrementalPlanner:
         while not self.finished:
             remaining = available - self.next_frame
             if self.next_index == 0:
-                size = min(self.n_frames, remaining)
-                if size < 1 or (size < self.n_frames and not final):
+                size = min(self.first_frames, remaining)
+                if size < 1 or (size < self.first_frames and not final):
                     return
                 yield from self._emit_n(size, final, available)
                 continue

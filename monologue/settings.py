@@ -70,11 +70,15 @@ class RenderDefaults(BaseModel):
     fps: int = Field(default=25, ge=1, le=60)
     chunk_frames: int = Field(default=40, ge=2, le=250, description="frames per N chunk (1.6 s at 25 fps)")
     i_frames: int = Field(default=4, ge=0, le=32, description="frames per I chunk (the seam); 0: none")
+    first_chunk_frames: int = Field(default=0, ge=0, le=250, description="frames in the first chunk (0: chunk_frames)")
     seed: int = 0
     resolution: Literal["source", "512", "720p", "1080p"] = "source"
     preview: bool = False
     family: Literal["warp"] = "warp"
     continue_as_new_every: int = Field(default=500, ge=1, description="chunks per workflow run (bounded history)")
+    live_first_chunk_frames: int = Field(
+        default=16, ge=0, le=250, description="live sessions: frames in the first chunk (time to first frame)"
+    )
     live_idle_timeout_s: float = Field(
         default=30.0, gt=0, description="live sessions: no audio for this long ends the session"
     )

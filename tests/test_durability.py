@@ -290,7 +290,9 @@ def test_a_live_session_survives_its_node_being_killed_with_identical_frames(
     url = str(durable_stack.settings.api.public_url)
     reports: list[Any] = []
     streamer = threading.Thread(
-        target=lambda: reports.append(stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav"))
+        target=lambda: reports.append(
+            stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"first_chunk_frames": 40})
+        )
     )
     streamer.start()
     session_id = _wait_for_live_session(url)

@@ -56,8 +56,9 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     latency = session["latency"]
     assert latency["chunks"] == session["progress"]["chunks_total"]
     assert 0 < latency["p50_ms"] <= latency["p95_ms"] <= latency["max_ms"]
-    chunk_ms = 1000 * session["options"]["chunk_frames"] / session["options"]["fps"]
-    assert session["ttff_ms"] >= chunk_ms  # the first chunk needs its own audio first
+    first_ms = 1000 * session["options"]["first_chunk_frames"] / session["options"]["fps"]
+    assert session["options"]["first_chunk_frames"] == 16  # live sessions start with a short chunk (a setting)
+    assert session["ttff_ms"] >= first_ms  # the first chunk needs its own audio first
     video = httpx.get(session["links"]["video"], timeout=30)
     frames, video_seconds, audio_seconds = decode_video(video.content)
     assert len(frames) == session["progress"]["frames_total"]
@@ -66,7 +67,7 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     assert playlist.rstrip().endswith("#EXT-X-ENDLIST")
 
     # The same audio as a render: the incremental plan and the stored pieces give the very same frames.
-    render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech).json()["id"])
+    render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech, first_chunk_frames=16).json()["id"])
     assert render["status"] == "completed", render["error"]
     assert _frame_hashes(stack, session["id"]) == _frame_hashes(stack, render["id"])
 

@@ -16,6 +16,7 @@ from monologue.settings import ApiSettings, NodeSettings, Settings, StorageSetti
 from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
 from tests.helpers import decode_video, postgres_database, submit, wait_done
+from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
 pytestmark = pytest.mark.slow
@@ -82,18 +83,39 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     url = str(production_stack.settings.api.public_url)
     bucket = s3_server.client()
     bucket.create_bucket(Bucket="monologue-sink")
-    sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "live", "endpoint_url": s3_server.endpoint_url}
-    report = stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"sinks": json.dumps([sink])})
-    session = report.session
-    assert session["status"] == "completed", session["error"]
-    # The sink finishes on its own schedule (its pump follows the stored playlist): wait for it.
-    deadline = time.monotonic() + 30
-    while session["sinks"][0]["status"] != "done" and time.monotonic() < deadline:
-        time.sleep(0.2)
-        session = httpx.get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
-    (status,) = session["sinks"]
+    s3_sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "live", "endpoint_url": s3_server.endpoint_url}
+    # Kinesis Video Streams: the local PutMedia server, signed with the same credentials the nodes have; it
+    # answers fragment 2 with a retryable error and drops the connection after fragment 4.
+    kvs = KvsServer(
+        stream_name="avatar",
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        region=s3_server.region,
+        error_at={2: 5000},
+        drop_at={4},
+    )
+    kvs_sink = {"type": "kvs", "stream_name": "avatar", "endpoint_url": kvs.url, "region": s3_server.region}
+    with kvs:
+        report = stream_live(
+            url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"sinks": json.dumps([s3_sink, kvs_sink])}
+        )
+        session = report.session
+        assert session["status"] == "completed", session["error"]
+        # The sinks finish on their own schedule (each pump follows the stored playlist): wait for them.
+        deadline = time.monotonic() + 60
+        while {s["status"] for s in session["sinks"]} != {"done"} and time.monotonic() < deadline:
+            time.sleep(0.2)
+            session = httpx.get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
     chunks = session["progress"]["chunks_total"]
+    kvs_status, status = session["sinks"]
     assert (status["name"], status["status"], status["acknowledged"], status["error"]) == ("s3", "done", chunks, None)
+    assert (kvs_status["name"], kvs_status["status"], kvs_status["acknowledged"]) == ("kvs", "done", chunks)
+    # Every fragment persisted exactly once, in order, each opening with a video key frame.
+    timeline = plan_timeline(session["progress"]["frames_total"], n_frames=40, i_frames=4, first_frames=16)
+    persisted = [fragment.timecode - kvs.persisted[0].timecode for fragment in kvs.persisted]
+    assert persisted == [spec.first_frame * 1000 // 25 for spec in timeline]
+    assert all(fragment.starts_with_video_keyframe for fragment in kvs.persisted)
+    assert len(kvs.connections) >= 3  # the injected error and the dropped connection forced reconnects
 
     listed = bucket.list_objects_v2(Bucket="monologue-sink", Prefix=f"live/{session['id']}/")["Contents"]
     names = sorted(item["Key"].rsplit("/", 1)[1] for item in listed)
@@ -113,7 +135,7 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
 
 
 def _timeline_names(frames: int) -> list[str]:
-    return [f"seg-{s.kind}{s.index:05d}.m4s" for s in plan_timeline(frames, n_frames=40, i_frames=4)]
+    return [f"seg-{s.kind}{s.index:05d}.m4s" for s in plan_timeline(frames, n_frames=40, i_frames=4, first_frames=16)]
 
 
 def _hashes(manifest: str) -> list[str]:

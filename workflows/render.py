@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         AUDIO_RATE,
         ChunkSpec,
         IncrementalPlanner,
+        chunk_sizes,
         live_frames,
         live_samples_needed,
         timeline_order,
@@ -239,7 +240,7 @@ class RenderWorkflow:
         request = self._request
         self._plan: list[ChunkSpec] = []
         self._timeline: list[ChunkSpec] = []
-        self._planner = IncrementalPlanner(n_frames=request.options.chunk_frames, i_frames=request.options.i_frames)
+        self._planner = IncrementalPlanner(**chunk_sizes(request.options))
         if request.live:
             self._samples = max(self._samples, request.audio_samples)  # a signal may have come in first
             self._ended = self._ended or request.audio_ended

@@ -34,7 +34,7 @@ from monologue import contracts as c
 from monologue import repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter
-from monologue.plan import AUDIO_RATE, IncrementalPlanner, live_frames
+from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 
 from ..deps import DbDep, Services, ServicesDep
 from ..schemas import RenderOptionsCreate, RenderPublic
@@ -59,6 +59,7 @@ async def create_session(
     fps: Annotated[int | None, Form()] = None,
     chunk_frames: Annotated[int | None, Form()] = None,
     i_frames: Annotated[int | None, Form()] = None,
+    first_chunk_frames: Annotated[int | None, Form()] = None,
     seed: Annotated[int | None, Form()] = None,
     resolution: Annotated[str | None, Form()] = None,
     preview: Annotated[bool | None, Form()] = None,
@@ -76,6 +77,10 @@ async def create_session(
         "fps": fps,
         "chunk_frames": chunk_frames,
         "i_frames": i_frames,
+        # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
+        "first_chunk_frames": services.settings.render.live_first_chunk_frames
+        if first_chunk_frames is None
+        else first_chunk_frames,
         "seed": seed,
         "resolution": resolution,
         "preview": preview,
@@ -121,7 +126,7 @@ class AudioStream:
         self._services = services
         self._session_id = session_id
         self._writer = LiveAudioWriter(services.store, session_id)
-        self._planner = IncrementalPlanner(n_frames=options.chunk_frames, i_frames=options.i_frames)
+        self._planner = IncrementalPlanner(**chunk_sizes(options))
         self._fps = options.fps
         self._marks: list[list[float]] = []
         self._signalled = 0

@@ -66,10 +66,18 @@ def test_audio_ranges_are_contiguous_and_non_overlapping(total: int, n: int, i: 
     assert ranges[-1][1] == total * 16_000 // fps
 
 
-@given(total=totals, n=n_sizes, i=i_sizes, steps=st.lists(st.integers(0, 400), max_size=30))
-def test_incremental_plan_equals_the_finite_plan(total: int, n: int, i: int, steps: list[int]) -> None:
+@given(
+    total=totals,
+    n=n_sizes,
+    i=i_sizes,
+    first=st.none() | st.integers(1, 120),
+    steps=st.lists(st.integers(0, 400), max_size=30),
+)
+def test_incremental_plan_equals_the_finite_plan(
+    total: int, n: int, i: int, first: int | None, steps: list[int]
+) -> None:
     """Audio arriving in pieces of any size gives the same chunks, each as soon as its frames exist."""
-    planner = IncrementalPlanner(n_frames=n, i_frames=i)
+    planner = IncrementalPlanner(n_frames=n, i_frames=i, first_frames=first)
     emitted, available = [], 0
     for step in steps:
         available = min(total, available + step)
@@ -77,7 +85,15 @@ def test_incremental_plan_equals_the_finite_plan(total: int, n: int, i: int, ste
             assert spec.end_frame <= available
             emitted.append(spec)
     emitted.extend(planner.advance(total, final=True))
-    assert emitted == plan_chunks(total, n_frames=n, i_frames=i)
+    assert emitted == plan_chunks(total, n_frames=n, i_frames=i, first_frames=first)
+
+
+@given(total=totals, n=n_sizes, i=i_sizes, first=st.integers(1, 120))
+def test_a_shorter_first_chunk_still_covers_every_frame_once(total: int, n: int, i: int, first: int) -> None:
+    timeline = plan_timeline(total, n_frames=n, i_frames=i, first_frames=first)
+    assert [f for s in timeline for f in range(s.first_frame, s.end_frame)] == list(range(total))
+    assert timeline[0].n_frames == min(first, total)
+    assert all(s.n_frames == n for s in timeline[1:-1] if s.kind == "N")
 
 
 def test_plan_rejects_bad_sizes_with_the_value() -> None:
