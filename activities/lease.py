@@ -25,6 +25,13 @@ class NodeLease:
         self._client = client
         self._node_id = node_id
         self.draining = asyncio.Event()
+        # The sessions whose leases run here now, for the node registry. A list, not a set: across a
+        # continue-as-new the same session can briefly hold two leases.
+        self._held: list[str] = []
+
+    def held_sessions(self) -> list[str]:
+        """Ids of the sessions holding a slot of this node now."""
+        return sorted(set(self._held))
 
     @activity.defn(name=c.HOLD_NODE)
     async def hold_node(self, request: c.HoldNodeInput) -> None:
@@ -37,6 +44,7 @@ class NodeLease:
         handle = self._client.get_workflow_handle(request.workflow_id)
         await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self._node_id))
         log.info("node acquired")
+        self._held.append(request.session_id)
         try:
             while not self.draining.is_set():
                 activity.heartbeat()
@@ -45,5 +53,7 @@ class NodeLease:
         except asyncio.CancelledError:
             log.info("node released")
             raise
+        finally:
+            self._held.remove(request.session_id)
         log.info("node draining: handing the session back")
         raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)

@@ -38,7 +38,7 @@ from monologue import keys, repo
 from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
 from monologue.media import StoredWav, decode_png
-from monologue.plan import plan_timeline
+from monologue.plan import chunk_sizes, plan_timeline
 from monologue.storage import ObjectStore
 
 CACHED_SESSIONS = 4
@@ -169,7 +169,7 @@ class NodeActivities:
         """The final MP4 is the init segment plus every fragment in timeline order: no re-encoding."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
             sid, options = request.session_id, request.options
-            timeline = plan_timeline(request.frames, n_frames=options.chunk_frames, i_frames=options.i_frames)
+            timeline = plan_timeline(request.frames, **chunk_sizes(options))
             manifest: list[str] = []
             for spec in timeline:
                 hashes = json.loads(self._store.get(keys.frame_hashes(sid, spec.kind, spec.index)))

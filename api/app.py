@@ -16,7 +16,7 @@ from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
 from .deps import Services
-from .routes import renders
+from .routes import ops, renders, sessions
 
 log = structlog.get_logger("api")
 
@@ -42,6 +42,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Turn a portrait and speech into a talking-avatar video.",
     )
     app.include_router(renders.router)
+    app.include_router(sessions.router)
+    app.include_router(ops.router)
 
     @app.middleware("http")
     async def bind_request(request: Request, call_next):  # type: ignore[no-untyped-def]

@@ -36,3 +36,11 @@ def get_db(services: ServicesDep) -> Iterator[Session]:
 
 
 DbDep = Annotated[Session, Depends(get_db)]
+
+
+def ops_access() -> None:
+    """Who may use the operator's UI (`/ops`). Open for now: API keys and tenant scoping replace this body."""
+    return None
+
+
+OpsAccess = Annotated[None, Depends(ops_access)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -34,8 +35,16 @@ SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the ne
 log = structlog.get_logger("node")
 
 
-async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
-    """Run the node's workers until `stop` is set or the process gets SIGTERM/SIGINT."""
+async def run_node(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    node_activities: Callable[..., NodeActivities] = NodeActivities,
+) -> None:
+    """Run the node's workers until `stop` is set or the process gets SIGTERM/SIGINT.
+
+    `node_activities` builds the pinned activities: a multi-GPU node passes one whose pipelines run on
+    every rank (gpu_worker/distributed/launch.py)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -48,7 +57,7 @@ async def run_node(settings: Settings, *, stop: asyncio.Event | None = None) -> 
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
     shared = SessionActivities(store=store, sessions=sessions)
     sinks = SinkActivities(store=store, sessions=sessions)
-    pinned = NodeActivities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
+    pinned = node_activities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
     lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity
     reporter = NodeReporter(

@@ -1,0 +1,102 @@
+"""What the ops UI's JSON endpoints (`/ops/api/…`) return. Read-only views: nothing here is accepted
+as input, so there is no Create variant."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class OpsProgress(BaseModel):
+    chunks_done: int
+    chunks_total: int | None
+    frames_done: int
+    frames_total: int | None
+
+
+class OpsSession(BaseModel):
+    id: str
+    status: str = Field(description="queued, running, completed, failed or cancelled")
+    kind: str = Field(description="render or live")
+    tenant: str
+    node_id: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    age_s: float = Field(description="Seconds since the session was submitted.")
+    progress: OpsProgress
+    realtime_factor: float | None = Field(
+        description="Seconds of video made per second of wall time since the render started (>1: faster than real"
+        " time); until it ended, for an ended session."
+    )
+    ttff_ms: float | None = Field(description="Submit to first chunk encoded, in milliseconds.")
+    audio_seconds: float | None
+    error: str | None
+
+
+class OpsSessionPage(BaseModel):
+    items: list[OpsSession]
+    total: int = Field(description="Sessions matching the filters, over all pages.")
+    limit: int
+    offset: int
+
+
+class OpsChunk(BaseModel):
+    kind: str = Field(description="N (the timeline) or I (the seam after N(index))")
+    index: int
+    first_frame: int
+    frames: int
+    status: str = Field(
+        description="done; pending (not made yet); running (the next chunk in generation order of a running session)"
+    )
+    attempt: int = Field(description="The activity attempt that made it (0: not made); above 1 means retries.")
+    node_id: str | None
+    moved: bool = Field(description="Made on another node than the chunk made before it (in generation order).")
+    stage_ms: dict[str, float]
+    updated_at: datetime | None
+
+
+class OpsCheckpoint(BaseModel):
+    index: int = Field(description="The N chunk it follows.")
+    key: str
+    sha256: str
+    created_at: datetime
+
+
+class OpsLinks(BaseModel):
+    temporal: str = Field(description="This session's workflow in Temporal's UI.")
+    stream: str
+    events: str
+    video: str
+    cancel: str
+    resume: str
+
+
+class OpsSessionDetail(BaseModel):
+    session: OpsSession
+    options: dict[str, Any]
+    workflow_id: str | None
+    width: int | None
+    height: int | None
+    chunks: list[OpsChunk] = Field(description="In timeline order: N0 I0 N1 I1 …")
+    checkpoints: list[OpsCheckpoint]
+    links: OpsLinks
+
+
+class OpsNode(BaseModel):
+    id: str
+    capacity: int
+    status: str = Field(description="up, draining or stopped, as the node last reported it")
+    sessions: list[str] = Field(description="Sessions holding a slot of the node at its last heartbeat.")
+    chunks_done: int = Field(description="Chunks made since the node started.")
+    chunks_per_minute: float = Field(description="Since the node started.")
+    memory_mb: float | None = Field(description="Resident memory of the node process.")
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+
+
+class OpsNodeList(BaseModel):
+    items: list[OpsNode]

@@ -1,0 +1,180 @@
+// One session: facts, the chunk timeline, the live HLS player and the event log. Server-sent progress
+// events (GET /v1/renders/{id}/events) drive the log and trigger a refresh of the rest; a slow poll
+// covers the moments the event stream is down.
+import {
+  TERMINAL, el, every, formatDuration, formatFactor, formatMs, formatTime, getJSON, postJSON, progressBar,
+} from "./common.js";
+import { drawTimeline, setupTimeline } from "./timeline.js";
+
+const sessionId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+const $ = (id) => document.getElementById(id);
+const timeline = $("timeline");
+let detail = null;
+let drawnKey = "";
+
+$("session-id").textContent = sessionId;
+document.title = `Session ${sessionId.slice(0, 8)} · Monologue ops`;
+setupTimeline(timeline, $("chunk-detail"));
+
+async function refresh() {
+  detail = await getJSON(`/ops/api/sessions/${encodeURIComponent(sessionId)}`);
+  showFacts(detail);
+  const key = JSON.stringify([detail.chunks, detail.checkpoints]);
+  if (key !== drawnKey) {
+    drawnKey = key;
+    drawTimeline(timeline, detail.chunks, detail.checkpoints, detail.options.fps);
+  }
+  if (!source && !followed) follow();
+  if (!player) startPlayer();
+}
+
+function showFacts({ session, links, chunks, width, height, options }) {
+  $("status").className = `badge status-${session.status}`; // updated in place: it is a live region
+  $("status").textContent = session.status;
+  $("cancel").disabled = !["queued", "running"].includes(session.status);
+  $("resume").disabled = !["failed", "cancelled"].includes(session.status);
+  $("temporal-link").href = links.temporal;
+  $("video-link").href = links.video;
+  $("video-link").hidden = session.status !== "completed";
+  const { chunks_done: done, chunks_total: total } = session.progress;
+  const retries = chunks.reduce((sum, chunk) => sum + Math.max(0, chunk.attempt - 1), 0);
+  const facts = [
+    ["Kind", session.kind],
+    ["Tenant", session.tenant],
+    ["Node", session.node_id ?? "–"],
+    ["Progress", progressBar(done, total, `${done} of ${total ?? "?"} chunks`)],
+    ["Realtime factor", formatFactor(session.realtime_factor)],
+    ["Time to first frame", formatMs(session.ttff_ms)],
+    ["Retries", String(retries)],
+    ["Output", width ? `${width}×${height} at ${options.fps} fps` : "–"],
+    ["Audio", session.audio_seconds ? `${session.audio_seconds.toFixed(2)} s` : "–"],
+    ["Submitted", `${formatTime(session.created_at)} (${formatDuration(session.age_s)} ago)`],
+    ["Finished", formatTime(session.finished_at)],
+  ];
+  if (session.error) facts.push(["Error", el("span", { class: "error" }, session.error)]);
+  $("facts").replaceChildren(...facts.map(([name, value]) => el("div", {}, el("dt", {}, name), el("dd", {}, value))));
+}
+
+// The event log, from the render's server-sent progress events.
+let source = null;
+let followed = false;
+let last = null;
+
+function follow() {
+  followed = true;
+  source?.close();
+  source = new EventSource(detail.links.events);
+  source.addEventListener("progress", (event) => {
+    const render = JSON.parse(event.data);
+    changes(last, render).forEach(log);
+    last = render;
+    refreshNow();
+    if (TERMINAL.includes(render.status)) {
+      source.close();
+      source = null;
+    }
+  });
+  source.addEventListener("error", () => source?.readyState === EventSource.CONNECTING && log("event stream lost; reconnecting"));
+}
+
+function changes(before, now) {
+  const progress = `${now.progress.chunks_done}/${now.progress.chunks_total ?? "?"} chunks`;
+  if (!before) return [`${now.status} · ${progress}${now.node_id ? ` · on ${now.node_id}` : ""}`];
+  const lines = [];
+  if (now.status !== before.status) lines.push(`status ${before.status} → ${now.status}`);
+  if (now.node_id !== before.node_id) lines.push(`node ${before.node_id ?? "–"} → ${now.node_id ?? "–"}`);
+  if (now.progress.chunks_done !== before.progress.chunks_done) lines.push(progress);
+  if (now.progress.retries > before.progress.retries) lines.push(`retries: ${now.progress.retries}`);
+  if (now.ttff_ms !== null && before.ttff_ms === null) lines.push(`first chunk encoded after ${formatMs(now.ttff_ms)}`);
+  if (now.error && now.error !== before.error) lines.push(`error: ${now.error}`);
+  return lines;
+}
+
+function log(text) {
+  const now = new Date();
+  const events = $("events");
+  events.prepend(el("li", {}, el("time", { datetime: now.toISOString() }, now.toLocaleTimeString()), " ", text));
+  while (events.children.length > 300) events.lastChild.remove();
+}
+
+// The live player: hls.js over the session's EVENT playlist; it keeps polling the playlist as it grows.
+let player = null;
+
+function startPlayer() {
+  const video = $("player");
+  const state = (text) => ($("player-state").textContent = text);
+  if (!window.Hls?.isSupported()) {
+    if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = detail.links.stream; // Safari plays HLS itself
+    else state("This browser cannot play HLS (no Media Source Extensions).");
+    player = "native";
+    return;
+  }
+  player = new Hls();
+  player.on(Hls.Events.MANIFEST_PARSED, () => {
+    state("Playing what has been published so far.");
+    video.play().catch(() => state("Press play to watch."));
+  });
+  player.on(Hls.Events.ERROR, (_event, data) => {
+    if (!data.fatal) return;
+    player.destroy();
+    const ended = TERMINAL.includes(detail.session.status);
+    if (ended && detail.session.progress.chunks_done === 0) {
+      state("Nothing was published.");
+      return;
+    }
+    state(data.details === "manifestLoadError" ? "Waiting for the first segment…" : `Player: ${data.details}; retrying`);
+    player = setTimeout(startPlayer, 1500); // a truthy placeholder until the retry
+  });
+  player.loadSource(detail.links.stream);
+  player.attachMedia(video);
+  video.addEventListener("ended", () => state("Played to the end."), { once: true });
+}
+
+function restartPlayer() {
+  if (player?.destroy) player.destroy();
+  else clearTimeout(player);
+  player = null;
+}
+
+// Cancel and resume, each behind a confirmation dialog; they call the public API like any client.
+async function confirmThen(question, yes, action) {
+  const dialog = $("confirm");
+  $("confirm-text").textContent = question;
+  $("confirm-yes").textContent = yes;
+  dialog.returnValue = "";
+  dialog.showModal();
+  await new Promise((resolve) => dialog.addEventListener("close", resolve, { once: true }));
+  if (dialog.returnValue !== "yes") return;
+  try {
+    await action();
+  } catch (error) {
+    $("action-status").textContent = error.message;
+  }
+  refreshNow();
+}
+
+$("cancel").addEventListener("click", () =>
+  confirmThen(
+    `Cancel session ${sessionId}? It stops within one chunk; what was published stays playable.`,
+    "Cancel session",
+    async () => {
+      await postJSON(detail.links.cancel);
+      $("action-status").textContent = "Cancel requested.";
+      log("cancel requested");
+    },
+  ),
+);
+
+$("resume").addEventListener("click", () =>
+  confirmThen(`Resume session ${sessionId} from its last checkpoint?`, "Resume session", async () => {
+    await postJSON(detail.links.resume);
+    $("action-status").textContent = "Resumed.";
+    log("resume requested");
+    follow();
+    restartPlayer();
+  }),
+);
+
+addEventListener("resize", () => detail && drawTimeline(timeline, detail.chunks, detail.checkpoints, detail.options.fps));
+
+const refreshNow = every(5000, refresh);

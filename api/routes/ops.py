@@ -1,0 +1,223 @@
+"""`/ops`: the operator's web UI (sessions, one session's timeline and live stream, nodes) and the
+read-only JSON it draws from (`/ops/api/…`). Every route depends on `OpsAccess`, the one place where
+access to the UI is decided. Cancel and resume go through `/v1/renders`, like any client's."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+
+from monologue import repo, repo_nodes, repo_ops
+from monologue.db import ChunkRow, SessionRow, utcnow
+from monologue.plan import plan_chunks, plan_timeline
+from monologue.repo_nodes import aware
+
+from ..deps import DbDep, OpsAccess, ServicesDep
+from ..ops.schemas import (
+    OpsCheckpoint,
+    OpsChunk,
+    OpsLinks,
+    OpsNode,
+    OpsNodeList,
+    OpsProgress,
+    OpsSession,
+    OpsSessionDetail,
+    OpsSessionPage,
+)
+
+router = APIRouter(prefix="/ops", tags=["ops"])
+
+STATIC = Path(__file__).resolve().parent.parent / "ops" / "static"
+# The pages change with each release; revalidate them (FileResponse sends an ETag) rather than cache them.
+_REVALIDATE = {"Cache-Control": "no-cache"}
+
+
+@router.get("", include_in_schema=False)
+def sessions_page(access: OpsAccess) -> FileResponse:
+    return FileResponse(STATIC / "sessions.html", headers=_REVALIDATE)
+
+
+@router.get("/sessions/{session_id}", include_in_schema=False)
+def session_page(session_id: str, access: OpsAccess) -> FileResponse:
+    return FileResponse(STATIC / "session.html", headers=_REVALIDATE)
+
+
+@router.get("/nodes", include_in_schema=False)
+def nodes_page(access: OpsAccess) -> FileResponse:
+    return FileResponse(STATIC / "nodes.html", headers=_REVALIDATE)
+
+
+@router.get("/static/{path:path}", include_in_schema=False)
+def static_file(path: str, access: OpsAccess) -> FileResponse:
+    file = (STATIC / path).resolve()
+    if not file.is_relative_to(STATIC) or not file.is_file():
+        raise HTTPException(404, f"no ops asset {path!r}")
+    return FileResponse(file, headers=_REVALIDATE)
+
+
+@router.get("/api/sessions", response_model=OpsSessionPage)
+def list_sessions(
+    db: DbDep,
+    access: OpsAccess,
+    status: Annotated[str | None, Query(description="queued, running, completed, failed or cancelled")] = None,
+    tenant: str | None = None,
+    node: Annotated[str | None, Query(description="The node holding (or last holding) the session.")] = None,
+    kind: Annotated[str | None, Query(description="render or live")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> OpsSessionPage:
+    """Sessions, newest first, with progress, realtime factor and time to first frame."""
+    where = repo_ops.SessionFilter(status=status or None, tenant=tenant or None, node=node or None, kind=kind or None)
+    rows, total = repo_ops.list_sessions(db, where=where, limit=limit, offset=offset)
+    totals = repo_ops.chunk_totals(db, session_ids=[row.id for row in rows])
+    now = utcnow()
+    items = [_session(row, totals.get(row.id, repo_ops.ChunkTotals(0, 0)), now) for row in rows]
+    return OpsSessionPage(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/api/sessions/{session_id}", response_model=OpsSessionDetail, responses={404: {}})
+def get_session(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
+) -> OpsSessionDetail:
+    """One session: its chunks in timeline order (made or not), its checkpoints and links."""
+    row = repo.get_session(db, session_id=session_id)
+    if row is None:
+        raise HTTPException(404, f"session {session_id!r} not found")
+    made = repo.list_chunks(db, session_id=session_id)
+    totals = repo_ops.ChunkTotals(
+        sum(chunk.status == "done" for chunk in made), sum(chunk.frames for chunk in made if chunk.status == "done")
+    )
+    base = str(request.base_url).rstrip("/")
+    renders = f"{base}/v1/renders/{row.id}"
+    temporal = services.settings.temporal
+    workflow = quote(row.workflow_id or "", safe="")
+    return OpsSessionDetail(
+        session=_session(row, totals, utcnow()),
+        options=row.options,
+        workflow_id=row.workflow_id,
+        width=row.width,
+        height=row.height,
+        chunks=_timeline(row, made),
+        checkpoints=[
+            OpsCheckpoint(index=ckpt.index, key=ckpt.key, sha256=ckpt.sha256, created_at=ckpt.created_at)
+            for ckpt in repo_ops.list_checkpoints(db, session_id=session_id)
+        ],
+        links=OpsLinks(
+            temporal=f"{temporal.ui_url}/namespaces/{quote(temporal.namespace)}/workflows/{workflow}",
+            stream=f"{renders}/stream.m3u8",
+            events=f"{renders}/events",
+            video=f"{renders}/video.mp4",
+            cancel=f"{renders}/cancel",
+            resume=f"{renders}/resume",
+        ),
+    )
+
+
+@router.get("/api/nodes", response_model=OpsNodeList)
+def list_nodes(db: DbDep, access: OpsAccess) -> OpsNodeList:
+    """Every node that ever reported, with the age of its last heartbeat (a silent node may be lost)."""
+    now = utcnow()
+    return OpsNodeList(
+        items=[
+            OpsNode(
+                id=node.id,
+                capacity=node.capacity,
+                status=node.status,
+                sessions=node.sessions,
+                chunks_done=node.chunks_done,
+                chunks_per_minute=repo_nodes.chunks_per_minute(node, now=now),
+                memory_mb=node.memory_mb,
+                started_at=aware(node.started_at),
+                heartbeat_at=aware(node.heartbeat_at),
+                heartbeat_age_s=repo_nodes.heartbeat_age_s(node, now=now),
+            )
+            for node in repo_nodes.list_nodes(db)
+        ]
+    )
+
+
+def _session(row: SessionRow, totals: repo_ops.ChunkTotals, now: datetime) -> OpsSession:
+    return OpsSession(
+        id=row.id,
+        status=row.status,
+        kind=row.kind,
+        tenant=row.tenant,
+        node_id=row.node_id,
+        created_at=aware(row.created_at),
+        started_at=aware(row.started_at) if row.started_at else None,
+        finished_at=aware(row.finished_at) if row.finished_at else None,
+        age_s=(now - aware(row.created_at)).total_seconds(),
+        progress=OpsProgress(
+            chunks_done=totals.chunks_done,
+            chunks_total=row.chunks_total,
+            frames_done=totals.frames_done,
+            frames_total=row.frames,
+        ),
+        realtime_factor=_realtime_factor(row, totals.frames_done, now),
+        ttff_ms=row.ttff_ms,
+        audio_seconds=row.audio_seconds,
+        error=row.error,
+    )
+
+
+def _realtime_factor(row: SessionRow, frames_done: int, now: datetime) -> float | None:
+    fps = row.options.get("fps")
+    if row.started_at is None or not fps or frames_done == 0:
+        return None
+    end = aware(row.finished_at) if row.finished_at else now
+    wall_s = (end - aware(row.started_at)).total_seconds()
+    return frames_done / fps / wall_s if wall_s > 0 else None
+
+
+def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
+    """Every chunk in timeline order: the plan's (when the frame count is known) merged with the rows."""
+    by_name = {(chunk.kind, chunk.index): chunk for chunk in made}
+    options = row.options
+    planned: list[tuple[str, int, int, int]] = []
+    running: tuple[str, int] | None = None
+    if row.frames and "chunk_frames" in options and "i_frames" in options:
+        sizes = {"n_frames": options["chunk_frames"], "i_frames": options["i_frames"]}
+        planned = [(s.kind, s.index, s.first_frame, s.n_frames) for s in plan_timeline(row.frames, **sizes)]
+        if row.status == "running":
+            running = next(
+                ((s.kind, s.index) for s in plan_chunks(row.frames, **sizes) if (s.kind, s.index) not in by_name), None
+            )
+    known = {(kind, index) for kind, index, _, _ in planned}
+    planned += [(c.kind, c.index, c.first_frame, c.frames) for c in made if (c.kind, c.index) not in known]
+    planned.sort(key=lambda spec: (spec[2], spec[0] != "I"))  # an empty I chunk still precedes the N after it
+    moved = _moved(made)
+    chunks: list[OpsChunk] = []
+    for kind, index, first_frame, frames in planned:
+        chunk = by_name.get((kind, index))
+        status = chunk.status if chunk else ("running" if running == (kind, index) else "pending")
+        chunks.append(
+            OpsChunk(
+                kind=kind,
+                index=index,
+                first_frame=first_frame,
+                frames=frames,
+                status=status,
+                attempt=chunk.attempt if chunk else 0,
+                node_id=chunk.node_id if chunk else None,
+                moved=(kind, index) in moved,
+                stage_ms=chunk.stage_ms if chunk else {},
+                updated_at=aware(chunk.updated_at) if chunk else None,
+            )
+        )
+    return chunks
+
+
+def _moved(made: list[ChunkRow]) -> set[tuple[str, int]]:
+    """Chunks made on another node than the chunk made just before them."""
+    moved: set[tuple[str, int]] = set()
+    previous: str | None = None
+    for chunk in sorted(made, key=lambda chunk: aware(chunk.updated_at)):
+        if previous is not None and chunk.node_id != previous:
+            moved.add((chunk.kind, chunk.index))
+        previous = chunk.node_id
+    return moved

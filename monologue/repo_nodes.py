@@ -1,0 +1,70 @@
+"""Data access for the node registry (the `nodes` table): each node process writes its own row every
+few seconds; the ops UI reads them. Keyword-only functions over a SQLAlchemy session.
+
+A row is a node's own report, never a verdict about it: a node killed outright leaves `status` at
+`up`, and only the age of its last heartbeat (computed by the reader) says it has gone quiet."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from monologue.db import NodeRow, utcnow
+
+NODE_STATUSES = ("up", "draining", "stopped")
+
+
+def report_node(
+    db: Session,
+    *,
+    node_id: str,
+    capacity: int,
+    status: str,
+    sessions: list[str],
+    chunks_done: int,
+    memory_mb: float | None,
+    started_at: datetime,
+) -> None:
+    """Upsert the node's row with a fresh heartbeat (a node restarted under the same id overwrites it)."""
+    if status not in NODE_STATUSES:
+        raise ValueError(f"node status must be one of {', '.join(NODE_STATUSES)}, got {status!r}")
+    db.merge(
+        NodeRow(
+            id=node_id,
+            capacity=capacity,
+            status=status,
+            sessions=sessions,
+            chunks_done=chunks_done,
+            memory_mb=memory_mb,
+            started_at=started_at,
+            heartbeat_at=utcnow(),
+        )
+    )
+    db.commit()
+
+
+def list_nodes(db: Session) -> list[NodeRow]:
+    return list(db.scalars(select(NodeRow).order_by(NodeRow.id)))
+
+
+def get_node(db: Session, *, node_id: str) -> NodeRow | None:
+    return db.get(NodeRow, node_id)
+
+
+def heartbeat_age_s(node: NodeRow, *, now: datetime) -> float:
+    """Seconds since the node last wrote its row."""
+    return (now - aware(node.heartbeat_at)).total_seconds()
+
+
+def chunks_per_minute(node: NodeRow, *, now: datetime) -> float:
+    """Chunks done per minute since the node started (up to its last heartbeat once it has stopped)."""
+    end = aware(node.heartbeat_at) if node.status == "stopped" else now
+    minutes = (end - aware(node.started_at)).total_seconds() / 60
+    return node.chunks_done / minutes if minutes > 0 else 0.0
+
+
+def aware(moment: datetime) -> datetime:
+    """SQLite returns naive datetimes even for timezone-aware columns; they were written in UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
