@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from temporalio.client import Client
 
 from monologue import __version__
@@ -17,6 +18,7 @@ from monologue.storage import open_store
 
 from .deps import Services
 from .routes import ops, renders, sessions
+from .submit import TooManySessions
 
 log = structlog.get_logger("api")
 
@@ -50,6 +52,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         with structlog.contextvars.bound_contextvars(method=request.method, path=request.url.path):
             response: Response = await call_next(request)
             return response
+
+    @app.exception_handler(TooManySessions)
+    async def too_many(_request: Request, err: TooManySessions) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=429)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+import structlog
+from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
 from temporalio.client import Client
 
+from monologue import apikeys
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 
@@ -38,9 +41,61 @@ def get_db(services: ServicesDep) -> Iterator[Session]:
 DbDep = Annotated[Session, Depends(get_db)]
 
 
-def ops_access() -> None:
-    """Who may use the operator's UI (`/ops`). Open for now: API keys and tenant scoping replace this body."""
-    return None
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the tenant whose sessions they see, and the key's scopes."""
+
+    tenant: str | None  # None: an operator on /ops, who sees every tenant
+    scopes: tuple[str, ...]
+    key_id: str | None
 
 
-OpsAccess = Annotated[None, Depends(ops_access)]
+_NO_KEY = (
+    "send an API key: 'Authorization: Bearer <key>' (create one with `monologue keys create --tenant NAME`;"
+    " the embedded stack's own key is in <home>/api-key)"
+)
+
+
+def principal_from_headers(services: Services, authorization: str | None) -> Principal:
+    """The caller from an Authorization header; HTTPException 401 without a valid key."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HTTPException(401, _NO_KEY, headers={"WWW-Authenticate": "Bearer"})
+    with services.sessions() as db:
+        row = apikeys.authenticate(db, token.strip())
+    if row is None:
+        raise HTTPException(401, "the API key is not valid (or was revoked)", headers={"WWW-Authenticate": "Bearer"})
+    return Principal(tenant=row.tenant, scopes=tuple(row.scopes), key_id=row.id)
+
+
+def require_key(request: Request, services: ServicesDep) -> Principal:
+    """Every /v1 route: a valid key; the caller then sees only its tenant's sessions."""
+    principal = principal_from_headers(services, request.headers.get("authorization"))
+    structlog.contextvars.bind_contextvars(tenant=principal.tenant, key_id=principal.key_id)
+    return principal
+
+
+TenantDep = Annotated[Principal, Depends(require_key)]
+
+
+def ops_access(request: Request, services: ServicesDep) -> Principal:
+    """The operator's UI (`/ops`): a key with the `ops` scope, or, when MONOLOGUE_API__OPS_OPEN_ON_LOOPBACK is
+    set, a browser on this machine without a key. Operators see every tenant."""
+    authorization = request.headers.get("authorization")
+    client = request.client.host if request.client else ""
+    if authorization is None and services.settings.api.ops_open_on_loopback and _loopback(client):
+        return Principal(tenant=None, scopes=("ops",), key_id=None)
+    principal = principal_from_headers(services, authorization)
+    if "ops" not in principal.scopes:
+        raise HTTPException(403, "this API key has no 'ops' scope (create one with `monologue keys create --ops`)")
+    return Principal(tenant=None, scopes=principal.scopes, key_id=principal.key_id)
+
+
+OpsAccess = Annotated[Principal, Depends(ops_access)]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -5,6 +5,8 @@ before the first write, and a failure after a write removes what was written."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import uuid
 from dataclasses import dataclass
@@ -57,10 +59,28 @@ def _family(name: str) -> Family:
     return build_family(name)
 
 
+class TooManySessions(Exception):
+    """The tenant is at its limit of concurrent sessions (→ 429)."""
+
+
+def check_tenant_limit(services: Services, tenant: str) -> None:
+    limit = services.settings.limits.max_sessions_per_tenant
+    if limit is None:
+        return
+    with services.sessions() as db:
+        active = repo.active_sessions(db, tenant=tenant)
+    if active >= limit:
+        raise TooManySessions(
+            f"tenant {tenant} has {active} sessions queued or running, the limit"
+            " (MONOLOGUE_LIMITS__MAX_SESSIONS_PER_TENANT); wait for one to end or cancel one"
+        )
+
+
 async def start_render(
     services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate, tenant: str = "local"
 ) -> str:
     """Store the inputs, write the session row and start the workflow; undo all of it on failure."""
+    check_tenant_limit(services, tenant)
     session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
@@ -102,6 +122,7 @@ async def start_live(
     services: Services, *, portrait: Portrait, options: RenderOptionsCreate, tenant: str = "local"
 ) -> str:
     """A live session: store the portrait, write the row, start the workflow (which waits for audio)."""
+    check_tenant_limit(services, tenant)
     session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
@@ -167,6 +188,14 @@ async def cancel_workflow(services: Services, row: SessionRow) -> None:
     log.info("render cancel requested", session_id=row.id)
 
 
+async def _wait_until_closed(client: Client, workflow_id: str, timeout_s: float = 10.0) -> None:
+    """A session is marked failed or cancelled by its workflow's last activity, a moment before the workflow
+    itself closes: wait for that moment, so a resume right after it does not find the old run still open."""
+    handle = client.get_workflow_handle(workflow_id)
+    with contextlib.suppress(Exception):  # failed or cancelled runs raise here; that is the point
+        await asyncio.wait_for(handle.result(follow_runs=False), timeout=timeout_s)
+
+
 async def resume_workflow(services: Services, row: SessionRow) -> None:
     """A new run of the session's workflow from the first chunk (in generation order) not yet made.
 
@@ -189,6 +218,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
                 break
             cursor += 1
     settings = services.settings
+    await _wait_until_closed(services.temporal, row.workflow_id or c.render_workflow_id(row.id))
     await services.temporal.start_workflow(
         "RenderWorkflow",
         c.RenderInput(

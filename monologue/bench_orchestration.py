@@ -63,12 +63,15 @@ def _speech(minutes: float, folder: Path) -> Path:
     return path
 
 
+_KEY: dict[str, str] = {}  # the private stack's API key, by API URL
+
+
 def _submit(api: str, audio: Path) -> str:
-    return str(submit(api, SAMPLES / "portrait.jpg", audio)["id"])
+    return str(submit(api, SAMPLES / "portrait.jpg", audio, api_key=_KEY.get(api))["id"])
 
 
 def _wait(api: str, session_id: str, until: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    return poll(api, session_id, lambda render: bool(until(render)), poll_s=0.02, timeout_s=1800)
+    return poll(api, session_id, lambda render: bool(until(render)), poll_s=0.02, timeout_s=1800, api_key=_KEY.get(api))
 
 
 async def _round_trip_ms(address: str, count: int = 50) -> float:
@@ -116,6 +119,7 @@ def bench_orchestration(*, minutes: float = 1.0, lease_timeout_s: float = 5.0) -
         with Stack(settings) as stack:
             stack.start_node("bench-b")
             api = str(settings.api.public_url)
+            _KEY[api] = stack.api_key
             audio = _speech(minutes, folder)
             session_id = _submit(api, audio)
             render = _wait(api, session_id, lambda r: r["status"] in ("completed", "failed"))

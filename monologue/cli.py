@@ -124,7 +124,9 @@ def live(
 
     settings = get_settings()
     options = {"chunk_frames": chunk_frames} if chunk_frames else None
-    report = stream_live(api_url or str(settings.api.public_url), portrait, audio, options=options, speed=speed)
+    report = stream_live(
+        api_url or str(settings.api.public_url), portrait, audio, options=options, speed=speed, api_key=_api_key()
+    )
     session = report.session
     latency = session.get("latency") or {}
     figures = {
@@ -219,11 +221,18 @@ def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
     click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
 
 
+def _api_key() -> str | None:
+    from monologue.apikeys import read_local_key
+
+    return read_local_key(get_settings().home)
+
+
 def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
     from monologue.client import RenderFailed, download, submit, wait
 
+    key = _api_key()
     try:
-        created = submit(api_url, portrait, audio, options=options)
+        created = submit(api_url, portrait, audio, options=options, api_key=key)
         session_id = created["id"]
         click.echo(f"render {session_id} started ({created['audio_seconds']:.1f} s of audio)")
         bar: Any = None
@@ -240,17 +249,68 @@ def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: di
                 state["done"] = done
 
         try:
-            render = wait(api_url, session_id, on_progress=on_progress)
+            render = wait(api_url, session_id, on_progress=on_progress, api_key=key)
         finally:
             if bar is not None:
                 bar.__exit__(None, None, None)
-        size = download(api_url, session_id, output)
+        size = download(api_url, session_id, output, api_key=key)
     except RenderFailed as err:
         raise click.ClickException(str(err)) from err
     click.echo(
         f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
         f" first frame after {render['ttff_ms']:.0f} ms)"
     )
+
+
+@main.group()
+def keys() -> None:
+    """API keys: every /v1 route and /ops needs one (sent as 'Authorization: Bearer <key>')."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="The tenant whose sessions the key sees (lowercase, digits, dashes).")
+@click.option("--ops", is_flag=True, help="Also open the operator's UI (/ops), which sees every tenant.")
+def keys_create(tenant: str, ops: bool) -> None:
+    """Create a key and print it once (only its hash is stored)."""
+    from monologue import apikeys
+
+    with _db() as db:
+        try:
+            key_id, key = apikeys.create_key(db, tenant=tenant, scopes=("ops",) if ops else ())
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from err
+    click.echo(f"key {key_id} for tenant {tenant}{' (ops)' if ops else ''}:\n{key}")
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """Keys by id, tenant and scopes (never the keys themselves)."""
+    from monologue import apikeys
+
+    with _db() as db:
+        for row in apikeys.list_keys(db):
+            state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
+            click.echo(f"{row.id}  {row.tenant:<20} {','.join(row.scopes) or '-':<6} {state}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+def keys_revoke(key_id: str) -> None:
+    """Revoke a key by its id (the 8 hex digits after mk_)."""
+    from monologue import apikeys
+
+    with _db() as db:
+        if not apikeys.revoke_key(db, key_id):
+            raise click.ClickException(f"no active key {key_id}")
+    click.echo(f"revoked {key_id}")
+
+
+def _db() -> Any:
+    from monologue.db import make_engine, make_sessionmaker, migrate
+
+    settings = get_settings()
+    migrate(settings.db_url)
+    return make_sessionmaker(make_engine(settings.db_url))()
 
 
 def _print_urls(settings: Settings) -> None:

@@ -14,8 +14,19 @@ class RenderFailed(RuntimeError):
     pass
 
 
+def auth(api_key: str | None) -> dict[str, str]:
+    """The Authorization header for an API key (the embedded stack's is in <home>/api-key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def submit(
-    api_url: str, portrait: Path, audio: Path, *, options: dict[str, int] | None = None, timeout_s: float = 120.0
+    api_url: str,
+    portrait: Path,
+    audio: Path,
+    *,
+    options: dict[str, int] | None = None,
+    timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """POST the files; returns the created render (raises RenderFailed with the API's message on 4xx)."""
     with portrait.open("rb") as image, audio.open("rb") as speech:
@@ -23,6 +34,7 @@ def submit(
             f"{api_url}/v1/renders",
             files={"portrait": (portrait.name, image), "audio": (audio.name, speech)},
             data={k: str(v) for k, v in (options or {}).items()},
+            headers=auth(api_key),
             timeout=timeout_s,
         )
     if response.status_code != 201:
@@ -38,11 +50,12 @@ def poll(
     *,
     poll_s: float = 0.5,
     timeout_s: float = 3600.0,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """GET the render every `poll_s` until `until(render)` holds; returns that render."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        response = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=30)
+        response = httpx.get(f"{api_url}/v1/renders/{session_id}", headers=auth(api_key), timeout=30)
         response.raise_for_status()
         render: dict[str, Any] = response.json()
         if until(render):
@@ -58,6 +71,7 @@ def wait(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     poll_s: float = 0.5,
     timeout_s: float = 3600.0,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Poll until the render completes; raises RenderFailed if it fails."""
 
@@ -66,17 +80,18 @@ def wait(
             on_progress(render)
         return render["status"] in ("completed", "failed")
 
-    render = poll(api_url, session_id, ended, poll_s=poll_s, timeout_s=timeout_s)
+    render = poll(api_url, session_id, ended, poll_s=poll_s, timeout_s=timeout_s, api_key=api_key)
     if render["status"] == "failed":
         raise RenderFailed(f"render {session_id} failed: {render['error']}")
     return render
 
 
-def download(api_url: str, session_id: str, output: Path) -> int:
+def download(api_url: str, session_id: str, output: Path, *, api_key: str | None = None) -> int:
     """Stream the finished MP4 to `output`; returns its size in bytes."""
     output.parent.mkdir(parents=True, exist_ok=True)
     size = 0
-    with httpx.stream("GET", f"{api_url}/v1/renders/{session_id}/video.mp4", timeout=60) as response:
+    url = f"{api_url}/v1/renders/{session_id}/video.mp4"
+    with httpx.stream("GET", url, headers=auth(api_key), timeout=60) as response:
         if response.status_code != 200:
             response.read()
             raise RenderFailed(f"download failed ({response.status_code}): {_detail(response)}")

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
-from monologue.client import RenderFailed, _detail, poll
+from monologue.client import RenderFailed, _detail, auth, poll
 from monologue.media import AUDIO_RATE, normalise_audio
 
 MESSAGE_SAMPLES = AUDIO_RATE // 50  # 20 ms per message, like a telephony/WebRTC frame
@@ -35,12 +35,15 @@ class LiveReport:
     errors: list[str] = field(default_factory=list)
 
 
-def start_session(api_url: str, portrait: Path, *, options: dict[str, Any] | None = None) -> dict[str, Any]:
+def start_session(
+    api_url: str, portrait: Path, *, options: dict[str, Any] | None = None, api_key: str | None = None
+) -> dict[str, Any]:
     with portrait.open("rb") as image:
         response = httpx.post(
             f"{api_url}/v1/sessions",
             files={"portrait": (portrait.name, image)},
             data={k: str(v) for k, v in (options or {}).items()},
+            headers=auth(api_key),
             timeout=60,
         )
     if response.status_code != 201:
@@ -57,16 +60,17 @@ def stream_live(
     options: dict[str, Any] | None = None,
     speed: float = 1.0,
     wait_s: float = 600.0,
+    api_key: str | None = None,
 ) -> LiveReport:
     """Start a live session, stream `audio` into it at `speed` × real time, end it and wait for the end."""
     pcm = np.frombuffer(normalise_audio(audio.read_bytes()).wav[44:], dtype="<i2")
-    session = start_session(api_url, portrait, options=options)
+    session = start_session(api_url, portrait, options=options, api_key=api_key)
     session_id = session["id"]
     report = LiveReport(session_id, len(pcm) / AUDIO_RATE, 0.0, session)
-    segments = _PlaylistWatcher(session["links"]["stream"])
+    segments = _PlaylistWatcher(session["links"]["stream"], auth(api_key))
     segments.start()
     try:
-        with connect(session["links"]["audio"], max_size=None) as socket:
+        with connect(session["links"]["audio"], max_size=None, additional_headers=auth(api_key)) as socket:
             reader = threading.Thread(target=_read_acks, args=(socket, report), daemon=True)
             reader.start()
             started = time.monotonic()
@@ -81,7 +85,11 @@ def stream_live(
     finally:
         segments.stop()
     report.session = poll(
-        api_url, session_id, lambda s: s["status"] in ("completed", "failed", "cancelled"), timeout_s=wait_s
+        api_url,
+        session_id,
+        lambda s: s["status"] in ("completed", "failed", "cancelled"),
+        timeout_s=wait_s,
+        api_key=api_key,
     )
     return report
 
@@ -100,14 +108,15 @@ def _read_acks(socket: Any, report: LiveReport) -> None:
 class _PlaylistWatcher(threading.Thread):
     """Counts the segments in the session's playlist twice a second."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
         super().__init__(daemon=True)
         self._url = url
+        self._headers = headers
         self._halt = threading.Event()
         self.count = 0
 
     def run(self) -> None:
-        with httpx.Client(timeout=10) as http:
+        with httpx.Client(timeout=10, headers=self._headers) as http:
             while not self._halt.wait(0.5):
                 response = http.get(self._url)
                 if response.status_code == 200:

@@ -52,11 +52,21 @@ def get_session(db: Session, *, session_id: str) -> SessionRow | None:
     return db.get(SessionRow, session_id)
 
 
-def list_sessions(db: Session, *, limit: int, offset: int, status: str | None = None) -> list[SessionRow]:
+def list_sessions(
+    db: Session, *, limit: int, offset: int, status: str | None = None, tenant: str | None = None
+) -> list[SessionRow]:
     query = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
     if status is not None:
         query = query.where(SessionRow.status == status)
+    if tenant is not None:
+        query = query.where(SessionRow.tenant == tenant)
     return list(db.scalars(query.limit(limit).offset(offset)))
+
+
+def active_sessions(db: Session, *, tenant: str) -> int:
+    """Queued or running sessions of a tenant (the per-tenant concurrency limit)."""
+    query = select(func.count()).where(SessionRow.tenant == tenant, SessionRow.status.in_(("queued", "running")))
+    return int(db.scalar(query) or 0)
 
 
 def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int) -> None:

@@ -45,6 +45,8 @@ class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     public_url: str | None = None  # base of the URLs the API hands out; defaults to http://<host>:<port>
+    # /ops without a key for browsers on this machine (loopback clients only); off: /ops needs an ops key.
+    ops_open_on_loopback: bool = False
 
 
 class NodeSettings(BaseModel):
@@ -62,6 +64,9 @@ class LimitSettings(BaseModel):
     max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
     max_portrait_side: int = Field(default=4096, ge=64)
     max_audio_seconds: float | None = Field(default=None, gt=0, description="unset: any length")
+    max_sessions_per_tenant: int | None = Field(
+        default=None, ge=1, description="queued or running sessions a tenant may have at once; unset: no limit"
+    )
 
 
 class RenderDefaults(BaseModel):

@@ -59,6 +59,7 @@ class Stack:
     settings: Settings
     env: dict[str, str] = field(default_factory=dict)  # extra environment for children (e.g. AWS_*)
     children: list[Child] = field(default_factory=list)
+    api_key: str = ""  # the local key (tenant `local`, scope `ops`), set by start()
 
     @property
     def log_dir(self) -> Path:
@@ -70,6 +71,7 @@ class Stack:
         try:
             self._start_temporal(timeout_s)
             migrate(self.settings.db_url)
+            self.api_key = self._local_key()
             api = self.settings.api
             self._spawn("api", [sys.executable, "-m", "monologue", "api"])
             if with_node:
@@ -81,22 +83,40 @@ class Stack:
             self.stop()
             raise
 
+    def _local_key(self) -> str:
+        """The embedded default's API key (tenant `local`, scope `ops`): created and printed on first start."""
+        from monologue import apikeys
+        from monologue.db import make_engine, make_sessionmaker
+
+        engine = make_engine(self.settings.db_url)
+        try:
+            with make_sessionmaker(engine)() as db:
+                key, created = apikeys.ensure_local_key(db, self.settings.home)
+        finally:
+            engine.dispose()
+        if created:
+            print(f"created the local API key (in {apikeys.local_key_path(self.settings.home)}): {key}", flush=True)
+        return key
+
     def start_node(self, node_id: str | None = None) -> Child:
         env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
         return self._spawn(f"node-{node_id or self.settings.node.id}", [sys.executable, "-m", "monologue", "node"], env)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every child (newest first), then SIGKILL whatever is still alive."""
-        for child in reversed(self.children):
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
+        """SIGTERM the nodes and the API, then Temporal (so the workers shut down against a live server), then
+        SIGKILL whatever is still alive."""
         deadline = time.monotonic() + timeout_s
-        for child in reversed(self.children):
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
+        temporal = [child for child in self.children if child.name == "temporal"]
+        for group in ([child for child in self.children if child.name != "temporal"], temporal):
+            for child in reversed(group):
+                if child.process.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
+            for child in reversed(group):
+                try:
+                    child.process.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.process.kill()
+                    child.process.wait()
         self.children.clear()
 
     def __enter__(self) -> Stack:

@@ -23,7 +23,7 @@ from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
 from monologue.storage import LocalStore
 
-from ..deps import DbDep, ServicesDep
+from ..deps import DbDep, Principal, ServicesDep, TenantDep
 from ..schemas import (
     Latency,
     Progress,
@@ -45,6 +45,7 @@ async def create_render(
     request: Request,
     services: ServicesDep,
     db: DbDep,
+    principal: TenantDep,
     portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
     audio: Annotated[UploadFile, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")],
     fps: Annotated[int | None, Form()] = None,
@@ -93,7 +94,7 @@ async def create_render(
         )
     except InputError as err:
         raise HTTPException(422, str(err)) from err
-    session_id = await start_render(services, inputs=inputs, options=options)
+    session_id = await start_render(services, inputs=inputs, options=options, tenant=principal.tenant or "local")
     row = repo.get_session(db, session_id=session_id)
     if row is None:  # pragma: no cover - just written
         raise HTTPException(500, "session row vanished right after creation")
@@ -105,17 +106,20 @@ def list_renders(
     request: Request,
     services: ServicesDep,
     db: DbDep,
+    principal: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
     status_: Annotated[str | None, Query(alias="status")] = None,
 ) -> RenderList:
-    rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_)
+    rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_, tenant=principal.tenant)
     return RenderList(items=[_public(request, services, db, row) for row in rows], limit=limit, offset=offset)
 
 
 @router.get("/{session_id}", response_model=RenderPublic)
-def get_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
-    return _public(request, services, db, _find(db, session_id))
+def get_render(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, principal: TenantDep
+) -> RenderPublic:
+    return _public(request, services, db, _find(db, session_id, principal))
 
 
 @router.post(
@@ -124,9 +128,11 @@ def get_render(session_id: str, request: Request, services: ServicesDep, db: DbD
     response_model=RenderPublic,
     responses={404: {}, 409: {}},
 )
-async def cancel_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+async def cancel_render(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, principal: TenantDep
+) -> RenderPublic:
     """Stop the render within one chunk; what was published stays playable (the playlist is closed)."""
-    row = _find(db, session_id)
+    row = _find(db, session_id, principal)
     if row.status in TERMINAL:
         raise HTTPException(409, f"render {session_id} is already {row.status}; there is nothing to cancel")
     try:
@@ -142,9 +148,11 @@ async def cancel_render(session_id: str, request: Request, services: ServicesDep
     response_model=RenderPublic,
     responses={404: {}, 409: {}},
 )
-async def resume_render(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+async def resume_render(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, principal: TenantDep
+) -> RenderPublic:
     """Start a failed or cancelled render again from its last checkpoint; chunks already made are kept."""
-    row = _find(db, session_id)
+    row = _find(db, session_id, principal)
     if row.status not in ("failed", "cancelled"):
         raise HTTPException(409, f"render {session_id} is {row.status}; only failed or cancelled renders resume")
     try:
@@ -158,9 +166,11 @@ async def resume_render(session_id: str, request: Request, services: ServicesDep
 @router.get(
     "/{session_id}/events", response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}}
 )
-async def render_events(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> StreamingResponse:
+async def render_events(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, principal: TenantDep
+) -> StreamingResponse:
     """Server-sent events: a `progress` event whenever the render's progress changes, until it ends."""
-    _find(db, session_id)
+    _find(db, session_id, principal)
 
     async def events() -> AsyncIterator[str]:
         last = None
@@ -185,9 +195,9 @@ async def render_events(session_id: str, request: Request, services: ServicesDep
     response_class=Response,
     responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}},
 )
-def get_video(session_id: str, services: ServicesDep, db: DbDep) -> Response:
+def get_video(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
     """The finished MP4 (H.264 + AAC). 409 while the render is still going."""
-    row = _find(db, session_id)
+    row = _find(db, session_id, principal)
     if row.status != "completed" or row.video_key is None:
         done = repo.chunks_done(db, session_id=session_id)
         raise HTTPException(
@@ -211,9 +221,9 @@ _MEDIA_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".mp4": "video/mp4", "
     response_class=Response,
     responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}, 404: {}},
 )
-def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep) -> Response:
+def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
     """The live HLS stream: `stream.m3u8` (grows while the render runs), `init.mp4` and its `seg-*.m4s`."""
-    _find(db, session_id)
+    _find(db, session_id, principal)
     if not keys.PUBLIC_OUTPUT.match(name):
         raise HTTPException(404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s")
     key = keys.output(session_id, name)
@@ -245,9 +255,9 @@ def parse_sinks(text: str | None) -> list[Any] | None:
     response_class=Response,
     responses={200: {"content": {"application/vnd.apple.mpegurl": {}}}, 404: {}},
 )
-def get_sink_playlist(session_id: str, sink: str, services: ServicesDep, db: DbDep) -> Response:
+def get_sink_playlist(session_id: str, sink: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
     """An S3 sink's HLS playlist with every segment link presigned, so it plays from a private bucket."""
-    row = _find(db, session_id)
+    row = _find(db, session_id, principal)
     spec = next((s for s in row.options.get("sinks") or [] if (s.get("name") or s["type"]) == sink), None)
     if spec is None or spec["type"] != "s3":
         raise HTTPException(404, f"render {session_id} has no s3 sink named {sink!r}")
@@ -263,9 +273,10 @@ def get_sink_playlist(session_id: str, sink: str, services: ServicesDep, db: DbD
     return Response(signed, media_type="application/vnd.apple.mpegurl", headers={"Cache-Control": "no-cache"})
 
 
-def _find(db: DbDep, session_id: str) -> SessionRow:
+def _find(db: DbDep, session_id: str, principal: Principal) -> SessionRow:
+    """The session if the caller's tenant owns it; 404 otherwise (not 403: ids of others do not leak)."""
     row = repo.get_session(db, session_id=session_id)
-    if row is None:
+    if row is None or (principal.tenant is not None and row.tenant != principal.tenant):
         raise HTTPException(404, f"render {session_id!r} not found")
     return row
 

@@ -36,7 +36,7 @@ from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 
-from ..deps import DbDep, Services, ServicesDep
+from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..schemas import RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, start_live, validate_portrait
 from .renders import _describe, _find, _public, _read_limited, parse_sinks
@@ -47,7 +47,7 @@ log = structlog.get_logger("api.sessions")
 MAX_MESSAGE_BYTES = 1 << 20  # one audio message: 1 MiB (about 32 s of 16 kHz mono)
 MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thinned out
 # WebSocket close codes (4000-4999 are the application's own).
-CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO = 4404, 4409, 4400
+CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic)
@@ -55,6 +55,7 @@ async def create_session(
     request: Request,
     services: ServicesDep,
     db: DbDep,
+    principal: TenantDep,
     portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
     fps: Annotated[int | None, Form()] = None,
     chunk_frames: Annotated[int | None, Form()] = None,
@@ -100,15 +101,17 @@ async def create_session(
         )
     except InputError as err:
         raise HTTPException(422, str(err)) from err
-    session_id = await start_live(services, portrait=image, options=options)
-    row = _find(db, session_id)
+    session_id = await start_live(services, portrait=image, options=options, tenant=principal.tenant or "local")
+    row = _find(db, session_id, principal)
     return _public(request, services, db, row)
 
 
 @router.get("/{session_id}", response_model=RenderPublic)
-def get_session(session_id: str, request: Request, services: ServicesDep, db: DbDep) -> RenderPublic:
+def get_session(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, principal: TenantDep
+) -> RenderPublic:
     """The live session (the same as `/v1/renders/{id}`), with its latency figures."""
-    return _public(request, services, db, _find(db, session_id))
+    return _public(request, services, db, _find(db, session_id, principal))
 
 
 class AudioRefused(Exception):
@@ -160,6 +163,12 @@ class AudioStream:
             self.received_audio = True
             await run_in_threadpool(self._record, 0)
         samples = self._to_mono16k(np.frombuffer(data, dtype="<i2"))
+        limit = self._services.settings.limits.max_audio_seconds
+        if limit is not None and self._writer.stored + len(samples) > limit * AUDIO_RATE:
+            raise AudioRefused(
+                f"the session's audio would pass the {limit:g} s limit (MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS);"
+                " it ends with the audio it has"
+            )
         stored = await run_in_threadpool(self._writer.append, samples)
         await self._progress(stored, ended=False)
         return stored
@@ -220,7 +229,11 @@ async def session_audio(websocket: WebSocket, session_id: str) -> None:
     await websocket.accept()
     stream: AudioStream | None = None
     try:
-        stream = _open_stream(services, session_id)
+        try:
+            principal = principal_from_headers(services, websocket.headers.get("authorization"))
+        except HTTPException as err:
+            raise AudioRefused(str(err.detail), CLOSE_UNAUTHORIZED) from None
+        stream = _open_stream(services, session_id, principal)
         idle = services.settings.render.live_idle_timeout_s
         while True:
             try:
@@ -261,10 +274,10 @@ async def session_audio(websocket: WebSocket, session_id: str) -> None:
                 await stream.end()
 
 
-def _open_stream(services: Services, session_id: str) -> AudioStream:
+def _open_stream(services: Services, session_id: str, principal: Principal) -> AudioStream:
     with services.sessions() as db:
         row = repo.get_session(db, session_id=session_id)
-        if row is None or row.kind != "live":
+        if row is None or row.kind != "live" or row.tenant != principal.tenant:
             raise AudioRefused(f"live session {session_id!r} not found", CLOSE_NOT_FOUND)
         if row.status in TERMINAL:
             raise AudioRefused(f"live session {session_id} is already {row.status}", CLOSE_CONFLICT)
