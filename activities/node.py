@@ -102,6 +102,7 @@ class NodeActivities:
                 request.first_frame,
                 request.n_frames,
                 request.options.seed,
+                request.options.prompt,
             )
             pipeline = self._pipeline(request.options.family)
             # A family's modules reuse buffers and a session's anchors change as chunks run: one chunk at a

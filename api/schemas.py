@@ -51,7 +51,11 @@ class RenderOptionsBase(BaseModel):
         " get the tall variant)."
     )
     preview: bool = Field(description="Render fast at half resolution; the same seed gives the same motion.")
-    family: Literal["warp"] = Field(description="Model family.")
+    family: Literal["warp", "dit"] = Field(
+        description="Model family: warp (CPU, real time) or dit (the diffusion-transformer family; GPU, or a tiny"
+        " smoke-test model on CPU unless MONOLOGUE_DIT_WEIGHTS points at a checkpoint)."
+    )
+    prompt: str = Field(default="", max_length=500, description="Optional scene/text conditioning (dit family).")
     sinks: list[SinkOptions] = Field(
         default_factory=list, max_length=4, description="Publishers besides the HLS stream (S3, Kinesis Video)."
     )

@@ -87,6 +87,7 @@ class RenderOptions:
     preview: bool = False  # half resolution, same motion
     family: str = "warp"
     sinks: list[SinkSpec] = field(default_factory=list)
+    prompt: str = ""  # optional text/scene conditioning (the dit family reads it)
 
 
 def render_options(values: dict[str, object]) -> RenderOptions:

@@ -79,7 +79,7 @@ class RenderDefaults(BaseModel):
     seed: int = 0
     resolution: Literal["source", "512", "720p", "1080p"] = "source"
     preview: bool = False
-    family: Literal["warp"] = "warp"
+    family: Literal["warp", "dit"] = "warp"
     continue_as_new_every: int = Field(default=500, ge=1, description="chunks per workflow run (bounded history)")
     live_first_chunk_frames: int = Field(
         default=16, ge=0, le=250, description="live sessions: frames in the first chunk (time to first frame)"

@@ -65,6 +65,7 @@ async def create_session(
     resolution: Annotated[str | None, Form()] = None,
     preview: Annotated[bool | None, Form()] = None,
     family: Annotated[str | None, Form()] = None,
+    prompt: Annotated[str | None, Form()] = None,
     sinks: Annotated[
         str | None,
         Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
@@ -86,6 +87,7 @@ async def create_session(
         "resolution": resolution,
         "preview": preview,
         "family": family,
+        "prompt": prompt,
         "sinks": parse_sinks(sinks),
     }
     try:

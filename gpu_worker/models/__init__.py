@@ -6,7 +6,7 @@ import importlib
 
 from gpu_worker.pipeline import Family
 
-FAMILIES = ("warp",)
+FAMILIES = ("warp", "dit")
 
 
 def build_family(name: str) -> Family:

@@ -60,6 +60,7 @@ class ChunkRequest:
     first_frame: int
     n_frames: int
     seed: int = 0
+    prompt: str = ""  # the session's optional text/scene conditioning (families that read it)
 
     @property
     def end_frame(self) -> int:

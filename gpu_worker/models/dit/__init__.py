@@ -1,0 +1,59 @@
+"""The dit family: the production GPU model, a latent video diffusion pipeline in five modules.
+
+    reference        DiTReference       portrait → VAE latents at the canvas size and at 1/scale (reference.py)
+    context          DiTContext         audio → log-mel → transformer → per-frame audio tokens; prompt →
+                                        byte-level text tokens (context.py, audio_encoder.py, text_encoder.py)
+    audio_to_video   DiTAudioToVideo    flow-matching DiT: noise → low-resolution latents, conditioned on the
+                                        reference, the anchors' boundary latents, audio and text (a2v.py, flow.py)
+    super_resolution DiTSuperResolution one-pass DiT with frame-window block-sparse attention → output-resolution
+                                        latents (sr.py, sparse_attention.py)
+    decoder          DiTDecoder         causal video VAE decoder, streaming chunk by chunk (vae.py)
+
+Architectures are configured by `DiTConfig` (config.py); weights are one safetensors file per model next
+to a config.json (checkpoint.py; `python -m gpu_worker.models.dit.make_checkpoint` writes random ones).
+
+Where the weights come from when the family is built by name: the environment variable
+`MONOLOGUE_DIT_WEIGHTS` (a local folder or an s3://bucket/prefix URL), read here and nowhere else (the
+GPU machine has no pydantic-settings; the variable follows the MONOLOGUE_ naming of the Settings). When
+it is unset, the family is the `tiny` preset with weights drawn from a fixed seed: a smoke-test model
+that runs the real architecture and streaming on any CPU and renders deterministic, meaningless frames.
+Nothing is ever downloaded.
+
+Importable with torch, numpy and safetensors alone (no service stack), like everything under models/.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpu_worker.models.dit.checkpoint import Weights
+from gpu_worker.models.dit.config import TINY
+from gpu_worker.models.dit.context import DiTContext
+from gpu_worker.models.dit.reference import DiTReference
+from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
+from gpu_worker.pipeline.module import Family
+
+WEIGHTS_ENV = "MONOLOGUE_DIT_WEIGHTS"
+SMOKE_SEED = 20_261_130
+
+
+def default_weights() -> Weights:
+    """The checkpoint `MONOLOGUE_DIT_WEIGHTS` names, else the seeded tiny smoke-test model."""
+    location = os.environ.get(WEIGHTS_ENV, "").strip()
+    if location:
+        return Weights.open(location)
+    return Weights(TINY, seed=SMOKE_SEED)
+
+
+def build_family(weights: Weights | None = None) -> Family:
+    """The dit family's five modules over `weights` (default: `default_weights()`); they load when a
+    Pipeline starts."""
+    weights = weights or default_weights()
+    return Family(
+        name="dit",
+        reference=DiTReference(weights),
+        context=DiTContext(weights),
+        audio_to_video=DiTAudioToVideo(weights),
+        super_resolution=DiTSuperResolution(weights),
+        decoder=DiTDecoder(weights),
+    )
