@@ -210,6 +210,23 @@ def bench_pipeline_command(minutes: float, resolution: str, preview: bool, famil
     click.echo(report_json(report) if as_json else report.table())
 
 
+@bench.command("gpu")
+@click.option("--chunks", type=int, default=50, show_default=True, help="Chunks to render (40 + 4 frames).")
+@click.option("--preset", default=None, help="Model size: h200 on a GPU, tiny on the CPU (default).")
+@click.option("--resolution", default=None, help="720p on a GPU, 512 at half size on the CPU (default).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
+def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, as_json: bool) -> None:
+    """The dit family on one accelerator: TTFF, frames/s, per-stage ms, peak memory after 10 and all chunks,
+    the A2V step's TFLOP/s, sparse vs dense SR attention, model-switch overhead (CPU: a tiny smoke run)."""
+    import json
+    from dataclasses import asdict
+
+    from gpu_worker.bench_gpu import bench_gpu, describe
+
+    report = bench_gpu(chunks=chunks, preset_name=preset, resolution=resolution)
+    click.echo(json.dumps(asdict(report)) if as_json else describe(report))
+
+
 @bench.command("orchestration")
 @click.option("--minutes", type=float, default=1.0, show_default=True, help="Minutes of speech to render.")
 @click.option("--lease-timeout", type=float, default=5.0, show_default=True, help="Node lease heartbeat timeout (s).")

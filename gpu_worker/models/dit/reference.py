@@ -52,7 +52,7 @@ def cover(rgb: np.ndarray, width: int, height: int) -> Tensor:
     else:
         crop_width, crop_height = source_width, max(1, round(source_width * height / width))
     x, y = (source_width - crop_width) // 2, (source_height - crop_height) // 2
-    image = torch.from_numpy(np.ascontiguousarray(rgb[y : y + crop_height, x : x + crop_width]))
+    image = torch.from_numpy(np.array(rgb[y : y + crop_height, x : x + crop_width]))  # a writable copy
     image = image.permute(2, 0, 1)[None].float() / 127.5 - 1.0  # (1, 3, h, w)
     return resize(image, width, height)[0]
 
