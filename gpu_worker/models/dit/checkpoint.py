@@ -26,6 +26,7 @@ from typing import Protocol
 
 import safetensors.torch
 import torch
+from accelerate import init_empty_weights
 from torch import Tensor, nn
 
 from gpu_worker.models.dit.a2v import AudioToVideoDiT
@@ -137,7 +138,12 @@ def load_state(model: nn.Module, state: dict[str, Tensor], where: str) -> None:
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise CheckpointError(f"{where} does not match its config.json: {shown}")
-    model.load_state_dict(state, strict=True)
+    # A model built under accelerate's init_empty_weights has its parameters on the meta device: take the
+    # file's tensors as they are (assign) instead of copying into storage that does not exist.
+    empty = any(parameter.is_meta for parameter in model.parameters())
+    if empty:  # assigned tensors keep their dtype: give them the model's (a bf16 file still runs in fp32)
+        state = {key: value.to(expected[key].dtype) for key, value in state.items()}
+    model.load_state_dict(state, strict=True, assign=empty)
 
 
 class Weights:
@@ -167,10 +173,14 @@ class Weights:
         """The named model with its weights, in eval mode, on the CPU, gradients off."""
         if name not in BUILDERS:
             raise ValueError(f"unknown dit model {name!r}; known: {', '.join(MODEL_NAMES)}")
-        model = BUILDERS[name](self.config)
         if self.checkpoint is None:
+            model = BUILDERS[name](self.config)
             randomise(model, self.seed + MODEL_NAMES.index(name))
         else:
+            # Parameters on the meta device (buffers stay real): a 1 B-parameter model is neither allocated
+            # nor randomly initialised only to be overwritten by the checkpoint.
+            with init_empty_weights(include_buffers=False):
+                model = BUILDERS[name](self.config)
             file = f"{name}.safetensors"
             load_state(model, self.checkpoint.tensors(file), f"{self.checkpoint.where}/{file}")
         return model.eval().requires_grad_(False)
