@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,16 @@ def stream_format(session: Session) -> StreamFormat:
 
 class NodeActivities:
     def __init__(
-        self, *, store: ObjectStore, sessions: sessionmaker[Any], node_id: str, chunk_delay_s: float = 0.0
+        self,
+        *,
+        store: ObjectStore,
+        sessions: sessionmaker[Any],
+        node_id: str,
+        chunk_delay_s: float = 0.0,
+        pipeline_factory: Callable[[str], Pipeline] | None = None,
     ) -> None:
+        """`pipeline_factory` builds a family's pipeline by name (a multi-GPU node's runs on every rank)."""
+        self._pipeline_factory = pipeline_factory or (lambda family: Pipeline(build_family(family)))
         self._chunk_delay_s = chunk_delay_s
         self._store = store
         self._sessions = sessions
@@ -242,7 +250,7 @@ class NodeActivities:
     def _pipeline(self, family: str) -> Pipeline:
         with self._order:
             if family not in self._pipelines:
-                self._pipelines[family] = Pipeline(build_family(family))
+                self._pipelines[family] = self._pipeline_factory(family)
                 self._running[family] = threading.Lock()
             return self._pipelines[family]
 

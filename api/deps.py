@@ -51,8 +51,8 @@ class Principal:
 
 
 _NO_KEY = (
-    "send an API key: 'Authorization: Bearer <key>' (create one with `monologue keys create --tenant NAME`;"
-    " the embedded stack's own key is in <home>/api-key)"
+    "send an API key: 'Authorization: Bearer <key>' (create one with `monologue keys create --tenant NAME`,"
+    " adding --ops for the ops UI; the embedded stack's own key is in <home>/api-key)"
 )
 
 
@@ -64,7 +64,11 @@ def principal_from_headers(services: Services, authorization: str | None) -> Pri
     with services.sessions() as db:
         row = apikeys.authenticate(db, token.strip())
     if row is None:
-        raise HTTPException(401, "the API key is not valid (or was revoked)", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401,
+            "the API key is not valid (or was revoked); create one with `monologue keys create --tenant NAME`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return Principal(tenant=row.tenant, scopes=tuple(row.scopes), key_id=row.id)
 
 

@@ -66,12 +66,14 @@ class OpsCheckpoint(BaseModel):
 
 
 class OpsLinks(BaseModel):
+    """Where the session page goes: Temporal's UI, and otherwise only `/ops/api` (the operator's access)."""
+
     temporal: str = Field(description="This session's workflow in Temporal's UI.")
-    stream: str
-    events: str
-    video: str
-    cancel: str
-    resume: str
+    stream: str = Field(description="The live HLS playlist.")
+    events: str = Field(description="Server-sent progress events.")
+    video: str = Field(description="The finished MP4.")
+    cancel: str = Field(description="POST: cancel the session.")
+    resume: str = Field(description="POST: resume a failed or cancelled session.")
 
 
 class OpsSessionDetail(BaseModel):

@@ -1,6 +1,9 @@
-"""`/ops`: the operator's web UI (sessions, one session's timeline and live stream, nodes) and the
-read-only JSON it draws from (`/ops/api/…`). Every route depends on `OpsAccess`, the one place where
-access to the UI is decided. Cancel and resume go through `/v1/renders`, like any client's."""
+"""`/ops`: the operator's web UI (sessions, one session's timeline and live stream, nodes) and what it calls
+(`/ops/api/…`): JSON, a session's events, stream and video, cancel and resume. Operators see every tenant.
+
+Every `/ops/api` route depends on `OpsAccess`, the one place where access is decided, and the pages call
+nothing else (no `/v1`: that needs a tenant's key). The pages and their scripts hold no data and are served
+to anyone: a browser cannot send an API key when it navigates, so the page itself asks for one."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from monologue import repo, repo_nodes, repo_ops
 from monologue.db import ChunkRow, SessionRow, utcnow
@@ -29,6 +32,7 @@ from ..ops.schemas import (
     OpsSessionDetail,
     OpsSessionPage,
 )
+from . import renders
 
 router = APIRouter(prefix="/ops", tags=["ops"])
 
@@ -37,23 +41,26 @@ STATIC = Path(__file__).resolve().parent.parent / "ops" / "static"
 _REVALIDATE = {"Cache-Control": "no-cache"}
 
 
+# The pages and static files: no OpsAccess (see the module docstring); all they show comes from /ops/api.
+
+
 @router.get("", include_in_schema=False)
-def sessions_page(access: OpsAccess) -> FileResponse:
+def sessions_page() -> FileResponse:
     return FileResponse(STATIC / "sessions.html", headers=_REVALIDATE)
 
 
 @router.get("/sessions/{session_id}", include_in_schema=False)
-def session_page(session_id: str, access: OpsAccess) -> FileResponse:
+def session_page(session_id: str) -> FileResponse:
     return FileResponse(STATIC / "session.html", headers=_REVALIDATE)
 
 
 @router.get("/nodes", include_in_schema=False)
-def nodes_page(access: OpsAccess) -> FileResponse:
+def nodes_page() -> FileResponse:
     return FileResponse(STATIC / "nodes.html", headers=_REVALIDATE)
 
 
 @router.get("/static/{path:path}", include_in_schema=False)
-def static_file(path: str, access: OpsAccess) -> FileResponse:
+def static_file(path: str) -> FileResponse:
     file = (STATIC / path).resolve()
     if not file.is_relative_to(STATIC) or not file.is_file():
         raise HTTPException(404, f"no ops asset {path!r}")
@@ -85,15 +92,12 @@ def get_session(
     session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
 ) -> OpsSessionDetail:
     """One session: its chunks in timeline order (made or not), its checkpoints and links."""
-    row = repo.get_session(db, session_id=session_id)
-    if row is None:
-        raise HTTPException(404, f"session {session_id!r} not found")
+    row = _find(db, session_id)
     made = repo.list_chunks(db, session_id=session_id)
     totals = repo_ops.ChunkTotals(
         sum(chunk.status == "done" for chunk in made), sum(chunk.frames for chunk in made if chunk.status == "done")
     )
-    base = str(request.base_url).rstrip("/")
-    renders = f"{base}/v1/renders/{row.id}"
+    own = f"{str(request.base_url).rstrip('/')}/ops/api/sessions/{row.id}"
     temporal = services.settings.temporal
     workflow = quote(row.workflow_id or "", safe="")
     return OpsSessionDetail(
@@ -109,13 +113,76 @@ def get_session(
         ],
         links=OpsLinks(
             temporal=f"{temporal.ui_url}/namespaces/{quote(temporal.namespace)}/workflows/{workflow}",
-            stream=f"{renders}/stream.m3u8",
-            events=f"{renders}/events",
-            video=f"{renders}/video.mp4",
-            cancel=f"{renders}/cancel",
-            resume=f"{renders}/resume",
+            stream=f"{own}/stream/stream.m3u8",
+            events=f"{own}/events",
+            video=f"{own}/video.mp4",
+            cancel=f"{own}/cancel",
+            resume=f"{own}/resume",
         ),
     )
+
+
+# Cancel, resume, events, video and stream do what their /v1/renders twins do (the same code), for any tenant.
+
+
+@router.post(
+    "/api/sessions/{session_id}/cancel",
+    status_code=202,
+    response_model=OpsSession,
+    responses={404: {}, 409: {}},
+)
+async def cancel_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsSession:
+    """Stop the session within one chunk; what was published stays playable. 409 if it has ended."""
+    row = _find(db, session_id)
+    await renders.cancel(services, row)
+    return _summary(db, row)
+
+
+@router.post(
+    "/api/sessions/{session_id}/resume",
+    status_code=202,
+    response_model=OpsSession,
+    responses={404: {}, 409: {}},
+)
+async def resume_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsSession:
+    """Start a failed or cancelled session again from its last checkpoint. 409 for any other status."""
+    row = _find(db, session_id)
+    await renders.resume(services, db, row)
+    return _summary(db, row)
+
+
+@router.get(
+    "/api/sessions/{session_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}, 404: {}},
+)
+def session_events(
+    session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
+) -> StreamingResponse:
+    """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
+    _find(db, session_id)
+    return renders.progress_events(request, services, session_id)
+
+
+@router.get(
+    "/api/sessions/{session_id}/video.mp4",
+    response_class=Response,
+    responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}},
+)
+def session_video(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> Response:
+    """The finished MP4. 409 until the session is completed."""
+    return renders.video_file(services, db, _find(db, session_id))
+
+
+@router.get(
+    "/api/sessions/{session_id}/stream/{name}",
+    response_class=Response,
+    responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}, 404: {}},
+)
+def session_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> Response:
+    """The live HLS stream: `stream.m3u8`, `init.mp4` and `seg-*.m4s`."""
+    _find(db, session_id)
+    return renders.stream_file(services, session_id, name)
 
 
 @router.get("/api/nodes", response_model=OpsNodeList)
@@ -139,6 +206,18 @@ def list_nodes(db: DbDep, access: OpsAccess) -> OpsNodeList:
             for node in repo_nodes.list_nodes(db)
         ]
     )
+
+
+def _find(db: DbDep, session_id: str) -> SessionRow:
+    row = repo.get_session(db, session_id=session_id)
+    if row is None:
+        raise HTTPException(404, f"session {session_id!r} not found")
+    return row
+
+
+def _summary(db: DbDep, row: SessionRow) -> OpsSession:
+    totals = repo_ops.chunk_totals(db, session_ids=[row.id]).get(row.id, repo_ops.ChunkTotals(0, 0))
+    return _session(row, totals, utcnow())
 
 
 def _session(row: SessionRow, totals: repo_ops.ChunkTotals, now: datetime) -> OpsSession:
@@ -181,7 +260,11 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
     planned: list[tuple[str, int, int, int]] = []
     running: tuple[str, int] | None = None
     if row.frames and "chunk_frames" in options and "i_frames" in options:
-        sizes = {"n_frames": options["chunk_frames"], "i_frames": options["i_frames"]}
+        sizes = {
+            "n_frames": options["chunk_frames"],
+            "i_frames": options["i_frames"],
+            "first_frames": options.get("first_chunk_frames") or options["chunk_frames"],
+        }
         planned = [(s.kind, s.index, s.first_frame, s.n_frames) for s in plan_timeline(row.frames, **sizes)]
         if row.status == "running":
             running = next(

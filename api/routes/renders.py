@@ -135,12 +135,7 @@ async def cancel_render(
 ) -> RenderPublic:
     """Stop the render within one chunk; what was published stays playable (the playlist is closed)."""
     row = _find(db, session_id, principal)
-    if row.status in TERMINAL:
-        raise HTTPException(409, f"render {session_id} is already {row.status}; there is nothing to cancel")
-    try:
-        await cancel_workflow(services, row)
-    except RPCError as err:  # it ended between the check and the request
-        raise HTTPException(409, f"render {session_id} could not be cancelled: {err.message}") from err
+    await cancel(services, row)
     return _public(request, services, db, row)
 
 
@@ -155,13 +150,7 @@ async def resume_render(
 ) -> RenderPublic:
     """Start a failed or cancelled render again from its last checkpoint; chunks already made are kept."""
     row = _find(db, session_id, principal)
-    if row.status not in ("failed", "cancelled"):
-        raise HTTPException(409, f"render {session_id} is {row.status}; only failed or cancelled renders resume")
-    try:
-        await resume_workflow(services, row)
-    except WorkflowAlreadyStartedError as err:
-        raise HTTPException(409, f"render {session_id} is already running again") from err
-    db.refresh(row)
+    await resume(services, db, row)
     return _public(request, services, db, row)
 
 
@@ -173,6 +162,36 @@ async def render_events(
 ) -> StreamingResponse:
     """Server-sent events: a `progress` event whenever the render's progress changes, until it ends."""
     _find(db, session_id, principal)
+    return progress_events(request, services, session_id)
+
+
+# cancel, resume, progress_events, video_file and stream_file (below) are these routes' bodies, shared with
+# /ops (api/routes/ops.py), whose routes find the session for any tenant and then do exactly the same.
+
+
+async def cancel(services: ServicesDep, row: SessionRow) -> None:
+    """Ask the session's workflow to stop; 409 if it has already ended."""
+    if row.status in TERMINAL:
+        raise HTTPException(409, f"render {row.id} is already {row.status}; there is nothing to cancel")
+    try:
+        await cancel_workflow(services, row)
+    except RPCError as err:  # it ended between the check and the request
+        raise HTTPException(409, f"render {row.id} could not be cancelled: {err.message}") from err
+
+
+async def resume(services: ServicesDep, db: DbDep, row: SessionRow) -> None:
+    """Start a failed or cancelled session again (`row` is refreshed); 409 otherwise."""
+    if row.status not in ("failed", "cancelled"):
+        raise HTTPException(409, f"render {row.id} is {row.status}; only failed or cancelled renders resume")
+    try:
+        await resume_workflow(services, row)
+    except WorkflowAlreadyStartedError as err:
+        raise HTTPException(409, f"render {row.id} is already running again") from err
+    db.refresh(row)
+
+
+def progress_events(request: Request, services: ServicesDep, session_id: str) -> StreamingResponse:
+    """The `progress` event stream of a session the caller may see."""
 
     async def events() -> AsyncIterator[str]:
         last = None
@@ -199,7 +218,12 @@ async def render_events(
 )
 def get_video(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
     """The finished MP4 (H.264 + AAC). 409 while the render is still going."""
-    row = _find(db, session_id, principal)
+    return video_file(services, db, _find(db, session_id, principal))
+
+
+def video_file(services: ServicesDep, db: DbDep, row: SessionRow) -> Response:
+    """The finished MP4 of a session the caller may see; 409 until it is completed."""
+    session_id = row.id
     if row.status != "completed" or row.video_key is None:
         done = repo.chunks_done(db, session_id=session_id)
         raise HTTPException(
@@ -226,6 +250,11 @@ _MEDIA_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".mp4": "video/mp4", "
 def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
     """The live HLS stream: `stream.m3u8` (grows while the render runs), `init.mp4` and its `seg-*.m4s`."""
     _find(db, session_id, principal)
+    return stream_file(services, session_id, name)
+
+
+def stream_file(services: ServicesDep, session_id: str, name: str) -> Response:
+    """One file of the HLS stream of a session the caller may see; 404 for any other name."""
     if not keys.PUBLIC_OUTPUT.match(name):
         raise HTTPException(404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s")
     key = keys.output(session_id, name)

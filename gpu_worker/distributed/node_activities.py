@@ -6,7 +6,6 @@ SQLAlchemy, storage), which the other ranks, and the GPU machine's bare environm
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from sqlalchemy.orm import sessionmaker
@@ -14,7 +13,6 @@ from sqlalchemy.orm import sessionmaker
 from activities.node import NodeActivities
 from gpu_worker.distributed.pipeline import DistributedPipeline
 from gpu_worker.distributed.runtime import RankGroup
-from gpu_worker.pipeline import Pipeline
 from monologue.storage import ObjectStore
 
 
@@ -31,15 +29,11 @@ class DistributedNodeActivities(NodeActivities):
         node_id: str,
         chunk_delay_s: float = 0.0,
     ) -> None:
-        super().__init__(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=chunk_delay_s)
+        super().__init__(
+            store=store,
+            sessions=sessions,
+            node_id=node_id,
+            chunk_delay_s=chunk_delay_s,
+            pipeline_factory=lambda family: DistributedPipeline(group, family),
+        )
         self._group = group
-
-    def _pipeline(self, family: str) -> Pipeline:
-        # NodeActivities builds its pipelines here and nowhere else; this mirrors its body with the
-        # distributed pipeline in place of `Pipeline(build_family(family))`. (A `pipeline_factory` argument
-        # on NodeActivities would make this override unnecessary.)
-        with self._order:
-            if family not in self._pipelines:
-                self._pipelines[family] = DistributedPipeline(self._group, family)
-                self._running[family] = threading.Lock()
-            return self._pipelines[family]

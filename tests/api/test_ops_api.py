@@ -1,30 +1,43 @@
-"""The ops UI's JSON and pages, on a real SQLite database and no Temporal: fast, no stack."""
+"""The ops UI's JSON and pages, on a real SQLite database and no Temporal (a fake client where a route
+reaches it): fast, no stack. Requests carry a real API key with the `ops` scope, of a tenant that owns
+none of the sessions: operators see every tenant."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import HTTPException
+from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import sessionmaker
+from temporalio.service import RPCError, RPCStatusCode
 
 from api.app import create_app
 from api.deps import Services, ops_access
 from api.routes import ops
 from api.routes.ops import STATIC
-from monologue import repo_nodes
+from monologue import apikeys, keys, repo_nodes
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, make_engine, make_sessionmaker, migrate
-from monologue.settings import Settings, TemporalSettings
+from monologue.settings import ApiSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
 
 NOW = datetime.now(UTC)
-OPTIONS = {"fps": 25, "chunk_frames": 40, "i_frames": 4, "seed": 0, "resolution": "source", "preview": False}
+OPTIONS = {
+    "fps": 25,
+    "chunk_frames": 40,
+    "i_frames": 4,
+    "seed": 0,
+    "resolution": "source",
+    "preview": False,
+    "family": "warp",
+}
 
 
 @pytest.fixture
@@ -36,18 +49,71 @@ def db_sessions(tmp_path: Path) -> Iterator[sessionmaker[Any]]:
     engine.dispose()
 
 
-@pytest.fixture
-def client(tmp_path: Path, db_sessions: sessionmaker[Any]) -> TestClient:
-    settings = Settings(home=tmp_path, temporal=TemporalSettings(ui_url="http://temporal.example:8233", namespace="ns"))
+@dataclass
+class FakeTemporal:
+    """Stands in for the Temporal client where cancel reaches it: records the workflows it was asked to
+    cancel, or fails like a workflow that has just closed."""
+
+    cancelled: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def get_workflow_handle(self, workflow_id: str) -> FakeTemporal.Handle:
+        return FakeTemporal.Handle(self, workflow_id)
+
+    @dataclass
+    class Handle:
+        temporal: FakeTemporal
+        workflow_id: str
+
+        async def cancel(self) -> None:
+            if self.temporal.closed:
+                raise RPCError("workflow execution already completed", RPCStatusCode.NOT_FOUND, b"")
+            self.temporal.cancelled.append(self.workflow_id)
+
+
+def _app(tmp_path: Path, db_sessions: sessionmaker[Any], temporal: FakeTemporal, **api: Any) -> FastAPI:
+    settings = Settings(
+        home=tmp_path,
+        temporal=TemporalSettings(ui_url="http://temporal.example:8233", namespace="ns"),
+        api=ApiSettings(**api),
+    )
     app = create_app(settings)
-    # No lifespan (so no Temporal): the ops routes only read the database.
+    # No lifespan (so no Temporal): the ops routes read the database, and cancel reaches the fake.
     app.state.services = Services(
         settings=settings,
         store=LocalStore(tmp_path / "objects"),
         sessions=db_sessions,
-        temporal=None,  # type: ignore[arg-type]
+        temporal=temporal,  # type: ignore[arg-type]
     )
-    return TestClient(app)
+    return app
+
+
+def _key(db_sessions: sessionmaker[Any], tenant: str, *scopes: str) -> dict[str, str]:
+    with db_sessions() as db:
+        _, key = apikeys.create_key(db, tenant=tenant, scopes=scopes)
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def temporal() -> FakeTemporal:
+    return FakeTemporal()
+
+
+@pytest.fixture
+def app(tmp_path: Path, db_sessions: sessionmaker[Any], temporal: FakeTemporal) -> FastAPI:
+    return _app(tmp_path, db_sessions, temporal)
+
+
+@pytest.fixture
+def client(app: FastAPI, db_sessions: sessionmaker[Any]) -> TestClient:
+    """An operator: a key with the `ops` scope, of a tenant without sessions."""
+    return TestClient(app, headers=_key(db_sessions, "ops-team", "ops"))
+
+
+@pytest.fixture
+def store(app: FastAPI) -> LocalStore:
+    store: LocalStore = app.state.services.store
+    return store
 
 
 def _session(sid: str, *, status: str, created: datetime, **fields: Any) -> SessionRow:
@@ -91,7 +157,7 @@ def seeded(db_sessions: sessionmaker[Any]) -> None:
                      node_id="node-b", frames=100, chunks_total=5, ttff_ms=850.0),
             _session("done", status="completed", created=five_minutes_ago, tenant="acme", node_id="node-a",
                      started_at=five_minutes_ago, finished_at=five_minutes_ago + timedelta(seconds=2),
-                     frames=50, chunks_total=1),
+                     frames=50, chunks_total=1, video_key=keys.final_video("done")),
             _session("bad", status="failed", created=NOW - timedelta(minutes=6), error="audio.wav is missing"),
             _session("talk", status="running", created=NOW - timedelta(minutes=7), kind="live"),
         ]  # fmt: skip
@@ -164,9 +230,15 @@ def test_session_detail_lists_every_chunk_in_timeline_order_with_retries_nodes_a
     assert [ckpt["index"] for ckpt in detail["checkpoints"]] == [0, 1]
     links = detail["links"]
     assert links["temporal"] == "http://temporal.example:8233/namespaces/ns/workflows/render-run"
-    assert links["stream"].endswith("/v1/renders/run/stream.m3u8") and links["cancel"].endswith(
-        "/v1/renders/run/cancel"
-    )
+    # Everything else the page calls is under /ops/api, so the operator's access covers it.
+    own = "http://testserver/ops/api/sessions/run"
+    assert {name: url for name, url in links.items() if name != "temporal"} == {
+        "stream": f"{own}/stream/stream.m3u8",
+        "events": f"{own}/events",
+        "video": f"{own}/video.mp4",
+        "cancel": f"{own}/cancel",
+        "resume": f"{own}/resume",
+    }
     assert detail["session"]["progress"]["chunks_done"] == 3 and detail["options"]["fps"] == 25
 
 
@@ -189,11 +261,14 @@ def test_nodes_report_heartbeat_age_rate_and_memory(client: TestClient, seeded: 
 
 
 @pytest.mark.parametrize("path", ["/ops", "/ops/sessions/run", "/ops/nodes"])
-def test_pages_are_html_loading_their_module(client: TestClient, path: str) -> None:
-    response = client.get(path)
+def test_pages_are_html_loading_their_module_even_without_a_key(app: FastAPI, path: str) -> None:
+    """A browser sends no key when it navigates: the page loads, then asks for one (it holds no data itself)."""
+    anonymous = TestClient(app)
+    response = anonymous.get(path)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    assert 'id="sign-out"' in response.text
     for asset in re.findall(r'(?:src|href)="(/ops/static/[^"]+)"', response.text):
-        assert client.get(asset).status_code == 200, asset
+        assert anonymous.get(asset).status_code == 200, asset
 
 
 def test_static_files_outside_the_folder_are_404(client: TestClient) -> None:
@@ -202,21 +277,126 @@ def test_static_files_outside_the_folder_are_404(client: TestClient) -> None:
         assert client.get(path).status_code == 404, path
     for escape in ("../schemas.py", "../../app.py", "/etc/passwd"):  # what HTTP clients would normalise away
         with pytest.raises(HTTPException) as refused:
-            ops.static_file(escape, None)
+            ops.static_file(escape)
         assert refused.value.status_code == 404
 
 
-def test_every_ops_route_goes_through_the_access_hook(client: TestClient) -> None:
+def test_every_ops_api_route_goes_through_the_access_hook(client: TestClient, seeded: None) -> None:
     def refuse() -> None:
         raise HTTPException(403, "no")
 
     app: Any = client.app
     app.dependency_overrides[ops_access] = refuse
-    paths = [route.path for route in ops.router.routes]  # type: ignore[attr-defined]
-    assert len(paths) >= 7
-    for path in paths:
-        url = path.replace("{session_id}", "run").replace("{path:path}", "ops.css")
-        assert client.get(url).status_code == 403, path
+    routes = [(route.path, method) for route in ops.router.routes for method in route.methods]  # type: ignore[attr-defined]
+    api = [(path, method) for path, method in routes if path.startswith("/ops/api/")]
+    assert len(api) == 8 and len(routes) == len(api) + 4  # the other four: three pages and the static files
+    for path, method in api:
+        url = path.replace("{session_id}", "run").replace("{name}", "stream.m3u8")
+        assert client.request(method, url).status_code == 403, (method, path)
+
+
+def test_ops_api_needs_a_key_with_the_ops_scope(app: FastAPI, db_sessions: sessionmaker[Any], seeded: None) -> None:
+    anonymous = TestClient(app)
+    refused = anonymous.get("/ops/api/sessions")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer" in refused.json()["detail"]
+    wrong = anonymous.get("/ops/api/sessions", headers={"Authorization": "Bearer mk_00000000_" + "x" * 32})
+    assert wrong.status_code == 401 and "not valid" in wrong.json()["detail"]
+    tenant = anonymous.get("/ops/api/sessions", headers=_key(db_sessions, "acme"))
+    assert tenant.status_code == 403 and "'ops' scope" in tenant.json()["detail"]
+    operator = anonymous.get("/ops/api/sessions", headers=_key(db_sessions, "acme", "ops"))
+    assert operator.status_code == 200 and operator.json()["total"] == 4  # every tenant's, not only acme's
+
+
+def test_open_on_loopback_admits_a_local_browser_without_a_key(
+    tmp_path: Path, db_sessions: sessionmaker[Any], temporal: FakeTemporal, seeded: None
+) -> None:
+    """MONOLOGUE_API__OPS_OPEN_ON_LOOPBACK: no key needed from this machine, and only from it; a key that is
+    sent is still checked."""
+    open_app = _app(tmp_path, db_sessions, temporal, ops_open_on_loopback=True)
+    local = TestClient(open_app, client=("127.0.0.1", 123))
+    assert local.get("/ops/api/sessions").status_code == 200
+    assert TestClient(open_app, client=("::1", 123)).get("/ops/api/nodes").status_code == 200
+    assert local.get("/ops/api/sessions", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert TestClient(open_app, client=("192.0.2.7", 123)).get("/ops/api/sessions").status_code == 401
+    closed = TestClient(_app(tmp_path, db_sessions, temporal), client=("127.0.0.1", 123))
+    assert closed.get("/ops/api/sessions").status_code == 401  # the setting is off by default
+
+
+def test_cancel_asks_temporal_to_cancel_any_tenants_running_session(
+    client: TestClient, temporal: FakeTemporal, seeded: None
+) -> None:
+    response = client.post("/ops/api/sessions/run/cancel")
+    assert response.status_code == 202 and response.json()["id"] == "run"
+    assert response.json()["progress"]["chunks_done"] == 3
+    assert temporal.cancelled == ["render-run"]
+
+
+@pytest.mark.parametrize(
+    ("action", "session_id", "status", "message"),
+    [
+        ("cancel", "nope", 404, "session 'nope' not found"),
+        ("resume", "nope", 404, "session 'nope' not found"),
+        ("cancel", "done", 409, "render done is already completed; there is nothing to cancel"),
+        ("cancel", "bad", 409, "render bad is already failed; there is nothing to cancel"),
+        ("resume", "run", 409, "render run is running; only failed or cancelled renders resume"),
+        ("resume", "done", 409, "render done is completed; only failed or cancelled renders resume"),
+    ],
+)
+def test_cancel_and_resume_refuse_unknown_and_wrong_status_sessions(
+    client: TestClient, temporal: FakeTemporal, seeded: None, action: str, session_id: str, status: int, message: str
+) -> None:
+    """The same checks and messages as /v1/renders/{id}/cancel and /resume (the same code)."""
+    response = client.post(f"/ops/api/sessions/{session_id}/{action}")
+    assert (response.status_code, response.json()["detail"]) == (status, message)
+    assert temporal.cancelled == []
+
+
+def test_cancel_of_a_session_that_just_ended_is_409(client: TestClient, temporal: FakeTemporal, seeded: None) -> None:
+    temporal.closed = True
+    response = client.post("/ops/api/sessions/run/cancel")
+    assert response.status_code == 409
+    assert response.json()["detail"] == "render run could not be cancelled: workflow execution already completed"
+
+
+def test_events_stream_progress_until_the_session_ends(client: TestClient, seeded: None) -> None:
+    """An ended session: one `progress` event, then the stream closes (a running one would go on)."""
+    with client.stream("GET", "/ops/api/sessions/done/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        body = response.read().decode()
+    event, data = body.strip().split("\n")
+    assert event == "event: progress"
+    render = json.loads(data.removeprefix("data: "))
+    assert (render["id"], render["status"], render["progress"]["chunks_done"]) == ("done", "completed", 1)
+    assert client.get("/ops/api/sessions/nope/events").status_code == 404
+
+
+def test_stream_files_are_served_with_their_media_types_and_caching(
+    client: TestClient, store: LocalStore, seeded: None
+) -> None:
+    store.put(keys.output("run", "stream.m3u8"), b"#EXTM3U\n", content_type="application/vnd.apple.mpegurl")
+    store.put(keys.output("run", "seg-N00000.m4s"), b"segment", content_type="video/iso.segment")
+    playlist = client.get("/ops/api/sessions/run/stream/stream.m3u8")
+    assert (playlist.status_code, playlist.content) == (200, b"#EXTM3U\n")
+    assert playlist.headers["content-type"] == "application/vnd.apple.mpegurl"
+    assert playlist.headers["cache-control"] == "no-cache"  # it grows while the session runs
+    segment = client.get("/ops/api/sessions/run/stream/seg-N00000.m4s")
+    assert (segment.status_code, segment.headers["content-type"]) == (200, "video/iso.segment")
+    assert segment.headers["cache-control"] == "public, max-age=31536000, immutable"
+    not_yet = client.get("/ops/api/sessions/run/stream/init.mp4")
+    assert not_yet.status_code == 404 and "not published yet" in not_yet.json()["detail"]
+    for name in ("audio.wav", "video.mp4", "seg-N0.m4s", "..%2Fin%2Faudio.wav"):  # only the stream's own files
+        assert client.get(f"/ops/api/sessions/run/stream/{name}").status_code == 404, name
+    assert client.get("/ops/api/sessions/nope/stream/stream.m3u8").status_code == 404
+
+
+def test_the_video_is_served_once_completed(client: TestClient, store: LocalStore, seeded: None) -> None:
+    store.put(keys.final_video("done"), b"mp4 bytes", content_type="video/mp4")
+    video = client.get("/ops/api/sessions/done/video.mp4")
+    assert (video.status_code, video.content, video.headers["content-type"]) == (200, b"mp4 bytes", "video/mp4")
+    running = client.get("/ops/api/sessions/run/video.mp4")
+    assert running.status_code == 409 and "is running (3/5 chunks)" in running.json()["detail"]
 
 
 def test_the_vendored_hls_js_is_the_published_file() -> None:

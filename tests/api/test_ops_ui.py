@@ -1,10 +1,11 @@
 """The ops UI in a real browser (Debian's Chromium through Playwright) against the real embedded stack:
-live progress in the sessions table, a session's timeline and live player while it renders, cancel
-through the button and its confirmation, and the node registry. Screenshots go to
-$MONOLOGUE_TEST_ARTIFACTS (default tests/artifacts/).
+signing in with the stack's API key, live progress in the sessions table, a session's timeline and live
+player while it renders, cancel through the button and its confirmation, the node registry and signing
+out. Screenshots go to $MONOLOGUE_TEST_ARTIFACTS (default tests/artifacts/).
 
 The stack is this module's own, like the durability tests': every chunk is stretched by 0.4 s
-(`node.chunk_delay_s`) so a render lasts long enough to watch, and the node takes two sessions."""
+(`node.chunk_delay_s`) so a render lasts long enough to watch, and the node takes two sessions. The ops
+UI is not open on loopback, so every request the pages make must carry the key."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ from monologue.media import decode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
 from tests.browser import CHROMIUM_ARGS, chromium_path
-from tests.helpers import submit, wav_bytes
+from tests.helpers import wav_bytes
 
 pytestmark = pytest.mark.slow
 NODE = "ops-node"
+KEY_ITEM = "monologue-ops-key"  # where the pages keep the key (sessionStorage, per tab)
 ARTIFACTS = Path(os.environ.get("MONOLOGUE_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "artifacts"))
 
 
@@ -37,6 +39,7 @@ def ops_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         api=ApiSettings(port=free_port()),
         node=NodeSettings(id=NODE, capacity=2, chunk_delay_s=0.4, graceful_shutdown_s=5.0),
     )
+    assert not settings.api.ops_open_on_loopback  # the pages must send the key
     stack = Stack(settings)
     stack.start()
     yield stack
@@ -55,12 +58,23 @@ def long_speech(sample_speech: bytes) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def watched(url: str, sample_portrait: bytes, long_speech: bytes) -> str:
-    """The session the first tests watch as it renders."""
-    response = submit(url, sample_portrait, long_speech)
+def auth(ops_stack: Stack) -> dict[str, str]:
+    """The stack's own key (tenant `local`, scope `ops`): it submits renders and signs in to the pages."""
+    return {"Authorization": f"Bearer {ops_stack.api_key}"}
+
+
+def _submit(url: str, auth: dict[str, str], portrait: bytes, audio: bytes) -> str:
+    files = {"portrait": ("portrait.jpg", portrait), "audio": ("speech.wav", audio)}
+    response = httpx.post(f"{url}/v1/renders", files=files, headers=auth, timeout=60)
     assert response.status_code == 201, response.text
     session_id: str = response.json()["id"]
     return session_id
+
+
+@pytest.fixture(scope="module")
+def watched(url: str, auth: dict[str, str], sample_portrait: bytes, long_speech: bytes) -> str:
+    """The session the first tests watch as it renders."""
+    return _submit(url, auth, sample_portrait, long_speech)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +91,7 @@ def browser(ops_stack: Stack) -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A laptop-sized page; any uncaught script error fails the test."""
+    """A laptop-sized page, not signed in; any uncaught script error fails the test."""
     page = browser.new_page(viewport={"width": 1366, "height": 860})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -86,19 +100,47 @@ def page(browser: Any) -> Iterator[Any]:
     assert errors == []
 
 
+@pytest.fixture
+def signed_in(page: Any, ops_stack: Stack) -> Any:
+    """The page with the key already in its tab's storage, as if signed in earlier (the first test signs in
+    through the form). Stored once per tab, so that signing out (which reloads) sticks."""
+    page.add_init_script(
+        f"""if (!sessionStorage.getItem("test-seeded")) {{
+              sessionStorage.setItem("test-seeded", "1");
+              sessionStorage.setItem({KEY_ITEM!r}, {ops_stack.api_key!r});
+            }}"""
+    )
+    return page
+
+
 def _screenshot(page: Any, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
-def _render(url: str, session_id: str) -> dict[str, Any]:
-    render: dict[str, Any] = httpx.get(f"{url}/v1/renders/{session_id}", timeout=10).json()
+def _render(url: str, auth: dict[str, str], session_id: str) -> dict[str, Any]:
+    render: dict[str, Any] = httpx.get(f"{url}/v1/renders/{session_id}", headers=auth, timeout=10).json()
     return render
 
 
-def test_sessions_table_shows_a_render_progressing_without_a_reload(page: Any, url: str, watched: str) -> None:
+def test_signing_in_then_the_sessions_table_shows_a_render_progressing_without_a_reload(
+    page: Any, url: str, ops_stack: Stack, watched: str
+) -> None:
     page.goto(f"{url}/ops")
     page.evaluate("window.notReloaded = true")
+    key = page.get_by_label("API key")  # the API answered 401: the page asks for a key
+    key.wait_for(timeout=10_000)
+    assert key.get_attribute("type") == "password"
+    assert page.evaluate("document.activeElement.id") == "api-key"
+    assert page.locator("#sessions-body tr").count() == 0
+    key.fill("mk_00000000_not-the-key-at-all-000000")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("alert").filter(has_text="not valid").wait_for(timeout=10_000)  # asked again, saying why
+    _screenshot(page, "ops-sign-in.png")
+    page.get_by_label("API key").fill(ops_stack.api_key)
+    page.keyboard.press("Enter")
+    page.locator(".sign-in").wait_for(state="detached", timeout=10_000)
+    assert page.locator("#sign-out").is_visible()
     label = page.locator(f'tr[data-session="{watched}"] .progress-label')
     label.wait_for(timeout=20_000)
     page.wait_for_function(
@@ -113,7 +155,7 @@ def test_sessions_table_shows_a_render_progressing_without_a_reload(page: Any, u
         arg=[f'tr[data-session="{watched}"] .progress-label', first],
         timeout=30_000,
     )
-    assert page.evaluate("window.notReloaded") is True
+    assert page.evaluate("window.notReloaded") is True  # signing in did not reload the page either
     row = page.locator(f'tr[data-session="{watched}"]')
     assert row.locator(".badge").text_content() == "running"
     assert NODE in (row.text_content() or "")
@@ -125,15 +167,25 @@ def test_sessions_table_shows_a_render_progressing_without_a_reload(page: Any, u
     row.wait_for(timeout=10_000)
 
 
-def test_session_page_draws_the_timeline_and_plays_while_rendering(page: Any, url: str, watched: str) -> None:
+def test_session_page_draws_the_timeline_and_plays_while_rendering(
+    signed_in: Any, url: str, auth: dict[str, str], watched: str
+) -> None:
+    page = signed_in
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
     page.goto(f"{url}/ops/sessions/{watched}")
-    total = _render(url, watched)["progress"]["chunks_total"]
+    total = _render(url, auth, watched)["progress"]["chunks_total"]
     page.wait_for_function(f"document.querySelectorAll('#timeline .chunk').length === {total}", timeout=20_000)
     assert page.locator("#timeline .chunk.kind-I").count() == total // 2  # N0 I0 N1 … N12
     assert page.locator('#timeline .chunk[data-status="done"]').count() >= 1
     page.wait_for_function("document.getElementById('player').currentTime > 1", timeout=30_000)
-    assert _render(url, watched)["status"] == "running"  # it played before the render ended
+    assert _render(url, auth, watched)["status"] == "running"  # it played before the render ended
     assert page.locator("#events li").count() >= 1
+    assert page.locator(".sign-in").count() == 0  # the stored key was sent with every request
+    called = [request for request in requests if request.startswith(url)]
+    assert any(f"/ops/api/sessions/{watched}/stream/seg-" in request for request in called)
+    assert any(request.endswith(f"/ops/api/sessions/{watched}/events") for request in called)
+    assert not [request for request in called if "/v1/" in request]  # only /ops, which the ops key opens
     link = page.locator("#temporal-link").get_attribute("href")
     assert link is not None and link.endswith(f"/namespaces/default/workflows/render-{watched}")
     page.locator("#timeline .chunk").first.hover()
@@ -141,8 +193,11 @@ def test_session_page_draws_the_timeline_and_plays_while_rendering(page: Any, ur
     _screenshot(page, "ops-session.png")
 
 
-def test_cancel_button_asks_first_then_cancels(page: Any, url: str, sample_portrait: bytes, long_speech: bytes) -> None:
-    session_id = submit(url, sample_portrait, long_speech).json()["id"]
+def test_cancel_button_asks_first_then_cancels(
+    signed_in: Any, url: str, auth: dict[str, str], sample_portrait: bytes, long_speech: bytes
+) -> None:
+    page = signed_in
+    session_id = _submit(url, auth, sample_portrait, long_speech)
     page.goto(f"{url}/ops/sessions/{session_id}")
     cancel = page.locator("#cancel")
     cancel.wait_for()
@@ -153,19 +208,27 @@ def test_cancel_button_asks_first_then_cancels(page: Any, url: str, sample_portr
     dialog.wait_for(state="visible")
     page.keyboard.press("Escape")  # …and Escape backs out without cancelling
     dialog.wait_for(state="hidden")
-    assert _render(url, session_id)["status"] in ("queued", "running")
+    assert _render(url, auth, session_id)["status"] in ("queued", "running")
     cancel.click()
     _screenshot(page, "ops-cancel-dialog.png")
-    page.locator("#confirm-yes").click()
+    with page.expect_response(lambda response: response.request.method == "POST") as cancelled:
+        page.locator("#confirm-yes").click()
+    assert cancelled.value.url == f"{url}/ops/api/sessions/{session_id}/cancel" and cancelled.value.status == 202
     page.wait_for_function("document.getElementById('status').textContent === 'cancelled'", timeout=30_000)
-    assert _render(url, session_id)["status"] == "cancelled"
+    assert _render(url, auth, session_id)["status"] == "cancelled"
     assert page.locator("#resume").is_enabled() and page.locator("#cancel").is_disabled()
 
 
-def test_nodes_page_lists_the_node(page: Any, url: str, watched: str) -> None:
+def test_nodes_page_lists_the_node_and_signing_out_asks_for_the_key_again(
+    signed_in: Any, url: str, watched: str
+) -> None:
+    page = signed_in
     page.goto(f"{url}/ops/nodes")
     row = page.locator(f'tr[data-node="{NODE}"]')
     row.wait_for(timeout=10_000)
     text = row.text_content() or ""
     assert "up" in text and "/2" in text and "MB" in text and "ago" in text
     _screenshot(page, "ops-nodes.png")
+    page.get_by_role("button", name="Sign out").click()
+    page.get_by_label("API key").wait_for(timeout=10_000)
+    assert page.evaluate(f"sessionStorage.getItem({KEY_ITEM!r})") is None

@@ -1,23 +1,138 @@
-// Shared by the ops pages: JSON over fetch, safe DOM building, polling and formatting.
-// Text from the API (error messages, ids) only ever goes into text nodes and attributes, never innerHTML.
+// Shared by the ops pages: authorised fetch, sign-in, server-sent events, safe DOM building, polling and
+// formatting. Text from the API (error messages, ids) only ever goes into text nodes and attributes, never
+// innerHTML.
+
+// The API key lives in this tab only (sessionStorage) and goes with every request as a Bearer token. Without
+// one, requests go out bare: the server admits those only when the ops UI is open on loopback.
+const KEY = "monologue-ops-key";
+
+/** `headers` plus the Authorization header when a key is stored. */
+export function authorize(headers = {}) {
+  const key = sessionStorage.getItem(KEY);
+  return key ? { ...headers, Authorization: `Bearer ${key}` } : headers;
+}
+
+/** fetch() with the key; on 401 or 403 it asks for a key and tries again. Other failures throw. */
+export async function request(url, { headers, ...options } = {}) {
+  for (;;) {
+    const sent = sessionStorage.getItem(KEY);
+    const response = await fetch(url, { ...options, headers: authorize(headers) });
+    if (response.status !== 401 && response.status !== 403) {
+      if (!response.ok) throw new Error(`${response.status}: ${await detail(response)}`);
+      return response;
+    }
+    // A key given while this request was out is tried before asking again.
+    if (sessionStorage.getItem(KEY) === sent) await signIn(sent && (await detail(response)));
+  }
+}
 
 export async function getJSON(url) {
-  const response = await fetch(url, { headers: { Accept: "application/json" } });
-  if (!response.ok) throw new Error(await describe(response));
-  return response.json();
+  return (await request(url, { headers: { Accept: "application/json" } })).json();
 }
 
 export async function postJSON(url) {
-  const response = await fetch(url, { method: "POST", headers: { Accept: "application/json" } });
-  if (!response.ok) throw new Error(await describe(response));
-  return response.json();
+  return (await request(url, { method: "POST", headers: { Accept: "application/json" } })).json();
 }
 
-async function describe(response) {
+async function detail(response) {
   try {
-    return `${response.status}: ${(await response.json()).detail}`;
+    return (await response.json()).detail;
   } catch {
-    return `${response.status} ${response.statusText}`;
+    return response.statusText;
+  }
+}
+
+// The header's "Sign out" button, shown while a key is stored; signing out reloads the page without it.
+const signOut = document.getElementById("sign-out");
+signOut?.addEventListener("click", () => {
+  sessionStorage.removeItem(KEY);
+  location.reload();
+});
+showSignOut();
+
+function showSignOut() {
+  if (signOut) signOut.hidden = !sessionStorage.getItem(KEY);
+}
+
+let signingIn = null;
+
+/** Show the sign-in form (one, however many requests wait on it) and resolve once a key is given. */
+function signIn(problem) {
+  sessionStorage.removeItem(KEY);
+  showSignOut();
+  signingIn ??= new Promise((resolve) => {
+    const input = el("input", { id: "api-key", type: "password", required: true, autocomplete: "off" });
+    const form = el(
+      "form",
+      { class: "sign-in", "aria-labelledby": "sign-in-title" },
+      el("h2", { id: "sign-in-title" }, "Sign in"),
+      el("p", { role: "alert", class: problem ? "error" : null }, problem || "These pages need an API key."),
+      el("p", { class: "muted" }, "Use an API key with the ops scope (monologue keys create --ops),",
+        " or the embedded stack's key, in <home>/api-key. It is kept for this tab only."),
+      el("label", { for: "api-key" }, "API key"),
+      input,
+      el("button", { type: "submit" }, "Sign in"),
+    );
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(KEY, input.value.trim());
+      form.remove();
+      signingIn = null;
+      showSignOut();
+      resolve();
+    });
+    document.querySelector("main").prepend(form);
+    input.focus();
+  });
+  return signingIn;
+}
+
+/** Follow a server-sent event stream over fetch (EventSource cannot send the key): `onEvent({type, data})`
+ * for each event, `onLost()` when the connection drops, then reconnect after 1 s, doubling up to 30 s (an
+ * event resets it). The returned function stops it all. */
+export function readEvents(url, onEvent, onLost) {
+  const controller = new AbortController();
+  const stopped = () => controller.signal.aborted;
+  (async () => {
+    let delay = 1000;
+    while (!stopped()) {
+      try {
+        const response = await request(url, { headers: { Accept: "text/event-stream" }, signal: controller.signal });
+        for await (const event of parseEvents(response.body)) {
+          delay = 1000;
+          onEvent(event);
+        }
+      } catch {
+        // Dropped, refused or stopped: the same backoff, unless stopped.
+      }
+      if (stopped()) return;
+      onLost();
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      delay = Math.min(delay * 2, 30_000);
+    }
+  })();
+  return () => controller.abort();
+}
+
+/** The events of a text/event-stream body; only the `event:` and `data:` fields (all our streams use). */
+async function* parseEvents(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let type = "message";
+  let data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    const lines = (buffer + value).split("\n");
+    buffer = lines.pop(); // the line still arriving
+    for (const line of lines.map((text) => text.replace(/\r$/, ""))) {
+      if (line === "") {
+        if (data.length) yield { type, data: data.join("\n") };
+        type = "message";
+        data = [];
+      } else if (line.startsWith("event:")) type = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
   }
 }
 

@@ -1,8 +1,9 @@
 // One session: facts, the chunk timeline, the live HLS player and the event log. Server-sent progress
-// events (GET /v1/renders/{id}/events) drive the log and trigger a refresh of the rest; a slow poll
-// covers the moments the event stream is down.
+// events (GET /ops/api/sessions/{id}/events) drive the log and trigger a refresh of the rest; a slow poll
+// covers the moments the event stream is down. Everything goes through /ops/api with the operator's key.
 import {
-  TERMINAL, el, every, formatDuration, formatFactor, formatMs, formatTime, getJSON, postJSON, progressBar,
+  TERMINAL, authorize, el, every, formatDuration, formatFactor, formatMs, formatTime, getJSON, postJSON,
+  progressBar, readEvents, request,
 } from "./common.js";
 import { drawTimeline, setupTimeline } from "./timeline.js";
 
@@ -24,7 +25,7 @@ async function refresh() {
     drawnKey = key;
     drawTimeline(timeline, detail.chunks, detail.checkpoints, detail.options.fps);
   }
-  if (!source && !followed) follow();
+  if (!stopEvents && !followed) follow();
   if (!player) startPlayer();
 }
 
@@ -55,26 +56,29 @@ function showFacts({ session, links, chunks, width, height, options }) {
   $("facts").replaceChildren(...facts.map(([name, value]) => el("div", {}, el("dt", {}, name), el("dd", {}, value))));
 }
 
-// The event log, from the render's server-sent progress events.
-let source = null;
+// The event log, from the session's server-sent progress events.
+let stopEvents = null;
 let followed = false;
 let last = null;
 
 function follow() {
   followed = true;
-  source?.close();
-  source = new EventSource(detail.links.events);
-  source.addEventListener("progress", (event) => {
-    const render = JSON.parse(event.data);
-    changes(last, render).forEach(log);
-    last = render;
-    refreshNow();
-    if (TERMINAL.includes(render.status)) {
-      source.close();
-      source = null;
-    }
-  });
-  source.addEventListener("error", () => source?.readyState === EventSource.CONNECTING && log("event stream lost; reconnecting"));
+  stopEvents?.();
+  stopEvents = readEvents(
+    detail.links.events,
+    (event) => {
+      if (event.type !== "progress") return;
+      const render = JSON.parse(event.data);
+      changes(last, render).forEach(log);
+      last = render;
+      refreshNow();
+      if (TERMINAL.includes(render.status)) {
+        stopEvents();
+        stopEvents = null;
+      }
+    },
+    () => log("event stream lost; reconnecting"),
+  );
 }
 
 function changes(before, now) {
@@ -104,12 +108,18 @@ function startPlayer() {
   const video = $("player");
   const state = (text) => ($("player-state").textContent = text);
   if (!window.Hls?.isSupported()) {
-    if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = detail.links.stream; // Safari plays HLS itself
+    // iOS Safari plays HLS itself, but sends no API key: that works only when the UI is open on loopback.
+    if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = detail.links.stream;
     else state("This browser cannot play HLS (no Media Source Extensions).");
     player = "native";
     return;
   }
-  player = new Hls();
+  player = new Hls({
+    xhrSetup(xhr, url) {
+      xhr.open("GET", url, true); // hls.js calls this before open(), and headers can only be set after it
+      for (const [name, value] of Object.entries(authorize())) xhr.setRequestHeader(name, value);
+    },
+  });
   player.on(Hls.Events.MANIFEST_PARSED, () => {
     state("Playing what has been published so far.");
     video.play().catch(() => state("Press play to watch."));
@@ -136,7 +146,7 @@ function restartPlayer() {
   player = null;
 }
 
-// Cancel and resume, each behind a confirmation dialog; they call the public API like any client.
+// Cancel and resume, each behind a confirmation dialog.
 async function confirmThen(question, yes, action) {
   const dialog = $("confirm");
   $("confirm-text").textContent = question;
@@ -174,6 +184,18 @@ $("resume").addEventListener("click", () =>
     restartPlayer();
   }),
 );
+
+// The final MP4 is fetched (a plain link could not send the key) and handed to the browser as a download.
+$("video-link").addEventListener("click", async (event) => {
+  event.preventDefault();
+  try {
+    const video = URL.createObjectURL(await (await request(detail.links.video)).blob());
+    el("a", { href: video, download: `${sessionId}.mp4` }).click();
+    setTimeout(() => URL.revokeObjectURL(video), 60_000);
+  } catch (error) {
+    $("action-status").textContent = error.message;
+  }
+});
 
 addEventListener("resize", () => detail && drawTimeline(timeline, detail.chunks, detail.checkpoints, detail.options.fps));
 
