@@ -283,8 +283,8 @@ def describe(report: GpuReport) -> str:
         f"config       preset {report.preset}, {report.width}x{report.height} at {report.fps} fps"
         f" ({report.resolution}), chunks of 40 + 4 frames",
         "parameters   "
-        + ", ".join(f"{name} {count / 1e6:.1f}M" for name, count in report.parameters.items())
-        + f"; total {sum(report.parameters.values()) / 1e6:.1f}M",
+        + ", ".join(f"{name} {_count(count)}" for name, count in report.parameters.items())
+        + f"; total {_count(sum(report.parameters.values()))}",
         f"TTFF         {report.ttff_ms:.0f} ms (reference encode + first chunk)",
         f"throughput   {report.frames_per_s:.1f} frames/s, realtime factor {report.realtime_factor:.2f}"
         f" ({report.frames} frames in {report.chunks} chunks)",
@@ -308,6 +308,10 @@ def describe(report: GpuReport) -> str:
         )
     lines += [f"error        {part}: {message}" for part, message in report.errors.items()]
     return "\n".join(lines)
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e6:.1f}M" if parameters >= 1e6 else f"{parameters:,}"
 
 
 def main(argv: list[str] | None = None) -> None:
