@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -124,6 +124,13 @@ class RenderPublic(BaseModel):
     error: str | None
     progress: Progress
     links: RenderLinks
+
+
+class Problem(BaseModel):
+    """An error. `detail` is a message naming the problem; for a request FastAPI itself rejects (a missing
+    field, a wrong type), its list of problems."""
+
+    detail: str | list[dict[str, Any]]
 
 
 class RenderList(BaseModel):

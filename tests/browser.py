@@ -26,8 +26,9 @@ def chromium_path() -> str:
     return found
 
 
-def play_video(url: str, *, seconds: float = 1.5) -> dict[str, Any]:
-    """Load `url` in a <video> element, play it for `seconds`, and report what the browser saw."""
+def play_video(url: str, *, seconds: float = 1.5, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Load `url` in a <video> element, play it for `seconds`, and report what the browser saw. `headers` go
+    with every request the page makes (an API key, say)."""
     from playwright.sync_api import sync_playwright
 
     page_html = f'<video id="video" src="{url}" muted playsinline></video>'
@@ -42,7 +43,7 @@ def play_video(url: str, *, seconds: float = 1.5) -> dict[str, Any]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
+            page = browser.new_page(extra_http_headers=headers)
             page.set_content(page_html)
             result: dict[str, Any] = page.evaluate(script, seconds)
         finally:

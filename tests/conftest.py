@@ -11,6 +11,7 @@ import pytest
 
 from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
+from tests.helpers import register_api
 from tests.s3_server import s3_server  # noqa: F401  (a fixture: a real SeaweedFS S3 server)
 
 SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
@@ -44,6 +45,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def stack(stack_settings: Settings) -> Iterator[Stack]:
     stack = Stack(stack_settings)
     stack.start()
+    register_api(stack)
     yield stack
     stack.stop()
 

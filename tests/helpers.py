@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import time
 import uuid
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import httpx
@@ -20,16 +21,70 @@ from sqlalchemy import create_engine, text
 
 from monologue.settings import Settings
 
+if TYPE_CHECKING:
+    from websockets.sync.client import ClientConnection
+
+    from monologue.stack import Stack
+
+# API keys by API base URL: every stack fixture registers its local key, and the wrappers below send it to
+# URLs under that base only. Never to other servers: S3 refuses presigned URLs that carry an Authorization.
+_API_KEYS: dict[str, str] = {}
+
+
+def register_api(stack: Stack) -> str:
+    """Send `stack`'s local key (tenant `local`, scope `ops`) with every request to its API; returns its URL."""
+    url = str(stack.settings.api.public_url).rstrip("/")
+    _API_KEYS[url] = stack.api_key
+    return url
+
+
+def api_key(url: str) -> str | None:
+    """The registered key of the API that `url` (http or ws) points into, if any."""
+    url = re.sub(r"^ws(s?)://", r"http\1://", url)
+    return next((key for base, key in _API_KEYS.items() if url == base or url.startswith(base + "/")), None)
+
+
+def api_headers(url: str) -> dict[str, str]:
+    key = api_key(url)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def get(url: str, **kwargs: Any) -> httpx.Response:
+    """`httpx.get`, with the API key when `url` is a registered API's."""
+    return httpx.get(url, headers=api_headers(url) | kwargs.pop("headers", {}), **kwargs)
+
+
+def post(url: str, **kwargs: Any) -> httpx.Response:
+    return httpx.post(url, headers=api_headers(url) | kwargs.pop("headers", {}), **kwargs)
+
+
+@contextmanager
+def stream(method: str, url: str, **kwargs: Any) -> Iterator[httpx.Response]:
+    with httpx.stream(method, url, headers=api_headers(url) | kwargs.pop("headers", {}), **kwargs) as response:
+        yield response
+
+
+def ws_connect(url: str, **kwargs: Any) -> ClientConnection:
+    """`websockets.sync.client.connect`, with the API key (an audio socket needs one too)."""
+    from websockets.sync.client import connect
+
+    return connect(url, additional_headers=api_headers(url) | kwargs.pop("additional_headers", {}), **kwargs)
+
+
+def ffmpeg_options(url: str) -> dict[str, str]:
+    """`av.open(url, options=...)` for FFmpeg's HTTP/HLS client: the key header, passed on to every segment."""
+    return {"headers": "".join(f"{name}: {value}\r\n" for name, value in api_headers(url).items())}
+
 
 def submit(api_url: str, portrait: bytes, audio: bytes, **options: Any) -> httpx.Response:
     files = {"portrait": ("portrait.jpg", portrait), "audio": ("speech.wav", audio)}
-    return httpx.post(f"{api_url}/v1/renders", files=files, data={k: str(v) for k, v in options.items()}, timeout=60)
+    return post(f"{api_url}/v1/renders", files=files, data={k: str(v) for k, v in options.items()}, timeout=60)
 
 
 def wait_done(api_url: str, session_id: str, timeout_s: float = 240) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        render: dict[str, Any] = httpx.get(f"{api_url}/v1/renders/{session_id}", timeout=10).json()
+        render: dict[str, Any] = get(f"{api_url}/v1/renders/{session_id}", timeout=10).json()
         if render["status"] in ("completed", "failed"):
             return render
         time.sleep(0.25)

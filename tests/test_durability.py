@@ -13,17 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from websockets.sync.client import connect
 
 from monologue.live_client import start_session, stream_live
 from monologue.plan import plan_chunks, timeline_order
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
-from tests.helpers import submit, wait_done
+from tests.helpers import api_key, get, post, register_api, stream, submit, wait_done, ws_connect
 
 pytestmark = pytest.mark.slow
 NODES = ("node-a", "node-b")
@@ -42,6 +40,7 @@ def durable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     stack = Stack(settings)
     stack.start()
+    register_api(stack)
     stack.start_node(NODES[1])
     yield stack
     stack.stop()
@@ -75,7 +74,7 @@ def _node_process(stack: Stack, node_id: str) -> Any:
 def _wait_for(url: str, session_id: str, condition: Any, timeout_s: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        render: dict[str, Any] = httpx.get(f"{url}/v1/renders/{session_id}", timeout=10).json()
+        render: dict[str, Any] = get(f"{url}/v1/renders/{session_id}", timeout=10).json()
         if condition(render):
             return render
         time.sleep(0.05)
@@ -111,14 +110,14 @@ def test_cancel_stops_the_render_and_keeps_what_was_published(
     url = str(durable_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
     _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 1)
-    response = httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
+    response = post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
     assert response.status_code == 202
     render = _wait_for(url, session_id, lambda r: r["status"] in ("cancelled", "completed", "failed"), timeout_s=30)
     assert render["status"] == "cancelled"
     assert render["progress"]["chunks_done"] < render["progress"]["chunks_total"]
-    playlist = httpx.get(render["links"]["stream"], timeout=10).text
+    playlist = get(render["links"]["stream"], timeout=10).text
     assert playlist.rstrip().endswith("#EXT-X-ENDLIST") and "seg-N00000.m4s" in playlist
-    assert httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10).status_code == 409
+    assert post(f"{url}/v1/renders/{session_id}/cancel", timeout=10).status_code == 409
 
 
 def test_a_cancelled_render_resumes_from_its_checkpoint_to_the_same_frames(
@@ -127,15 +126,15 @@ def test_a_cancelled_render_resumes_from_its_checkpoint_to_the_same_frames(
     url = str(durable_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
     _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 2)
-    httpx.post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
+    post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
     cancelled = _wait_for(url, session_id, lambda r: r["status"] == "cancelled", timeout_s=30)
     done_before = cancelled["progress"]["chunks_done"]
-    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
+    assert post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
     render = wait_done(url, session_id, timeout_s=120)
     assert render["status"] == "completed", render["error"]
     assert _hashes(durable_stack, session_id) == baseline["hashes"]
     assert render["progress"]["chunks_done"] == render["progress"]["chunks_total"] > done_before
-    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 409
+    assert post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 409
 
 
 def test_events_stream_progress_until_the_render_ends(
@@ -144,7 +143,7 @@ def test_events_stream_progress_until_the_render_ends(
     url = str(durable_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
     seen: list[dict[str, Any]] = []
-    with httpx.stream("GET", f"{url}/v1/renders/{session_id}/events", timeout=120) as response:
+    with stream("GET", f"{url}/v1/renders/{session_id}/events", timeout=120) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -275,7 +274,7 @@ def test_a_failed_render_resumes_from_its_last_checkpoint(
     assert failed["status"] == "failed" and "audio.wav" in failed["error"]
     done_before = failed["progress"]["chunks_done"]
     audio.write_bytes(kept)
-    assert httpx.post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
+    assert post(f"{url}/v1/renders/{session_id}/resume", timeout=10).status_code == 202
     render = wait_done(url, session_id, timeout_s=120)
     assert render["status"] == "completed", render["error"]
     assert render["progress"]["chunks_done"] > done_before
@@ -291,7 +290,13 @@ def test_a_live_session_survives_its_node_being_killed_with_identical_frames(
     reports: list[Any] = []
     streamer = threading.Thread(
         target=lambda: reports.append(
-            stream_live(url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"first_chunk_frames": 40})
+            stream_live(
+                url,
+                SAMPLES / "portrait.jpg",
+                SAMPLES / "speech.wav",
+                options={"first_chunk_frames": 40},
+                api_key=api_key(url),
+            )
         )
     )
     streamer.start()
@@ -312,9 +317,9 @@ def test_a_live_session_survives_its_node_being_killed_with_identical_frames(
 
 def test_a_live_session_with_no_audio_for_the_idle_timeout_ends_with_what_it_has(durable_stack: Stack) -> None:
     url = str(durable_stack.settings.api.public_url)
-    session = start_session(url, SAMPLES / "portrait.jpg")
+    session = start_session(url, SAMPLES / "portrait.jpg", api_key=api_key(url))
     pcm = np.zeros(16_000, dtype="<i2")  # one second, then silence on the wire
-    with connect(session["links"]["audio"]) as socket:
+    with ws_connect(session["links"]["audio"]) as socket:
         socket.send(pcm.tobytes())
         messages = [json.loads(m) for m in socket]  # the server ends the stream after 3 s without audio
     assert messages[-1]["type"] == "ended" and "no audio for 3 s" in messages[-1]["message"]
@@ -325,7 +330,7 @@ def test_a_live_session_with_no_audio_for_the_idle_timeout_ends_with_what_it_has
 def _wait_for_live_session(url: str, timeout_s: float = 30) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        items = httpx.get(f"{url}/v1/renders", timeout=10).json()["items"]
+        items = get(f"{url}/v1/renders", timeout=10).json()["items"]
         live = [item for item in items if item["kind"] == "live" and item["status"] not in ("completed", "failed")]
         if live:
             return str(live[0]["id"])

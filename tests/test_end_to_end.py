@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import av
-import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -18,7 +17,7 @@ from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio,
 from monologue.plan import plan_chunks, timeline_order
 from monologue.stack import Stack
 from tests.browser import play_video
-from tests.helpers import decode_video, submit, wait_done, wav_bytes
+from tests.helpers import api_headers, decode_video, ffmpeg_options, get, submit, wait_done, wav_bytes
 
 pytestmark = pytest.mark.slow
 FPS = 25
@@ -55,7 +54,7 @@ def rendered(stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: 
     assert created["status"] in ("queued", "running") and created["links"]["video"].endswith("/video.mp4")
     render = wait_done(api_url, created["id"])
     assert render["status"] == "completed", render["error"]
-    video = httpx.get(render["links"]["video"], timeout=60)
+    video = get(render["links"]["video"], timeout=60)
     assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
     frames, video_seconds, audio_seconds = decode_video(video.content)
     reference = load_file(_session_dir(stack, render["id"]) / "ref" / "conditioning.safetensors")
@@ -82,7 +81,8 @@ def test_sample_becomes_an_mp4_whose_audio_and_video_match_the_speech(rendered: 
 
 
 def test_the_mp4_plays_in_chromium(rendered: Rendered) -> None:
-    seen = play_video(rendered.render["links"]["video"])
+    url = rendered.render["links"]["video"]
+    seen = play_video(url, headers=api_headers(url))
     assert seen["played"] and seen["mediaError"] is None, seen
     assert seen["currentTime"] > 0.5 and abs(seen["duration"] - rendered.video_seconds) < 0.1
     assert (seen["width"], seen["height"]) == (rendered.frames.shape[2], rendered.frames.shape[1])
@@ -90,12 +90,13 @@ def test_the_mp4_plays_in_chromium(rendered: Rendered) -> None:
 
 def test_the_hls_stream_lists_every_segment_in_timeline_order_and_decodes(rendered: Rendered) -> None:
     render = rendered.render
-    text = httpx.get(render["links"]["stream"], timeout=10).text
+    text = get(render["links"]["stream"], timeout=10).text
     assert "#EXT-X-PLAYLIST-TYPE:EVENT" in text and text.rstrip().endswith("#EXT-X-ENDLIST")
     frames = render["progress"]["frames_total"]
     expected = [f"seg-{s.kind}{s.index:05d}.m4s" for s in timeline_order(plan_chunks(frames, n_frames=40, i_frames=4))]
     assert [line for line in text.splitlines() if line.endswith(".m4s")] == expected
-    with av.open(render["links"]["stream"]) as container:  # FFmpeg's own HLS client, over HTTP
+    url = render["links"]["stream"]
+    with av.open(url, options=ffmpeg_options(url)) as container:  # FFmpeg's own HLS client, over HTTP
         decoded = sum(1 for _ in container.decode(video=0))
     assert decoded == frames
 
@@ -150,14 +151,14 @@ def test_same_inputs_and_seed_give_identical_frames(
 def test_preview_renders_half_size(api_url: str, sample_portrait: bytes, sample_speech: bytes) -> None:
     render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech, preview="true").json()["id"])
     assert render["status"] == "completed", render["error"]
-    frames, _, _ = decode_video(httpx.get(render["links"]["video"], timeout=60).content)
+    frames, _, _ = decode_video(get(render["links"]["video"], timeout=60).content)
     assert frames.shape[1:3] == (256, 256)
 
 
 def test_silent_audio_gives_a_closed_mouth(api_url: str, sample_portrait: bytes, rendered: Rendered) -> None:
     render = wait_done(api_url, submit(api_url, sample_portrait, wav_bytes(np.zeros(AUDIO_RATE))).json()["id"])
     assert render["status"] == "completed", render["error"]
-    frames, _, audio_seconds = decode_video(httpx.get(render["links"]["video"], timeout=60).content)
+    frames, _, audio_seconds = decode_video(get(render["links"]["video"], timeout=60).content)
     assert len(frames) == FPS and abs(audio_seconds - 1.0) <= 0.040
     region = _mouth_region(rendered.reference)
     closed = _dark_fraction(rendered.portrait[region][None])[0]
@@ -168,7 +169,7 @@ def test_silent_audio_gives_a_closed_mouth(api_url: str, sample_portrait: bytes,
 
 
 def test_render_list_shows_the_newest_first(api_url: str, rendered: Rendered) -> None:
-    items = httpx.get(f"{api_url}/v1/renders", timeout=10).json()["items"]
+    items = get(f"{api_url}/v1/renders", timeout=10).json()["items"]
     assert rendered.render["id"] in [item["id"] for item in items]
     created = [item["created_at"] for item in items]
     assert created == sorted(created, reverse=True)
@@ -177,7 +178,7 @@ def test_render_list_shows_the_newest_first(api_url: str, rendered: Rendered) ->
 def test_stream_files_outside_the_published_set_are_404(api_url: str, rendered: Rendered) -> None:
     base = rendered.render["links"]["self"]
     for name in ("frames.jsonl", "hashes", "..%2Finput%2Faudio.wav", "seg-N99999.m4s"):
-        assert httpx.get(f"{base}/{name}", timeout=10).status_code == 404
+        assert get(f"{base}/{name}", timeout=10).status_code == 404
 
 
 def _mouth_region(reference: dict[str, np.ndarray]) -> tuple[slice, slice]:

@@ -7,17 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
 from monologue.live_client import start_session, stream_live
 from monologue.media import normalise_audio
 from monologue.stack import Stack
 from tests.conftest import SAMPLES
-from tests.helpers import decode_video, submit, wait_done
+from tests.helpers import api_key, decode_video, get, post, submit, wait_done, ws_connect
 
 PORTRAIT, SPEECH = SAMPLES / "portrait.jpg", SAMPLES / "speech.wav"
 
@@ -47,7 +45,7 @@ def _close_reason(socket: Any) -> tuple[int | None, list[dict[str, Any]]]:
 def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: bytes
 ) -> None:
-    report = stream_live(api_url, PORTRAIT, SPEECH)  # real time: 6.9 s of espeak-ng speech
+    report = stream_live(api_url, PORTRAIT, SPEECH, api_key=api_key(api_url))  # real time: 6.9 s of espeak-ng speech
     session = report.session
     assert session["status"] == "completed", session["error"]
     assert session["kind"] == "live" and not report.errors
@@ -59,11 +57,11 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     first_ms = 1000 * session["options"]["first_chunk_frames"] / session["options"]["fps"]
     assert session["options"]["first_chunk_frames"] == 16  # live sessions start with a short chunk (a setting)
     assert session["ttff_ms"] >= first_ms  # the first chunk needs its own audio first
-    video = httpx.get(session["links"]["video"], timeout=30)
+    video = get(session["links"]["video"], timeout=30)
     frames, video_seconds, audio_seconds = decode_video(video.content)
     assert len(frames) == session["progress"]["frames_total"]
     assert abs(video_seconds - report.audio_seconds) <= 1 / 25 and abs(audio_seconds - report.audio_seconds) < 0.05
-    playlist = httpx.get(session["links"]["stream"], timeout=10).text
+    playlist = get(session["links"]["stream"], timeout=10).text
     assert playlist.rstrip().endswith("#EXT-X-ENDLIST")
 
     # The same audio as a render: the incremental plan and the stored pieces give the very same frames.
@@ -75,8 +73,8 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
 def test_other_rates_are_resampled_and_audio_may_come_faster_than_real_time(stack: Stack, api_url: str) -> None:
     pcm = _pcm(SPEECH)[: 16_000 * 3]
     stereo_48k = np.repeat(np.repeat(pcm, 3)[:, None], 2, axis=1)  # 48 kHz, two channels
-    session = start_session(api_url, PORTRAIT)
-    with connect(session["links"]["audio"]) as socket:
+    session = start_session(api_url, PORTRAIT, api_key=api_key(api_url))
+    with ws_connect(session["links"]["audio"]) as socket:
         socket.send(json.dumps({"type": "start", "sample_rate": 48_000, "channels": 2, "format": "s16le"}))
         for offset in range(0, len(stereo_48k), 4800):  # 0.1 s messages, as fast as the socket takes them
             socket.send(stereo_48k[offset : offset + 4800].tobytes())
@@ -103,8 +101,8 @@ def test_other_rates_are_resampled_and_audio_may_come_faster_than_real_time(stac
 def test_bad_audio_is_refused_with_a_clear_error_and_ends_the_session_cleanly(
     api_url: str, first: bytes | str, problem: str
 ) -> None:
-    session = start_session(api_url, PORTRAIT)
-    with connect(session["links"]["audio"]) as socket:
+    session = start_session(api_url, PORTRAIT, api_key=api_key(api_url))
+    with ws_connect(session["links"]["audio"]) as socket:
         socket.send(first)
         code, messages = _close_reason(socket)
     assert code == 4400
@@ -114,16 +112,16 @@ def test_bad_audio_is_refused_with_a_clear_error_and_ends_the_session_cleanly(
 
 
 def test_a_second_audio_socket_and_audio_after_end_are_refused(api_url: str) -> None:
-    session = start_session(api_url, PORTRAIT)
+    session = start_session(api_url, PORTRAIT, api_key=api_key(api_url))
     second_half = _pcm(SPEECH)[16_000 * 2 : 16_000 * 4]
-    with connect(session["links"]["audio"]) as first:
+    with ws_connect(session["links"]["audio"]) as first:
         first.send(_pcm(SPEECH)[: 16_000 * 2].tobytes())
-        with connect(session["links"]["audio"]) as second:
+        with ws_connect(session["links"]["audio"]) as second:
             code, messages = _close_reason(second)
         assert code == 4409 and "already has" in messages[-1]["message"]
         first.send(json.dumps({"type": "end"}))
         assert _close_reason(first)[0] == 1000
-    with connect(session["links"]["audio"]) as late:  # audio after `end`: the session takes no more
+    with ws_connect(session["links"]["audio"]) as late:  # audio after `end`: the session takes no more
         late.send(second_half.tobytes())
         code, messages = _close_reason(late)
     assert code in (4409,) and messages[-1]["type"] == "error"
@@ -134,17 +132,18 @@ def test_a_second_audio_socket_and_audio_after_end_are_refused(api_url: str) -> 
 def test_unknown_sessions_and_renders_have_no_audio_socket(
     api_url: str, sample_portrait: bytes, sample_speech: bytes
 ) -> None:
-    with connect(f"ws{api_url.removeprefix('http')}/v1/sessions/nope/audio") as socket:
+    with ws_connect(f"ws{api_url.removeprefix('http')}/v1/sessions/nope/audio") as socket:
         code, messages = _close_reason(socket)
     assert code == 4404 and "not found" in messages[-1]["message"]
     render = submit(api_url, sample_portrait, sample_speech).json()
-    with connect(f"ws{api_url.removeprefix('http')}/v1/sessions/{render['id']}/audio") as socket:
+    with ws_connect(f"ws{api_url.removeprefix('http')}/v1/sessions/{render['id']}/audio") as socket:
         assert _close_reason(socket)[0] == 4404
     assert render["links"]["audio"] is None
+    assert wait_done(api_url, render["id"])["status"] == "completed"  # nothing left running for the next test
 
 
 def test_a_live_session_needs_a_usable_portrait(api_url: str) -> None:
-    response = httpx.post(f"{api_url}/v1/sessions", files={"portrait": ("p.png", b"not an image")}, timeout=30)
+    response = post(f"{api_url}/v1/sessions", files={"portrait": ("p.png", b"not an image")}, timeout=30)
     assert response.status_code == 422 and "portrait" in response.json()["detail"]
-    response = httpx.post(f"{api_url}/v1/sessions", data={"fps": "0"}, files={"portrait": ("p.png", b"x")}, timeout=30)
+    response = post(f"{api_url}/v1/sessions", data={"fps": "0"}, files={"portrait": ("p.png", b"x")}, timeout=30)
     assert response.status_code == 422 and "fps" in response.json()["detail"]

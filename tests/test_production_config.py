@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from monologue.live_client import stream_live
@@ -15,7 +14,7 @@ from monologue.plan import plan_timeline
 from monologue.settings import ApiSettings, NodeSettings, Settings, StorageSettings, TemporalSettings
 from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
-from tests.helpers import decode_video, postgres_database, submit, wait_done
+from tests.helpers import api_key, decode_video, get, postgres_database, register_api, submit, wait_done
 from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
@@ -44,6 +43,7 @@ def production_stack(s3_server: S3Server, tmp_path_factory: pytest.TempPathFacto
         }
         stack = Stack(settings, env=credentials)
         stack.start()
+        register_api(stack)
         yield stack
         stack.stop()
 
@@ -55,7 +55,7 @@ def test_render_on_postgres_and_s3_gives_the_same_frames(
     render = wait_done(prod_url, submit(prod_url, sample_portrait, sample_speech).json()["id"])
     assert render["status"] == "completed", render["error"]
     assert render["node_id"] == "prod-node"
-    video = httpx.get(render["links"]["video"], timeout=60)
+    video = get(render["links"]["video"], timeout=60)
     assert video.status_code == 200 and int(video.headers["content-length"]) == len(video.content)
     frames, video_seconds, audio_seconds = decode_video(video.content)
     assert len(frames) == render["progress"]["frames_total"] and abs(video_seconds - audio_seconds) < 0.04
@@ -97,7 +97,11 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     kvs_sink = {"type": "kvs", "stream_name": "avatar", "endpoint_url": kvs.url, "region": s3_server.region}
     with kvs:
         report = stream_live(
-            url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", options={"sinks": json.dumps([s3_sink, kvs_sink])}
+            url,
+            SAMPLES / "portrait.jpg",
+            SAMPLES / "speech.wav",
+            options={"sinks": json.dumps([s3_sink, kvs_sink])},
+            api_key=api_key(url),
         )
         session = report.session
         assert session["status"] == "completed", session["error"]
@@ -105,7 +109,7 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
         deadline = time.monotonic() + 60
         while {s["status"] for s in session["sinks"]} != {"done"} and time.monotonic() < deadline:
             time.sleep(0.2)
-            session = httpx.get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
+            session = get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
     chunks = session["progress"]["chunks_total"]
     kvs_status, status = session["sinks"]
     assert (status["name"], status["status"], status["acknowledged"], status["error"]) == ("s3", "done", chunks, None)
@@ -120,7 +124,7 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     listed = bucket.list_objects_v2(Bucket="monologue-sink", Prefix=f"live/{session['id']}/")["Contents"]
     names = sorted(item["Key"].rsplit("/", 1)[1] for item in listed)
     assert names == sorted(["init.mp4", "stream.m3u8", "final.mp4", *(f"seg-{i:06d}.m4s" for i in range(chunks))])
-    playlist = httpx.get(status["playback"], timeout=10)
+    playlist = get(status["playback"], timeout=10)
     assert playlist.status_code == 200 and playlist.text.rstrip().endswith("#EXT-X-ENDLIST")
     segment_urls = [line for line in playlist.text.splitlines() if line.startswith("http")]
     assert len(segment_urls) == chunks
@@ -129,9 +133,9 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
         bucket.get_object(Bucket="monologue-prod", Key=f"tenant-a/sessions/{session['id']}/out/{name}")["Body"].read()
         for name in _timeline_names(session["progress"]["frames_total"])
     ]
-    assert [httpx.get(u, timeout=10).content for u in segment_urls] == stored
+    assert [get(u, timeout=10).content for u in segment_urls] == stored
     final = bucket.get_object(Bucket="monologue-sink", Key=f"live/{session['id']}/final.mp4")["Body"].read()
-    assert final == httpx.get(session["links"]["video"], timeout=30).content
+    assert final == get(session["links"]["video"], timeout=30).content
 
 
 def _timeline_names(frames: int) -> list[str]:

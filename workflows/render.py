@@ -153,6 +153,10 @@ class RenderWorkflow:
         inflight: deque[tuple[int, ChunkSpec, workflow.ActivityHandle[c.GenerateChunkResult]]] = deque()
 
         while cursor < len(plan) or not self._planned_all():
+            if self._audio_news:  # a live session's audio grew (or ended) since we last looked: plan it
+                self._audio_news = False
+                self._extend_plan()
+                continue
             if cursor == len(plan):  # a live session waiting for audio (holding its node)
                 await self._wait_for_audio()
                 continue
@@ -285,7 +289,6 @@ class RenderWorkflow:
 
     async def _wait_for_audio(self) -> None:
         """Wait for a live session's next audio; none for `idle_timeout_s` ends the session."""
-        self._audio_news = False
         try:
             await workflow.wait_condition(
                 lambda: self._audio_news, timeout=timedelta(seconds=self._request.idle_timeout_s)
@@ -293,7 +296,7 @@ class RenderWorkflow:
         except TimeoutError:  # the builtin: wait_condition's timeout
             workflow.logger.info("live session idle: ending it", extra={"session_id": self._request.session_id})
             self._ended = True
-        self._extend_plan()
+            self._extend_plan()
 
     def _note_audio_ready(self, new: list[ChunkSpec]) -> None:
         """When the API had stored the audio each newly planned live chunk needs (its frames and the

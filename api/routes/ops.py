@@ -76,7 +76,7 @@ def list_sessions(
     node: Annotated[str | None, Query(description="The node holding (or last holding) the session.")] = None,
     kind: Annotated[str | None, Query(description="render or live")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=renders.MAX_OFFSET)] = 0,
 ) -> OpsSessionPage:
     """Sessions, newest first, with progress, realtime factor and time to first frame."""
     where = repo_ops.SessionFilter(status=status or None, tenant=tenant or None, node=node or None, kind=kind or None)

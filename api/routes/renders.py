@@ -26,6 +26,7 @@ from monologue.storage import LocalStore
 from ..deps import DbDep, Principal, ServicesDep, TenantDep
 from ..schemas import (
     Latency,
+    Problem,
     Progress,
     RenderLinks,
     RenderList,
@@ -38,9 +39,10 @@ from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, v
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
 PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
+MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
 async def create_render(
     request: Request,
     services: ServicesDep,
@@ -110,7 +112,7 @@ def list_renders(
     db: DbDep,
     principal: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     status_: Annotated[str | None, Query(alias="status")] = None,
 ) -> RenderList:
     rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_, tenant=principal.tenant)

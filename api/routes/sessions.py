@@ -37,7 +37,7 @@ from monologue.live_audio import LiveAudioWriter
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
-from ..schemas import RenderOptionsCreate, RenderPublic
+from ..schemas import Problem, RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, start_live, validate_portrait
 from .renders import _describe, _find, _public, _read_limited, parse_sinks
 
@@ -50,7 +50,7 @@ MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thi
 CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
 async def create_session(
     request: Request,
     services: ServicesDep,

@@ -5,13 +5,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
 from monologue.stack import Stack
-from tests.helpers import submit, wav_bytes, workflow_count
+from tests.helpers import get, post, submit, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,7 @@ def _state(stack: Stack, api_url: str) -> tuple[int, list[Path], int]:
     root = stack.settings.storage.root
     assert root is not None
     objects = sorted((root / "sessions").rglob("*")) if (root / "sessions").exists() else []
-    renders = httpx.get(f"{api_url}/v1/renders", params={"limit": 200}, timeout=10).json()["items"]
+    renders = get(f"{api_url}/v1/renders", params={"limit": 200}, timeout=10).json()["items"]
     return len(renders), objects, workflow_count(stack.settings)
 
 
@@ -80,7 +79,7 @@ def test_bad_input_is_refused_and_leaves_nothing(
 
 
 def test_missing_field_names_the_field(api_url: str, sample_portrait: bytes) -> None:
-    response = httpx.post(f"{api_url}/v1/renders", files={"portrait": ("p.jpg", sample_portrait)}, timeout=30)
+    response = post(f"{api_url}/v1/renders", files={"portrait": ("p.jpg", sample_portrait)}, timeout=30)
     assert response.status_code == 422
     assert "audio" in str(response.json()["detail"])
 
@@ -94,6 +93,6 @@ def test_upload_over_the_size_limit_is_413(stack: Stack, api_url: str, sample_sp
 
 def test_unknown_render_is_404(api_url: str) -> None:
     for path in ("", "/video.mp4"):
-        response = httpx.get(f"{api_url}/v1/renders/does-not-exist{path}", timeout=10)
+        response = get(f"{api_url}/v1/renders/does-not-exist{path}", timeout=10)
         assert response.status_code == 404
         assert "not found" in response.json()["detail"]
