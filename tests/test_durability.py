@@ -336,3 +336,38 @@ def _wait_for_live_session(url: str, timeout_s: float = 30) -> str:
             return str(live[0]["id"])
         time.sleep(0.05)
     raise TimeoutError("no live session started")
+
+
+def test_a_cancelled_live_session_resumes_to_a_video_of_the_audio_it_received(
+    durable_stack: Stack, baseline: dict[str, Any]
+) -> None:
+    """Cancel a live session mid-stream: the socket is closed with a clear error, what arrived is kept; a
+    resume turns exactly that audio into a complete video whose frames are the render's (a prefix)."""
+    url = str(durable_stack.settings.api.public_url)
+    session = start_session(url, SAMPLES / "portrait.jpg", options={"first_chunk_frames": 40}, api_key=api_key(url))
+    pcm = np.frombuffer((SAMPLES / "speech.wav").read_bytes()[44:], dtype="<i2")
+    messages: list[dict[str, Any]] = []
+    with ws_connect(session["links"]["audio"]) as socket:
+        for offset in range(0, len(pcm), 1600):  # 0.1 s messages in real time until the cancel lands
+            try:
+                socket.send(pcm[offset : offset + 1600].tobytes())
+                messages.append(json.loads(socket.recv(timeout=5)))
+            except Exception:  # the server closed the socket after the cancel
+                break
+            if offset == 16_000 * 3:
+                assert post(f"{url}/v1/renders/{session['id']}/cancel", timeout=10).status_code == 202
+            time.sleep(0.1)
+    assert socket.close_code in (4409, 1011, 1000) or messages[-1]["type"] == "error"
+    cancelled = _wait_for(url, session["id"], lambda r: r["status"] in ("cancelled", "failed", "completed"))
+    assert cancelled["status"] == "cancelled"
+    assert post(f"{url}/v1/renders/{session['id']}/resume", timeout=10).status_code == 202
+    resumed = wait_done(url, session["id"], timeout_s=120)
+    assert resumed["status"] == "completed", resumed["error"]
+    frames = resumed["progress"]["frames_total"]
+    assert 75 <= frames < len(baseline["hashes"])  # at least the 3 s sent before the cancel, not all 6.9 s
+    hashes = _hashes(durable_stack, session["id"])
+    # The final seam and N chunk are shorter than the render's (the audio ends sooner); every frame before
+    # them is the render's.
+    timeline = timeline_order(plan_chunks(frames, n_frames=40, i_frames=4))
+    same_until = timeline[-2].first_frame if timeline[-2].kind == "I" else timeline[-1].first_frame
+    assert same_until >= 40 and hashes[:same_until] == baseline["hashes"][:same_until]

@@ -28,7 +28,6 @@ from monologue.db import CheckpointRow, ChunkRow, SessionRow, make_engine, make_
 from monologue.settings import ApiSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
 
-NOW = datetime.now(UTC)
 OPTIONS = {
     "fps": 25,
     "chunk_frames": 40,
@@ -148,7 +147,9 @@ def _chunk(
 
 @pytest.fixture
 def seeded(db_sessions: sessionmaker[Any]) -> None:
-    """`run`: 100 frames (N0 I0 N1 I1 N2), N0 N1 I0 made (I0 retried, N1 on another node); three ended ones."""
+    """`run`: 100 frames (N0 I0 N1 I1 N2), N0 N1 I0 made (I0 retried, N1 on another node); three ended ones.
+    Times are relative to now, taken here (not at import: the figures compare against the clock)."""
+    NOW = datetime.now(UTC)
     with db_sessions() as db:
         started = NOW - timedelta(seconds=10)
         five_minutes_ago = NOW - timedelta(minutes=5)
