@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -24,7 +25,6 @@ from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
 from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
-from monologue.storage import ObjectStore
 
 from .deps import Services
 from .schemas import RenderOptionsCreate
@@ -80,74 +80,65 @@ async def start_render(
     services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate, tenant: str = "local"
 ) -> str:
     """Store the inputs, write the session row and start the workflow; undo all of it on failure."""
-    check_tenant_limit(services, tenant)
-    session_id = uuid.uuid4().hex
-    workflow_id = c.render_workflow_id(session_id)
-    with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
-        try:
-            _store_inputs(services.store, session_id, inputs)
-            with services.sessions() as db:
-                repo.create_session(
-                    db,
-                    session_id=session_id,
-                    tenant=tenant,
-                    options=options.model_dump(),
-                    workflow_id=workflow_id,
-                    audio_seconds=inputs.speech.seconds,
-                    width=inputs.portrait.width,
-                    height=inputs.portrait.height,
-                )
-            await _start_workflow(services.temporal, services.settings, session_id, options, tenant=tenant)
-        except BaseException:
-            log.exception("submit failed; removing what was written")
-            services.store.delete_prefix(keys.session_prefix(session_id))
-            with services.sessions() as db:
-                repo.delete_session(db, session_id=session_id)
-            raise
-        log.info(
-            "render started",
-            seconds=round(inputs.speech.seconds, 3),
-            width=inputs.portrait.width,
-            height=inputs.portrait.height,
-        )
-    return session_id
+    speech, portrait = inputs.speech, inputs.portrait
 
+    def store(session_id: str) -> None:
+        services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+        services.store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
 
-def _store_inputs(store: ObjectStore, session_id: str, inputs: ValidInputs) -> None:
-    store.put(keys.portrait(session_id), inputs.portrait.png, content_type="image/png")
-    store.put(keys.audio(session_id), inputs.speech.wav, content_type="audio/wav")
+    return await _start(services, store, portrait, options, tenant=tenant, kind="render", seconds=speech.seconds)
 
 
 async def start_live(
     services: Services, *, portrait: Portrait, options: RenderOptionsCreate, tenant: str = "local"
 ) -> str:
     """A live session: store the portrait, write the row, start the workflow (which waits for audio)."""
+
+    def store(session_id: str) -> None:
+        services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+
+    return await _start(services, store, portrait, options, tenant=tenant, kind="live", seconds=0.0)
+
+
+async def _start(
+    services: Services,
+    store: Callable[[str], None],
+    portrait: Portrait,
+    options: RenderOptionsCreate,
+    *,
+    tenant: str,
+    kind: str,
+    seconds: float,
+) -> str:
+    """The steps a new session takes, in order, with everything written undone if one fails."""
     check_tenant_limit(services, tenant)
     session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
-            services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+            store(session_id)
             with services.sessions() as db:
                 repo.create_session(
                     db,
                     session_id=session_id,
                     tenant=tenant,
-                    kind="live",
+                    kind=kind,
                     options=options.model_dump(),
                     workflow_id=workflow_id,
-                    audio_seconds=0.0,
+                    audio_seconds=seconds,
                     width=portrait.width,
                     height=portrait.height,
                 )
-            await _start_workflow(services.temporal, services.settings, session_id, options, live=True, tenant=tenant)
+            await _start_workflow(
+                services.temporal, services.settings, session_id, options, live=kind == "live", tenant=tenant
+            )
         except BaseException:
-            log.exception("live session start failed; removing what was written")
+            log.exception("submit failed; removing what was written")
             services.store.delete_prefix(keys.session_prefix(session_id))
             with services.sessions() as db:
                 repo.delete_session(db, session_id=session_id)
             raise
-        log.info("live session started", width=portrait.width, height=portrait.height)
+        log.info(f"{kind} started", seconds=round(seconds, 3), width=portrait.width, height=portrait.height)
     return session_id
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from botocore.exceptions import ClientError
-from fastapi import APIRouter, File, Form, HTTPException, Query, Request, UploadFile, status
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -23,7 +23,7 @@ from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
 from monologue.storage import LocalStore
 
-from ..deps import DbDep, Principal, ServicesDep, TenantDep
+from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep
 from ..schemas import (
     Latency,
     Problem,
@@ -42,14 +42,7 @@ PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players 
 MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
-async def create_render(
-    request: Request,
-    services: ServicesDep,
-    db: DbDep,
-    principal: TenantDep,
-    portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
-    audio: Annotated[UploadFile, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")],
+def option_fields(
     fps: Annotated[int | None, Form()] = None,
     chunk_frames: Annotated[int | None, Form()] = None,
     i_frames: Annotated[int | None, Form()] = None,
@@ -63,10 +56,8 @@ async def create_render(
         str | None,
         Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
     ] = None,
-) -> RenderPublic:
-    """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
-
-    Options left out take the server's defaults (`MONOLOGUE_RENDER__*`)."""
+) -> dict[str, Any]:
+    """The option form fields renders and live sessions share (those left out are not in the dict)."""
     given = {
         "fps": fps,
         "chunk_frames": chunk_frames,
@@ -79,12 +70,34 @@ async def create_render(
         "prompt": prompt,
         "sinks": parse_sinks(sinks),
     }
+    return {name: value for name, value in given.items() if value is not None}
+
+
+OptionFields = Annotated[dict[str, Any], Depends(option_fields)]
+
+
+def validated_options(services: Services, given: dict[str, Any]) -> RenderOptionsCreate:
+    """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad."""
     try:
-        options = RenderOptionsCreate.model_validate(
-            services.settings.render.model_dump() | {k: v for k, v in given.items() if v is not None}
-        )
+        return RenderOptionsCreate.model_validate(services.settings.render.model_dump() | given)
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
+async def create_render(
+    request: Request,
+    services: ServicesDep,
+    db: DbDep,
+    principal: TenantDep,
+    portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
+    audio: Annotated[UploadFile, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")],
+    fields: OptionFields,
+) -> RenderPublic:
+    """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
+
+    Options left out take the server's defaults (`MONOLOGUE_RENDER__*`)."""
+    options = validated_options(services, fields)
     limit = services.settings.limits.max_upload_bytes
     portrait_bytes = await _read_limited(portrait, "portrait", limit)
     audio_bytes = await _read_limited(audio, "audio", limit)

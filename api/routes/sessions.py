@@ -24,9 +24,8 @@ from typing import Annotated, Any
 import av
 import numpy as np
 import structlog
-from fastapi import APIRouter, File, Form, HTTPException, Request, UploadFile, WebSocket, status
+from fastapi import APIRouter, File, HTTPException, Request, UploadFile, WebSocket, status
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from temporalio.service import RPCError
 
@@ -39,7 +38,7 @@ from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_fra
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..schemas import Problem, RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, start_live, validate_portrait
-from .renders import _describe, _find, _public, _read_limited, parse_sinks
+from .renders import OptionFields, _find, _public, _read_limited, validated_options
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"])
 log = structlog.get_logger("api.sessions")
@@ -57,45 +56,15 @@ async def create_session(
     db: DbDep,
     principal: TenantDep,
     portrait: Annotated[UploadFile, File(description="Portrait image: PNG, JPEG, WebP…")],
-    fps: Annotated[int | None, Form()] = None,
-    chunk_frames: Annotated[int | None, Form()] = None,
-    i_frames: Annotated[int | None, Form()] = None,
-    first_chunk_frames: Annotated[int | None, Form()] = None,
-    seed: Annotated[int | None, Form()] = None,
-    resolution: Annotated[str | None, Form()] = None,
-    preview: Annotated[bool | None, Form()] = None,
-    family: Annotated[str | None, Form()] = None,
-    prompt: Annotated[str | None, Form()] = None,
-    sinks: Annotated[
-        str | None,
-        Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
-    ] = None,
+    fields: OptionFields,
 ) -> RenderPublic:
     """Start a live session; stream its audio to `links.audio` and watch `links.stream`.
 
     Everything else about the session (progress, events, cancel, resume, the final video) is under
     `/v1/renders/{id}`, as for a render."""
-    given = {
-        "fps": fps,
-        "chunk_frames": chunk_frames,
-        "i_frames": i_frames,
-        # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
-        "first_chunk_frames": services.settings.render.live_first_chunk_frames
-        if first_chunk_frames is None
-        else first_chunk_frames,
-        "seed": seed,
-        "resolution": resolution,
-        "preview": preview,
-        "family": family,
-        "prompt": prompt,
-        "sinks": parse_sinks(sinks),
-    }
-    try:
-        options = RenderOptionsCreate.model_validate(
-            services.settings.render.model_dump() | {k: v for k, v in given.items() if v is not None}
-        )
-    except ValidationError as err:
-        raise HTTPException(422, _describe(err)) from err
+    # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
+    fields.setdefault("first_chunk_frames", services.settings.render.live_first_chunk_frames)
+    options = validated_options(services, fields)
     portrait_bytes = await _read_limited(portrait, "portrait", services.settings.limits.max_upload_bytes)
     try:
         image = await run_in_threadpool(
