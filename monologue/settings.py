@@ -3,6 +3,7 @@ with `__`, e.g. `MONOLOGUE_STORAGE__BACKEND=s3`). Nothing else in the project re
 
 from __future__ import annotations
 
+import json
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -69,6 +70,19 @@ class LimitSettings(BaseModel):
     )
 
 
+class SinkSettings(BaseModel):
+    """Where sessions may publish besides their own stream. Sinks write with the nodes' credentials, so
+    nothing is allowed until the operator lists it (JSON lists in the environment)."""
+
+    s3_buckets: list[str] = Field(default_factory=list, description="buckets S3 sinks may write to")
+    kvs_streams: list[str] = Field(
+        default_factory=list, description="Kinesis Video stream names sinks may use ('prefix*' matches a prefix)"
+    )
+    endpoints: list[str] = Field(
+        default_factory=list, description="endpoint_url values sinks may use besides AWS's own (none given)"
+    )
+
+
 class RenderDefaults(BaseModel):
     """Per-session options users may override at submit time."""
 
@@ -103,6 +117,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     node: NodeSettings = NodeSettings()
     limits: LimitSettings = LimitSettings()
+    sinks: SinkSettings = SinkSettings()
     render: RenderDefaults = RenderDefaults()
 
     @model_validator(mode="after")
@@ -141,6 +156,8 @@ def to_env(settings: Settings) -> dict[str, str]:
             key = f"{prefix}{name.upper()}"
             if isinstance(value, dict):
                 walk(f"{key}__", value)
+            elif isinstance(value, list):
+                env[key] = json.dumps(value)  # pydantic-settings reads lists as JSON
             elif value is not None:
                 env[key] = str(value)
 

@@ -11,10 +11,17 @@ import pytest
 
 from monologue.live_client import stream_live
 from monologue.plan import plan_timeline
-from monologue.settings import ApiSettings, NodeSettings, Settings, StorageSettings, TemporalSettings
+from monologue.settings import (
+    ApiSettings,
+    NodeSettings,
+    Settings,
+    SinkSettings,
+    StorageSettings,
+    TemporalSettings,
+)
 from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
-from tests.helpers import api_key, decode_video, get, postgres_database, register_api, submit, wait_done
+from tests.helpers import api_key, decode_video, get, post, postgres_database, register_api, submit, wait_done
 from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
@@ -22,7 +29,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def production_stack(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def kvs(s3_server: S3Server) -> Iterator[KvsServer]:
+    """The local PutMedia server, signing with the same credentials the nodes have."""
+    server = KvsServer(
+        stream_name="avatar", access_key=s3_server.access_key, secret_key=s3_server.secret_key, region=s3_server.region
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def production_stack(s3_server: S3Server, kvs: KvsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s3_server.client().create_bucket(Bucket="monologue-prod")
     with postgres_database() as database_url:
         settings = Settings(
@@ -35,6 +52,10 @@ def production_stack(s3_server: S3Server, tmp_path_factory: pytest.TempPathFacto
             temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
             api=ApiSettings(port=free_port()),
             node=NodeSettings(id="prod-node"),
+            # What sessions may publish to (nothing is allowed by default): a second bucket and a stream.
+            sinks=SinkSettings(
+                s3_buckets=["monologue-sink"], kvs_streams=["avatar*"], endpoints=[s3_server.endpoint_url, kvs.url]
+            ),
         )
         credentials = {
             "AWS_ACCESS_KEY_ID": s3_server.access_key,
@@ -76,7 +97,7 @@ def test_render_on_postgres_and_s3_gives_the_same_frames(
 
 
 def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
-    production_stack: Stack, s3_server: S3Server
+    production_stack: Stack, s3_server: S3Server, kvs: KvsServer
 ) -> None:
     """Live speech in; the session's segments land in a second bucket as they are published, each exactly
     once and in timeline order, and the API serves that bucket's stream as a presigned playlist."""
@@ -84,32 +105,24 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     bucket = s3_server.client()
     bucket.create_bucket(Bucket="monologue-sink")
     s3_sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "live", "endpoint_url": s3_server.endpoint_url}
-    # Kinesis Video Streams: the local PutMedia server, signed with the same credentials the nodes have; it
-    # answers fragment 2 with a retryable error and drops the connection after fragment 4.
-    kvs = KvsServer(
-        stream_name="avatar",
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        region=s3_server.region,
-        error_at={2: 5000},
-        drop_at={4},
-    )
+    # Kinesis Video Streams: the local PutMedia server answers fragment 2 with a retryable error and drops
+    # the connection after fragment 4.
+    kvs.error_at, kvs.drop_at = {2: 5000}, {4}
     kvs_sink = {"type": "kvs", "stream_name": "avatar", "endpoint_url": kvs.url, "region": s3_server.region}
-    with kvs:
-        report = stream_live(
-            url,
-            SAMPLES / "portrait.jpg",
-            SAMPLES / "speech.wav",
-            options={"sinks": json.dumps([s3_sink, kvs_sink])},
-            api_key=api_key(url),
-        )
-        session = report.session
-        assert session["status"] == "completed", session["error"]
-        # The sinks finish on their own schedule (each pump follows the stored playlist): wait for them.
-        deadline = time.monotonic() + 60
-        while {s["status"] for s in session["sinks"]} != {"done"} and time.monotonic() < deadline:
-            time.sleep(0.2)
-            session = get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
+    report = stream_live(
+        url,
+        SAMPLES / "portrait.jpg",
+        SAMPLES / "speech.wav",
+        options={"sinks": json.dumps([s3_sink, kvs_sink])},
+        api_key=api_key(url),
+    )
+    session = report.session
+    assert session["status"] == "completed", session["error"]
+    # The sinks finish on their own schedule (each pump follows the stored playlist): wait for them.
+    deadline = time.monotonic() + 60
+    while {s["status"] for s in session["sinks"]} != {"done"} and time.monotonic() < deadline:
+        time.sleep(0.2)
+        session = get(f"{url}/v1/renders/{session['id']}", timeout=10).json()
     chunks = session["progress"]["chunks_total"]
     kvs_status, status = session["sinks"]
     assert (status["name"], status["status"], status["acknowledged"], status["error"]) == ("s3", "done", chunks, None)
@@ -136,6 +149,25 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     assert [get(u, timeout=10).content for u in segment_urls] == stored
     final = bucket.get_object(Bucket="monologue-sink", Key=f"live/{session['id']}/final.mp4")["Body"].read()
     assert final == get(session["links"]["video"], timeout=30).content
+
+
+def test_sinks_the_operator_has_not_allowed_are_refused(production_stack: Stack, s3_server: S3Server) -> None:
+    """Sinks write with the nodes' credentials: only listed buckets, streams and endpoints are accepted."""
+    url = str(production_stack.settings.api.public_url)
+    refused = [
+        (
+            {"type": "s3", "bucket": "someone-elses", "endpoint_url": s3_server.endpoint_url},
+            "MONOLOGUE_SINKS__S3_BUCKETS",
+        ),
+        ({"type": "s3", "bucket": "monologue-sink", "endpoint_url": "http://169.254.169.254"}, "ENDPOINTS"),
+        ({"type": "kvs", "stream_name": "other"}, "MONOLOGUE_SINKS__KVS_STREAMS"),
+    ]
+    for sink, setting in refused:
+        with (SAMPLES / "portrait.jpg").open("rb") as image:
+            response = post(
+                f"{url}/v1/sessions", files={"portrait": image}, data={"sinks": json.dumps([sink])}, timeout=30
+            )
+        assert response.status_code == 422 and setting in response.json()["detail"], response.text
 
 
 def _timeline_names(frames: int) -> list[str]:

@@ -21,6 +21,7 @@ from gpu_worker.publish.s3_sink import presigned_playlist, s3_client
 from monologue import keys, repo
 from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
+from monologue.settings import SinkSettings
 from monologue.storage import LocalStore
 
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep
@@ -33,6 +34,7 @@ from ..schemas import (
     RenderOptionsBase,
     RenderOptionsCreate,
     RenderPublic,
+    SinkOptions,
     SinkStatus,
 )
 from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
@@ -79,9 +81,30 @@ OptionFields = Annotated[dict[str, Any], Depends(option_fields)]
 def validated_options(services: Services, given: dict[str, Any]) -> RenderOptionsCreate:
     """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad."""
     try:
-        return RenderOptionsCreate.model_validate(services.settings.render.model_dump() | given)
+        options = RenderOptionsCreate.model_validate(services.settings.render.model_dump() | given)
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
+    for sink in options.sinks:
+        problem = sink_refusal(sink, services.settings.sinks)
+        if problem is not None:
+            raise HTTPException(422, f"sinks: {problem}")
+    return options
+
+
+def sink_refusal(sink: SinkOptions, allowed: SinkSettings) -> str | None:
+    """Why the server will not publish to `sink` (its operator has not allowed it), or None."""
+    if sink.endpoint_url is not None and sink.endpoint_url.rstrip("/") not in {
+        e.rstrip("/") for e in allowed.endpoints
+    }:
+        return f"endpoint {sink.endpoint_url} is not allowed (MONOLOGUE_SINKS__ENDPOINTS)"
+    if sink.type == "s3" and sink.bucket not in allowed.s3_buckets:
+        return f"bucket {sink.bucket!r} is not one sessions may publish to (MONOLOGUE_SINKS__S3_BUCKETS)"
+    if sink.type == "kvs" and not any(
+        sink.stream_name == name or (name.endswith("*") and sink.stream_name.startswith(name[:-1]))
+        for name in allowed.kvs_streams
+    ):
+        return f"stream {sink.stream_name!r} is not one sessions may publish to (MONOLOGUE_SINKS__KVS_STREAMS)"
+    return None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
