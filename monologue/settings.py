@@ -176,7 +176,9 @@ def describe_settings() -> str:
                 walk(f"{prefix}{name.upper()}__", annotation)
                 continue
             default = info.get_default(call_default_factory=False)
-            if info.default_factory is not None:
+            if info.default_factory is list:
+                shown = "[]"
+            elif info.default_factory is not None:
                 shown = "(computed)"
             elif default is None:
                 shown = "(unset)"
