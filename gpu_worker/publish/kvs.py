@@ -32,13 +32,11 @@ the fragment's media time, so a resumed session, given the original `producer_st
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import json
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -51,6 +49,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from . import mkv
 from .fmp4_read import Movie, read_fragment, read_init
+from .kvs_wire import Acknowledgements, ConnectionFailed, Fatal, chunk, response_body
 from .sinks import Sink, SinkError
 
 log = structlog.get_logger("kvs")
@@ -68,16 +67,7 @@ RETRYABLE_ERRORS = {
 # HTTP refusals worth a retry: throttling (400 with these error types, 429) and server-side failures.
 _RETRYABLE_TYPES = ("ClientLimitExceededException", "ConnectionLimitExceededException", "InvalidEndpointException")
 _RETRYABLE_STATUS = (429, 500, 502, 503, 504)
-_MAX_ACK_BUFFER = 1 << 16
 _DURABLE_EVENTS = ("PERSISTED", "RECEIVED")
-
-
-class _ConnectionFailed(Exception):
-    """This connection failed in a way a new connection may fix."""
-
-
-class _Fatal(Exception):
-    """KVS refused something that retrying cannot fix."""
 
 
 @dataclass
@@ -88,62 +78,6 @@ class _Pending:
     timecode: int
     data: bytes
     state: str = "queued"  # then "sent" and the acknowledgements' event types
-
-
-def _chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
-
-
-class _Acknowledgements:
-    """Splits the response body into JSON objects, however the HTTP chunks cut it and whatever separates them."""
-
-    def __init__(self) -> None:
-        self._text = ""
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._json = json.JSONDecoder()
-
-    def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._text += self._decoder.decode(data)
-        found: list[dict[str, Any]] = []
-        while True:
-            text = self._text.lstrip()
-            if not text:
-                self._text = ""
-                return found
-            try:
-                value, end = self._json.raw_decode(text)
-            except json.JSONDecodeError:  # incomplete: wait for more, within reason
-                if len(text) > _MAX_ACK_BUFFER:
-                    raise _ConnectionFailed(f"unparsable acknowledgement stream: {text[:200]!r}") from None
-                self._text = text
-                return found
-            self._text = text[end:]
-            if isinstance(value, dict):
-                found.append(value)
-
-
-async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
-    """The response body as it arrives; _ConnectionFailed if the connection ends before the body does."""
-    try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            while True:
-                line = await reader.readline()
-                if not line.endswith(b"\n"):
-                    raise _ConnectionFailed("the connection dropped in the middle of the response")
-                size = int(line.split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await reader.readline()).strip():  # trailers
-                        pass
-                    return
-                data = await reader.readexactly(size + 2)
-                yield data[:-2]
-        elif "content-length" in headers:
-            yield await reader.readexactly(int(headers["content-length"]))
-        else:
-            while data := await reader.read(1 << 16):
-                yield data
-    except asyncio.IncompleteReadError as error:
-        raise _ConnectionFailed("the connection dropped in the middle of the response") from error
 
 
 class KinesisVideoSink(Sink):
@@ -340,7 +274,7 @@ class KinesisVideoSink(Sink):
             await self._run()
         except SinkError as error:
             self._failure = error
-        except _Fatal as error:
+        except Fatal as error:
             self._failure = SinkError(f"stream {self.stream_name}: {error}")
         except Exception as error:  # a bug must still reach the caller, not die with the thread
             self._failure = SinkError(f"stream {self.stream_name}: unexpected {error!r}")
@@ -363,7 +297,7 @@ class KinesisVideoSink(Sink):
             try:
                 await self._connection()
                 continue
-            except _ConnectionFailed as error:
+            except ConnectionFailed as error:
                 reason = str(error)
             except TimeoutError:
                 reason = f"no connection within {self._connect_timeout_s} s"
@@ -387,7 +321,7 @@ class KinesisVideoSink(Sink):
             try:
                 self._endpoint = await asyncio.to_thread(self._data_endpoint)
             except SinkError as error:  # at start() it is final; here it is one more failed attempt
-                raise _ConnectionFailed(str(error)) from error
+                raise ConnectionFailed(str(error)) from error
         loop = asyncio.get_running_loop()
         # KVS accepts at most 5 PutMedia calls per second per stream.
         await asyncio.sleep(max(0.0, self._last_connect + self._min_connect_interval_s - loop.time()))
@@ -412,20 +346,20 @@ class KinesisVideoSink(Sink):
             done, _ = await asyncio.wait({responses, sending}, return_when=asyncio.FIRST_COMPLETED)
             if responses in done:
                 responses.result()  # an HTTP refusal or an ERROR acknowledgement raises here
-                raise _ConnectionFailed("the service ended the response before the request body ended")
+                raise ConnectionFailed("the service ended the response before the request body ended")
             if sending.exception() is not None:
                 # A refused request is usually closed under the writer: the response says why.
                 await asyncio.wait({responses}, timeout=2.0)
                 if responses.done():
                     responses.result()
-                raise _ConnectionFailed(f"sending failed: {sending.exception()!r}")
+                raise ConnectionFailed(f"sending failed: {sending.exception()!r}")
             await asyncio.wait({responses}, timeout=self._ack_timeout_s)
             if not responses.done():
-                raise _ConnectionFailed(f"the response did not end within {self._ack_timeout_s} s of the body's end")
+                raise ConnectionFailed(f"the response did not end within {self._ack_timeout_s} s of the body's end")
             responses.result()
             missing = [index for index in sent if index in self._pending and not self._durable(index)]
             if missing:
-                raise _ConnectionFailed(
+                raise ConnectionFailed(
                     f"the response ended without {self._durable_event} for segments {missing[:5]} "
                     "(streams without data retention never send PERSISTED: use durable_event='RECEIVED')"
                 )
@@ -462,7 +396,7 @@ class KinesisVideoSink(Sink):
     async def _send(self, writer: asyncio.StreamWriter, url: SplitResult, sent: list[int]) -> None:
         """Write the header, then each segment not yet durable; end the body on rotation, idleness or finish."""
         loop = asyncio.get_running_loop()
-        writer.write(self._request_head(url) + _chunk(self._header))
+        writer.write(self._request_head(url) + chunk(self._header))
         await writer.drain()
         opened = last_write = loop.time()
         reason = "finished"
@@ -473,7 +407,7 @@ class KinesisVideoSink(Sink):
             )
             rotate_due = bool(sent) and loop.time() - opened >= self._rotate_after_s
             if candidate is not None and not rotate_due:
-                writer.write(_chunk(candidate.data))
+                writer.write(chunk(candidate.data))
                 await writer.drain()
                 candidate.state = "sent"
                 sent.append(candidate.index)
@@ -498,10 +432,10 @@ class KinesisVideoSink(Sink):
     async def _read_response(self, reader: asyncio.StreamReader) -> None:
         status_line = await reader.readline()
         if not status_line:
-            raise _ConnectionFailed("the connection closed before a response")
+            raise ConnectionFailed("the connection closed before a response")
         parts = status_line.decode("latin-1").split(" ", 2)
         if len(parts) < 2 or not parts[1].isdigit():
-            raise _ConnectionFailed(f"not an HTTP response: {status_line[:100]!r}")
+            raise ConnectionFailed(f"not an HTTP response: {status_line[:100]!r}")
         status = int(parts[1])
         headers: dict[str, str] = {}
         while (line := await reader.readline()).strip():
@@ -511,13 +445,13 @@ class KinesisVideoSink(Sink):
             pieces: list[bytes] = []
 
             async def read_error_body() -> None:
-                pieces.extend([piece async for piece in _body(reader, headers)])
+                pieces.extend([piece async for piece in response_body(reader, headers)])
 
-            with contextlib.suppress(TimeoutError, _ConnectionFailed):  # the status says enough without the body
+            with contextlib.suppress(TimeoutError, ConnectionFailed):  # the status says enough without the body
                 await asyncio.wait_for(read_error_body(), 5.0)
             self._refused(status, headers, b"".join(pieces)[:2000])
-        acknowledgements = _Acknowledgements()
-        async for data in _body(reader, headers):
+        acknowledgements = Acknowledgements()
+        async for data in response_body(reader, headers):
             for ack in acknowledgements.feed(data):
                 self._on_ack(ack)
 
@@ -534,8 +468,8 @@ class KinesisVideoSink(Sink):
         if status in _RETRYABLE_STATUS or any(kind in error_type for kind in _RETRYABLE_TYPES):
             if "InvalidEndpoint" in error_type:
                 self._endpoint = None
-            raise _ConnectionFailed(text)
-        raise _Fatal(text)
+            raise ConnectionFailed(text)
+        raise Fatal(text)
 
     def _on_ack(self, ack: dict[str, Any]) -> None:
         event = str(ack.get("EventType", ""))
@@ -545,8 +479,8 @@ class KinesisVideoSink(Sink):
             code = _integer(ack.get("ErrorId", ack.get("ErrorCode")))
             text = f"ERROR {code} for " + (f"segment {index}" if index is not None else f"timecode {timecode}")
             if code in RETRYABLE_ERRORS:
-                raise _ConnectionFailed(f"{text}: {RETRYABLE_ERRORS[code]}")
-            raise _Fatal(f"{text}, which retrying cannot fix: {ack}")
+                raise ConnectionFailed(f"{text}: {RETRYABLE_ERRORS[code]}")
+            raise Fatal(f"{text}, which retrying cannot fix: {ack}")
         if index is None or index not in self._pending:
             return  # IDLE, or an acknowledgement of a segment already durable
         if self._pending[index].state != self._durable_event:
@@ -563,50 +497,3 @@ def _integer(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def gstreamer_kvssink_available() -> bool:
-    """Whether GStreamer (through PyGObject) and the KVS producer SDK's kvssink element are installed."""
-    try:
-        import gi
-
-        gi.require_version("Gst", "1.0")
-        from gi.repository import Gst
-    except (ImportError, ValueError):
-        return False
-    Gst.init(None)
-    return Gst.ElementFactory.find("kvssink") is not None
-
-
-class GStreamerKvsSink(Sink):
-    """A placeholder for sending through GStreamer's kvssink (appsrc ! qtdemux ! h264parse ! kvssink).
-
-    Not implemented: kvssink does not hand per-fragment acknowledgements back to the application, so
-    acknowledged() could not be truthful and a resume would repeat or skip fragments; and it cannot be tested here.
-    KinesisVideoSink has no such dependency. Constructing this raises SinkError saying which of the two applies.
-    """
-
-    name = "kvssink"
-
-    def __init__(self, stream_name: str, **properties: Any) -> None:
-        if not gstreamer_kvssink_available():
-            raise SinkError(
-                "GStreamer's kvssink element is not installed (needs PyGObject, GStreamer 1.0 and the KVS "
-                "producer SDK's GStreamer plugin); use KinesisVideoSink"
-            )
-        raise SinkError("GStreamerKvsSink is not implemented (see its docstring); use KinesisVideoSink")
-
-    def start(self, init_segment: bytes, next_index: int) -> None:
-        raise SinkError("GStreamerKvsSink is not implemented")
-
-    def put(self, index: int, segment: bytes) -> None:
-        raise SinkError("GStreamerKvsSink is not implemented")
-
-    def acknowledged(self) -> int:
-        raise SinkError("GStreamerKvsSink is not implemented")
-
-    def finish(self, *, ended: bool) -> None:
-        raise SinkError("GStreamerKvsSink is not implemented")
-
-    def close(self) -> None:
-        pass

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from gpu_worker.publish import SegmentWriter, StreamFormat, init_segment, mkv
-from gpu_worker.publish.kvs import GStreamerKvsSink, KinesisVideoSink
+from gpu_worker.publish.kvs import KinesisVideoSink
+from gpu_worker.publish.kvs_gstreamer import GStreamerKvsSink
 from gpu_worker.publish.sinks import SinkError
 from tests.gpu_worker.test_publish import MemoryAudio, indexed_frames, speech_like, starts
 from tests.kvs_server import KvsServer
