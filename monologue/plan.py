@@ -15,7 +15,7 @@ arriving) emits exactly the chunks the finite plan would, as soon as their frame
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +84,15 @@ def _check_sizes(n_frames: int, i_frames: int) -> None:
 
 
 def chunk_sizes(options: Any) -> dict[str, int]:
-    """The plan's keyword arguments from a session's options (RenderOptions or the API's model)."""
-    first = getattr(options, "first_chunk_frames", 0) or options.chunk_frames
-    return {"n_frames": options.chunk_frames, "i_frames": options.i_frames, "first_frames": first}
+    """The plan's keyword arguments from a session's options: RenderOptions, the API's model, or the stored
+    options of a session row (a mapping)."""
+    values = options if isinstance(options, Mapping) else vars(options)
+    n_frames = values["chunk_frames"]
+    return {
+        "n_frames": n_frames,
+        "i_frames": values["i_frames"],
+        "first_frames": values.get("first_chunk_frames") or n_frames,
+    }
 
 
 def plan_timeline(

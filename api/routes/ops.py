@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from monologue import repo, repo_nodes, repo_ops
 from monologue.db import ChunkRow, SessionRow, utcnow
-from monologue.plan import plan_chunks, plan_timeline
+from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo_nodes import aware
 
 from ..deps import DbDep, OpsAccess, ServicesDep
@@ -260,11 +260,7 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
     planned: list[tuple[str, int, int, int]] = []
     running: tuple[str, int] | None = None
     if row.frames and "chunk_frames" in options and "i_frames" in options:
-        sizes = {
-            "n_frames": options["chunk_frames"],
-            "i_frames": options["i_frames"],
-            "first_frames": options.get("first_chunk_frames") or options["chunk_frames"],
-        }
+        sizes = chunk_sizes(options)
         planned = [(s.kind, s.index, s.first_frame, s.n_frames) for s in plan_timeline(row.frames, **sizes)]
         if row.status == "running":
             running = next(
