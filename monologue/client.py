@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,16 +30,31 @@ def submit(
     api_key: str | None = None,
 ) -> dict[str, Any]:
     """POST the files; returns the created render (raises RenderFailed with the API's message on 4xx)."""
-    with portrait.open("rb") as image, audio.open("rb") as speech:
+    return create(
+        f"{api_url}/v1/renders", {"portrait": portrait, "audio": audio}, options, api_key, timeout_s, "render"
+    )
+
+
+def create(
+    url: str,
+    files: dict[str, Path],
+    options: dict[str, Any] | None,
+    api_key: str | None,
+    timeout_s: float,
+    what: str,
+) -> dict[str, Any]:
+    """POST a multipart form that creates a session; its JSON, or RenderFailed with the API's message."""
+    with contextlib.ExitStack() as opened:
+        uploads = {field: (path.name, opened.enter_context(path.open("rb"))) for field, path in files.items()}
         response = httpx.post(
-            f"{api_url}/v1/renders",
-            files={"portrait": (portrait.name, image), "audio": (audio.name, speech)},
+            url,
+            files=uploads,
             data={k: str(v) for k, v in (options or {}).items()},
             headers=auth(api_key),
             timeout=timeout_s,
         )
     if response.status_code != 201:
-        raise RenderFailed(f"the API refused the render ({response.status_code}): {_detail(response)}")
+        raise RenderFailed(f"the API refused the {what} ({response.status_code}): {_detail(response)}")
     result: dict[str, Any] = response.json()
     return result
 

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
-from monologue.client import RenderFailed, _detail, auth, poll
+from monologue.client import auth, create, poll
 from monologue.media import AUDIO_RATE, normalise_audio
 
 MESSAGE_SAMPLES = AUDIO_RATE // 50  # 20 ms per message, like a telephony/WebRTC frame
@@ -38,18 +38,8 @@ class LiveReport:
 def start_session(
     api_url: str, portrait: Path, *, options: dict[str, Any] | None = None, api_key: str | None = None
 ) -> dict[str, Any]:
-    with portrait.open("rb") as image:
-        response = httpx.post(
-            f"{api_url}/v1/sessions",
-            files={"portrait": (portrait.name, image)},
-            data={k: str(v) for k, v in (options or {}).items()},
-            headers=auth(api_key),
-            timeout=60,
-        )
-    if response.status_code != 201:
-        raise RenderFailed(f"the API refused the live session ({response.status_code}): {_detail(response)}")
-    session: dict[str, Any] = response.json()
-    return session
+    """POST the portrait; returns the live session with its audio WebSocket and stream links."""
+    return create(f"{api_url}/v1/sessions", {"portrait": portrait}, options, api_key, 60.0, "live session")
 
 
 def stream_live(
