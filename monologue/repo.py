@@ -251,21 +251,22 @@ def mark_published(db: Session, *, session_id: str, published_frames: int) -> di
     row = _require(db, session_id)
     if row.kind == "live" and row.ttff_ms is None and row.started_at is not None and published_frames > 0:
         row.ttff_ms = (now - _aware(row.started_at)).total_seconds() * 1000
-    pairs = db.execute(
-        select(ChunkRow.audio_ready_at, ChunkRow.published_at).where(
-            ChunkRow.session_id == session_id,
-            ChunkRow.audio_ready_at.is_not(None),
-            ChunkRow.published_at.is_not(None),
-        )
-    ).all()
-    if pairs:
-        waits = sorted((_aware(published) - _aware(ready)).total_seconds() * 1000 for ready, published in pairs)
-        row.latency = {
-            "chunks": len(waits),
-            "p50_ms": round(_percentile(waits, 50), 1),
-            "p95_ms": round(_percentile(waits, 95), 1),
-            "max_ms": round(waits[-1], 1),
-        }
+    if row.kind == "live":  # only live chunks know when their audio arrived
+        pairs = db.execute(
+            select(ChunkRow.audio_ready_at, ChunkRow.published_at).where(
+                ChunkRow.session_id == session_id,
+                ChunkRow.audio_ready_at.is_not(None),
+                ChunkRow.published_at.is_not(None),
+            )
+        ).all()
+        if pairs:
+            waits = sorted((_aware(published) - _aware(ready)).total_seconds() * 1000 for ready, published in pairs)
+            row.latency = {
+                "chunks": len(waits),
+                "p50_ms": round(_percentile(waits, 50), 1),
+                "p95_ms": round(_percentile(waits, 95), 1),
+                "max_ms": round(waits[-1], 1),
+            }
     db.commit()
     return row.latency
 

@@ -12,6 +12,7 @@ profile, instance role): never from the request.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,11 @@ def segment_name(index: int) -> str:
     return f"seg-{index:06d}.m4s"
 
 
+@functools.lru_cache(maxsize=32)
 def s3_client(*, endpoint_url: str | None, region: str | None) -> Any:
-    """A boto3 S3 client with retries in adaptive mode (throttling backs off instead of failing)."""
+    """A boto3 S3 client with retries in adaptive mode (throttling backs off instead of failing). One per
+    endpoint and region, shared (boto3 clients are thread-safe; making one takes tens of milliseconds, too
+    much for every playlist a player refetches)."""
     config = Config(
         signature_version="s3v4", retries={"max_attempts": 5, "mode": "adaptive"}, s3={"addressing_style": "path"}
     )
