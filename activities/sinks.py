@@ -9,7 +9,9 @@ pump (after a crash, a sink error, or the workflow continuing as new) starts fro
 segments from storage, so nothing is lost and, for sinks that acknowledge durably, nothing repeats.
 
 Pumps run on their own queue (`<shared>-sinks`), so sessions that stream for hours never take the
-shared queue's slots.
+shared queue's slots. Before it writes anything a pump checks its sink against the node's allow-lists for
+the session's tenant (`monologue.sink_policy`): the operator may have removed the entry since the session
+started, and the node's credentials must not follow a stale promise. A refused sink fails for good.
 """
 
 from __future__ import annotations
@@ -33,17 +35,22 @@ from gpu_worker.publish.sinks import Sink, SinkError
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import NotFound
+from monologue.settings import SinkSettings
+from monologue.sink_policy import SinkRefused, for_tenant, refusal
 from monologue.storage import ObjectStore
 
 POLL_S = 0.2
 _EXTINF = re.compile(r"^#EXTINF:([0-9.]+),")
 
-SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions, int], Sink]
+SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions, int, SinkSettings], Sink]
 
 
-def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int) -> Sink:
+def build_sink(
+    spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings
+) -> Sink:
     """The sink a spec describes (imports its client library only when used). `origin_ms`: the session's
-    creation time (epoch ms), the producer timestamp of its first frame, the same for every pump."""
+    creation time (epoch ms), the producer timestamp of its first frame, the same for every pump. `allowed`:
+    the tenant's allow-lists (the spec itself is already checked; the KVS sink checks its data endpoint)."""
     longest = max(options.chunk_frames, options.i_frames) / options.fps
     if spec.type == "s3":
         from gpu_worker.publish.s3_sink import S3Sink
@@ -63,6 +70,7 @@ def build_sink(spec: c.SinkSpec, session_id: str, options: c.RenderOptions, orig
         sink: Sink = KinesisVideoSink(
             spec.stream_name,
             region=spec.region or "us-east-1",
+            allowed=allowed,
             endpoint_url=spec.endpoint_url,
             producer_start_ms=origin_ms,
         )
@@ -126,11 +134,13 @@ class SinkActivities:
         *,
         store: ObjectStore,
         sessions: sessionmaker[Any],
+        allowed: SinkSettings,
         factory: SinkFactory = build_sink,
         poll_s: float = POLL_S,
     ) -> None:
         self._store = store
         self._sessions = sessions
+        self._allowed = allowed  # the node's MONOLOGUE_SINKS__*, read at each pump's start
         self._factory = factory
         self._poll_s = poll_s
 
@@ -139,8 +149,9 @@ class SinkActivities:
         """Feed the sink until the stream ends (or the workflow cancels the pump to continue as new)."""
         spec, sid = request.sink, request.session_id
         with activity_context(session_id=sid, sink=spec.label) as log:
-            start, origin_ms = self._resume_point(sid, spec)
-            sink = self._factory(spec, sid, request.options, origin_ms)
+            start, origin_ms, tenant = self._resume_point(sid, spec)
+            allowed = self._tenant_allowed(sid, spec, tenant, start)
+            sink = self._factory(spec, sid, request.options, origin_ms, allowed)
             index = start
             try:
                 sink.start(self._wait_for(keys.init_segment(sid)), start)
@@ -180,20 +191,39 @@ class SinkActivities:
                 self._record(sid, spec, status, sink.acknowledged(), error=f"attempt {attempt}: {err}")
                 log.warning("sink failed; the pump retries from what is stored", error=str(err))
                 raise ApplicationError(str(err), type="SinkError") from err
+            except SinkRefused as err:  # the KVS sink's data endpoint; activity_context makes it final
+                self._record(sid, spec, "failed", sink.acknowledged(), error=str(err))
+                raise
             finally:
                 sink.close()
 
-    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> tuple[int, int]:
+    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> tuple[int, int, str | None]:
         """Segments the sink already holds (from this attempt's last heartbeat, or the last pump's record),
-        and the session's creation time in epoch ms (its streams' time origin)."""
+        the session's creation time in epoch ms (its streams' time origin) and its tenant (None: no session)."""
         details = activity.info().heartbeat_details
         from_heartbeat = int(details[0]) if details else 0
         with self._sessions() as db:
             row = repo.get_sink(db, session_id=session_id, name=spec.label)
             session = repo.get_session(db, session_id=session_id)
             created = session.created_at if session is not None else None
+            tenant = session.tenant if session is not None else None
         origin_ms = int(_aware(created).timestamp() * 1000) if created is not None else 0
-        return max(from_heartbeat, row.acknowledged if row is not None else 0), origin_ms
+        return max(from_heartbeat, row.acknowledged if row is not None else 0), origin_ms, tenant
+
+    def _tenant_allowed(self, session_id: str, spec: c.SinkSpec, tenant: str | None, acknowledged: int) -> SinkSettings:
+        """The tenant's allow-lists, once the spec is checked against them; a refused sink is recorded `failed`
+        and raises SinkRefused (final: retrying would not change the settings)."""
+        if tenant is None:
+            problem = f"sink {spec.label!r}: session {session_id} has no record, so its tenant is unknown"
+            raise self._refused(session_id, spec, acknowledged, problem)
+        reason = refusal(spec, tenant=tenant, allowed=self._allowed)
+        if reason is not None:
+            raise self._refused(session_id, spec, acknowledged, reason)
+        return for_tenant(self._allowed, tenant)
+
+    def _refused(self, session_id: str, spec: c.SinkSpec, acknowledged: int, problem: str) -> SinkRefused:
+        self._record(session_id, spec, "failed", acknowledged, error=f"{problem}; nothing more is sent")
+        return SinkRefused(problem)
 
     def _wait_for(self, key: str) -> bytes:
         while True:

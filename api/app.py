@@ -17,6 +17,8 @@ from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
 from .deps import Services
+from .guard import UploadGuard
+from .origin import HostPolicy, RequestGuard
 from .routes import ops, renders, sessions
 from .submit import TooManySessions
 
@@ -46,6 +48,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(renders.router)
     app.include_router(sessions.router)
     app.include_router(ops.router)
+    # A /v1 body's key and size are checked before any of it is read (added first: runs after the Host checks).
+    app.add_middleware(UploadGuard)
+    # Host, URL and same-origin checks before any route; a conflicting setting stops the API here, at its start.
+    app.add_middleware(RequestGuard, policy=HostPolicy.from_settings(settings.api))
 
     @app.middleware("http")
     async def bind_request(request: Request, call_next):  # type: ignore[no-untyped-def]

@@ -16,6 +16,8 @@ from monologue import apikeys
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 
+from .origin import LOOPBACK_HOSTS, host_name
+
 
 @dataclass
 class Services:
@@ -74,7 +76,10 @@ def principal_from_headers(services: Services, authorization: str | None) -> Pri
 
 def require_key(request: Request, services: ServicesDep) -> Principal:
     """Every /v1 route: a valid key; the caller then sees only its tenant's sessions."""
-    principal = principal_from_headers(services, request.headers.get("authorization"))
+    # A request with a body was let in by api.guard, which checked its key before reading the body.
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        principal = principal_from_headers(services, request.headers.get("authorization"))
     structlog.contextvars.bind_contextvars(tenant=principal.tenant, key_id=principal.key_id)
     return principal
 
@@ -86,8 +91,7 @@ def ops_access(request: Request, services: ServicesDep) -> Principal:
     """The operator's UI (`/ops`): a key with the `ops` scope, or, when MONOLOGUE_API__OPS_OPEN_ON_LOOPBACK is
     set, a browser on this machine without a key. Operators see every tenant."""
     authorization = request.headers.get("authorization")
-    client = request.client.host if request.client else ""
-    if authorization is None and services.settings.api.ops_open_on_loopback and _loopback(client):
+    if authorization is None and services.settings.api.ops_open_on_loopback and from_this_machine(request):
         return Principal(tenant=None, scopes=("ops",), key_id=None)
     principal = principal_from_headers(services, authorization)
     if "ops" not in principal.scopes:
@@ -96,6 +100,21 @@ def ops_access(request: Request, services: ServicesDep) -> Principal:
 
 
 OpsAccess = Annotated[Principal, Depends(ops_access)]
+
+
+# Headers a reverse proxy adds: their presence means the socket's peer is the proxy, not the browser.
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-real-ip")
+
+
+def from_this_machine(request: Request) -> bool:
+    """A browser on this machine talking to the API directly. The socket's peer must be loopback (`monologue
+    api` runs uvicorn with proxy_headers off, so `request.client` is the real peer, whatever X-Forwarded-For
+    says); no proxy may be in front (one on this machine makes every client on the internet look local); and
+    the Host must be a loopback name (a page whose DNS name was pointed at 127.0.0.1 sends its own)."""
+    peer = request.client.host if request.client else ""
+    if not _loopback(peer) or any(name in request.headers for name in FORWARDING_HEADERS):
+        return False
+    return host_name(request.headers.get("host", "")) in LOOPBACK_HOSTS
 
 
 def _loopback(host: str) -> bool:

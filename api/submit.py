@@ -19,7 +19,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import Family
 from monologue import contracts as c
-from monologue import keys, repo
+from monologue import keys, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
@@ -65,8 +65,6 @@ class TooManySessions(Exception):
 
 def check_tenant_limit(services: Services, tenant: str) -> None:
     limit = services.settings.limits.max_sessions_per_tenant
-    if limit is None:
-        return
     with services.sessions() as db:
         active = repo.active_sessions(db, tenant=tenant)
     if active >= limit:
@@ -162,6 +160,7 @@ async def _start_workflow(
             tenant=tenant,
             live=live,
             idle_timeout_s=settings.render.live_idle_timeout_s,
+            max_live_s=settings.limits.max_live_seconds,
         ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
@@ -191,8 +190,11 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
     """A new run of the session's workflow from the first chunk (in generation order) not yet made.
 
     Chunks already generated are kept (their segments are in storage); the node restores the anchors
-    from the checkpoints, or regenerates from an earlier N chunk if they are gone."""
+    from the checkpoints, or regenerates from an earlier N chunk if they are gone. SinkRefused, before anything
+    is touched, if a sink is no longer one the operator allows the session's tenant."""
     options = c.render_options(RenderOptionsCreate.model_validate(row.options).model_dump())
+    for sink in options.sinks:  # the allow-lists may have shrunk since the session started
+        sink_policy.check(sink, tenant=row.tenant, allowed=services.settings.sinks)
     live = row.kind == "live"
     samples, ended = stored_live_audio(services.store, row.id) if live else (0, True)
     if live and not ended:
@@ -225,6 +227,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
             audio_samples=samples,
             audio_ended=ended,
             idle_timeout_s=settings.render.live_idle_timeout_s,
+            max_live_s=settings.limits.max_live_seconds,  # moot here (a resumed session's audio has ended)
         ),
         id=row.workflow_id or c.render_workflow_id(row.id),
         task_queue=settings.temporal.task_queue,

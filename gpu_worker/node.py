@@ -56,7 +56,7 @@ async def run_node(
     node_id = settings.node.id
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
     shared = SessionActivities(store=store, sessions=sessions)
-    sinks = SinkActivities(store=store, sessions=sessions)
+    sinks = SinkActivities(store=store, sessions=sessions, allowed=settings.sinks)
     pinned = node_activities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
     lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity

@@ -9,5 +9,6 @@ python=${PYTHON:-python3}
 python -m pip install -q --disable-pip-version-check --upgrade pip
 # The CPU build first: an unpinned `torch` would pull a CUDA build of several GB.
 python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-python -m pip install -q --disable-pip-version-check -e ".[dev]"
+# Exact versions from the lock (infra/constraints.txt, made by infra/lock.sh): CI installs what was tested.
+python -m pip install -q --disable-pip-version-check -c infra/constraints.txt -e ".[dev]"
 echo "setup: $(python --version), torch $(python -c 'import torch; print(torch.__version__)'), temporal $(temporal --version | head -1)"

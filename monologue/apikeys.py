@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 from monologue.db import ApiKeyRow, utcnow
 
 SCOPES = ("ops",)
-TENANT = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-_KEY = re.compile(r"^mk_([0-9a-f]{8})_[A-Za-z0-9_-]{20,64}$")
+# Checked with `fullmatch`: `match` with `$` also accepts a trailing newline.
+TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_KEY = re.compile(r"mk_([0-9a-f]{8})_[A-Za-z0-9_-]{20,64}")
 
 
 def hash_key(key: str) -> str:
@@ -30,7 +31,7 @@ def hash_key(key: str) -> str:
 
 
 def check_tenant(tenant: str) -> str:
-    if not TENANT.match(tenant):
+    if not TENANT.fullmatch(tenant):
         raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits and dashes")
     return tenant
 
@@ -50,7 +51,7 @@ def create_key(db: Session, *, tenant: str, scopes: tuple[str, ...] = ()) -> tup
 
 def authenticate(db: Session, key: str) -> ApiKeyRow | None:
     """The key's row if the key is valid and not revoked."""
-    match = _KEY.match(key)
+    match = _KEY.fullmatch(key)
     if match is None:
         return None
     row = db.get(ApiKeyRow, match.group(1))

@@ -56,6 +56,9 @@ def api() -> None:
         port=settings.api.port,
         log_config=None,
         access_log=False,
+        # request.client must be the socket's peer: /ops open on loopback is decided from it (api/deps.py), and
+        # uvicorn would otherwise take it from X-Forwarded-For, which any client sends through a local proxy.
+        proxy_headers=False,
     )
 
 
@@ -225,6 +228,18 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, a
 
     report = bench_gpu(chunks=chunks, preset_name=preset, resolution=resolution)
     click.echo(json.dumps(asdict(report)) if as_json else describe(report))
+
+
+@bench.command("upload")
+@click.option("--seconds", type=int, default=3600, show_default=True, help="Seconds of FLAC silence to upload.")
+@click.option("--max-audio-seconds", type=float, default=None, help="The audio limit (default: the setting's).")
+def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
+    """Decode SECONDS of FLAC silence (about half a megabyte for an hour) as the API does at submit; print the
+    outcome and how much the process's peak RSS grew. Run it in a fresh process: the peak is per process."""
+    from monologue.bench_upload import bench_upload
+
+    limit = max_audio_seconds if max_audio_seconds is not None else get_settings().limits.max_audio_seconds
+    click.echo(bench_upload(max_seconds=limit, seconds=seconds).line())
 
 
 @bench.command("orchestration")

@@ -116,6 +116,11 @@ class RenderInput:
     audio_samples: int = 0  # stored so far (16 kHz)
     audio_ended: bool = False
     idle_timeout_s: float = 30.0  # no new audio for this long ends a live session
+    # A live session's lifetime: past it the session ends with the audio it has, even with audio still coming
+    # (0: none, as for sessions started before it existed). Measured from `live_since_ms` (Temporal's clock,
+    # epoch ms), which the first run sets to its own start and every later run carries.
+    max_live_s: float = 0.0
+    live_since_ms: float = 0.0
 
 
 @dataclass

@@ -11,6 +11,8 @@ from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text,
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
+from monologue.localfs import private_file
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
@@ -140,6 +142,7 @@ class ApiKeyRow(Base):
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets WAL and a busy timeout because the API and nodes share it."""
     if url.startswith("sqlite"):
+        _private_sqlite_file(url)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
@@ -151,6 +154,14 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def _private_sqlite_file(url: str) -> None:
+    """Create a SQLite database file 0600 (in a 0700 folder when that is new) before SQLite does (0644): it holds
+    every tenant's sessions and the API keys' hashes. SQLite gives its -wal and -shm files the same mode."""
+    if not url.startswith("sqlite:///") or url.removeprefix("sqlite:///") in ("", ":memory:"):
+        return
+    private_file(Path(url.removeprefix("sqlite:///")))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
@@ -170,8 +181,7 @@ def migrate(url: str, revision: str = "head") -> None:
     """Bring the schema at `url` up to `revision` (creating the SQLite folder if needed)."""
     from alembic import command
 
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    _private_sqlite_file(url)
     command.upgrade(alembic_config(url), revision)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
-# What the API may serve from a session's out/ folder (everything else there is internal).
-PUBLIC_OUTPUT = re.compile(r"^(init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s)$")
+# What the API may serve from a session's out/ folder (everything else there is internal). Use `fullmatch`:
+# `match` with `$` also accepts a name followed by a newline.
+PUBLIC_OUTPUT = re.compile(r"init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s")
 
 
 def session_prefix(session_id: str) -> str:

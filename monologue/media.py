@@ -8,6 +8,7 @@ failure is an `InputError` whose message names the problem and what to send inst
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 import wave
 from dataclasses import dataclass
@@ -143,13 +144,10 @@ def _sniff(data: bytes) -> str:
     return ""
 
 
-def _decode_pcm(data: bytes, max_samples: int | None) -> tuple[np.ndarray, int]:
-    """Decode the first audio stream to 16 kHz mono int16 (stopping once past `max_samples`).
-
-    Returns the samples and the number of packets that failed to decode.
-    """
+def _open_audio(data: bytes) -> av.container.InputContainer:
+    """Open untrusted bytes with the audio demuxers only; any failure is the caller's input problem."""
     try:
-        container = av.open(io.BytesIO(data), "r", options={"format_whitelist": _AUDIO_DEMUXERS})
+        return av.open(io.BytesIO(data), "r", options={"format_whitelist": _AUDIO_DEMUXERS})
     except EOFError as e:  # av.EOFError is one too: the header or index is cut off
         raise InputError(f"audio: the file ends too early (truncated upload?); {_AUDIO_HINT}") from e
     except Exception as e:  # av.FFmpegError mostly; the demuxer probe is fed untrusted bytes
@@ -157,8 +155,64 @@ def _decode_pcm(data: bytes, max_samples: int | None) -> tuple[np.ndarray, int]:
             raise InputError(f"audio: the file has no audio stream{sniffed}; {_AUDIO_HINT}") from e
         why = getattr(e, "strerror", None) or e
         raise InputError(f"audio: the file is not a recognised audio format ({why}); {_AUDIO_HINT}") from e
-    chunks: list[np.ndarray] = []
-    total = bad = 0
+
+
+_FIRST_CAPACITY = 30 * AUDIO_RATE  # samples (30 s, 960 kB): most speech fits without growing
+
+
+class _Samples:
+    """Decoded 16 kHz mono s16 samples in one array, never longer than `max_samples`.
+
+    Why one array: a list of chunks, then their concatenation, then a converted copy held three copies of
+    the audio at once; a small compressed upload (an hour of FLAC silence is half a megabyte) could cost
+    the API hundreds of megabytes. Samples past the limit are counted, not kept, so that decoding can stop
+    there and the refusal can say how long the audio is at least."""
+
+    def __init__(self, max_samples: int | None) -> None:
+        self.max_samples = max_samples
+        self.count = 0  # decoded, kept or not
+        self.kept = 0  # in the array
+        first = _FIRST_CAPACITY if max_samples is None else min(_FIRST_CAPACITY, max_samples)
+        self._buffer = np.empty(first, np.int16)
+
+    @property
+    def full(self) -> bool:
+        """Past the limit: the caller stops decoding."""
+        return self.max_samples is not None and self.count > self.max_samples
+
+    def add(self, frames: list[av.AudioFrame]) -> None:
+        for frame in frames:
+            samples = frame.to_ndarray().reshape(-1)
+            self.count += len(samples)
+            if self.max_samples is not None:
+                samples = samples[: max(0, self.max_samples - self.kept)]
+            self._reserve(self.kept + len(samples))
+            self._buffer[self.kept : self.kept + len(samples)] = samples
+            self.kept += len(samples)
+
+    def pcm(self) -> np.ndarray:
+        """The kept samples (a view, not a copy)."""
+        return self._buffer[: self.kept]
+
+    def _reserve(self, size: int) -> None:
+        """Room for `size` samples: the array doubles when too small, but never grows past the limit."""
+        if size <= len(self._buffer):
+            return
+        capacity = max(size, 2 * len(self._buffer))
+        if self.max_samples is not None:
+            capacity = min(capacity, self.max_samples)  # `size` is never past it: add() keeps no more
+        grown = np.empty(capacity, np.int16)
+        grown[: self.kept] = self._buffer[: self.kept]
+        self._buffer = grown
+
+
+def _decode_pcm(data: bytes, max_samples: int | None) -> tuple[_Samples, int]:
+    """Decode the first audio stream to 16 kHz mono s16, stopping once past `max_samples`.
+
+    Returns the samples and the number of packets that failed to decode.
+    """
+    container = _open_audio(data)
+    samples, bad = _Samples(max_samples), 0
     with container:
         if not container.streams.audio:
             hint = _sniff(data) or " (or it is truncated)"
@@ -175,45 +229,42 @@ def _decode_pcm(data: bytes, max_samples: int | None) -> tuple[np.ndarray, int]:
                 for frame in frames:
                     # A fresh resampler when the input format changes mid-stream (chained OGG, joined MP3s).
                     if key is not None and key != (frame.format.name, frame.layout.name, frame.sample_rate):
-                        chunks += _flush(resampler)
+                        samples.add(resampler.resample(None))
                         resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
                     key = (frame.format.name, frame.layout.name, frame.sample_rate)
-                    for out in resampler.resample(frame):
-                        chunks.append(out.to_ndarray().reshape(-1))
-                        total += out.samples
-                if max_samples is not None and total > max_samples:
+                    samples.add(resampler.resample(frame))
+                if samples.full:
                     break
             if key is not None:
-                chunks += _flush(resampler)
+                # The resampler's filter delay: losing it shortens the audio.
+                samples.add(resampler.resample(None))
         except Exception as e:  # demuxer errors past the header: a damaged file
             raise InputError(f"audio: the file is corrupt ({e}); re-export it and {_AUDIO_HINT}") from e
-    pcm = np.concatenate(chunks).astype(np.int16) if chunks else np.zeros(0, np.int16)
-    return pcm, bad
-
-
-def _flush(resampler: av.AudioResampler) -> list[np.ndarray]:
-    """Drain the samples the resampler still holds (its filter delay); losing them shortens the audio."""
-    return [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+    return samples, bad
 
 
 def normalise_audio(data: bytes, *, max_seconds: float | None = None) -> Speech:
-    """Decode any common audio file (any rate, any channels) into 16 kHz mono s16 WAV."""
+    """Decode any common audio file (any rate, any channels) into 16 kHz mono s16 WAV.
+
+    Memory is bounded by `max_seconds`: decoding stops just past it, and the samples and the WAV built from
+    them are the only copies of the audio."""
     if not data:
         raise InputError(f"audio: the file is empty (0 bytes); {_AUDIO_HINT}")
     max_samples = None if max_seconds is None else round(max_seconds * AUDIO_RATE)
-    pcm, bad = _decode_pcm(data, max_samples)
-    if pcm.size == 0 and bad:
+    samples, bad = _decode_pcm(data, max_samples)
+    if samples.count == 0 and bad:
         msg = f"audio: the file is corrupt (no packet could be decoded); re-export it and {_AUDIO_HINT}"
         raise InputError(msg)
-    if pcm.size == 0:
+    if samples.count == 0:
         msg = f"audio: the file contains no audio samples (zero length); {_AUDIO_HINT} with speech in it"
         raise InputError(msg)
-    if max_samples is not None and pcm.size > max_samples:
+    if samples.full:
         raise InputError(
             f"audio: the recording is longer than the {max_seconds:g} s limit"
-            f" (at least {pcm.size / AUDIO_RATE:.1f} s); trim it or split it"
+            f" (at least {samples.count / AUDIO_RATE:.1f} s; setting MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS);"
+            " trim it or split it"
         )
-    return Speech(wav=encode_wav(pcm), samples=int(pcm.size))
+    return Speech(wav=_wav(samples.pcm()), samples=samples.kept)
 
 
 def decode_wav(data: bytes) -> np.ndarray:
@@ -246,13 +297,19 @@ def encode_wav(samples: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
         pcm = np.round(np.clip(np.nan_to_num(x), -1.0, 1.0) * 32767.0).astype(np.int16)
     else:
         raise ValueError(f"encode_wav needs float or int16 samples, got {x.dtype}")
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.astype("<i2").tobytes())
-    return out.getvalue()
+    return _wav(pcm, rate)
+
+
+def _wav(pcm: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
+    """Mono int16 samples -> WAV bytes (the header `wave` writes), copying the samples once."""
+    data = np.ascontiguousarray(pcm, dtype="<i2")  # no copy for contiguous int16 on little-endian hosts
+    header = struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        *(b"RIFF", 36 + data.nbytes, b"WAVE"),
+        *(b"fmt ", 16, 1, 1, rate, 2 * rate, 2, 16),  # PCM, mono, rate, bytes per second, block, bits
+        *(b"data", data.nbytes),
+    )
+    return b"".join((header, data.data.cast("B")))
 
 
 class StoredWav:

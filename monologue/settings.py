@@ -45,9 +45,20 @@ class TemporalSettings(BaseModel):
 class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
-    public_url: str | None = None  # base of the URLs the API hands out; defaults to http://<host>:<port>
-    # /ops without a key for browsers on this machine (loopback clients only); off: /ops needs an ops key.
+    # The base of every URL the API hands out (never the request's Host header); default http://<host>:<port>.
+    public_url: str | None = None
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header values the API answers besides public_url's host and loopback names"
+        " (a leading '*.' matches subdomains; '*' any host, not recommended)",
+    )
+    # /ops without a key for browsers on this machine: decided from the socket's peer address, never from
+    # forwarded headers, and only for loopback Host names. For a single-user machine with no reverse proxy.
     ops_open_on_loopback: bool = False
+    key_recheck_s: float = Field(
+        default=5.0, gt=0, description="long-lived streams (events, audio sockets) re-check their key this often"
+    )
+    events_poll_s: float = Field(default=1.0, gt=0, description="an event stream looks for progress this often")
 
 
 class NodeSettings(BaseModel):
@@ -62,24 +73,45 @@ class NodeSettings(BaseModel):
 
 
 class LimitSettings(BaseModel):
-    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
+    """What one caller may cost the service. Every limit has a default: an unlimited one is a way to run the
+    API out of memory, disk or node slots."""
+
+    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="one uploaded file")
     max_portrait_side: int = Field(default=4096, ge=64)
-    max_audio_seconds: float | None = Field(default=None, gt=0, description="unset: any length")
-    max_sessions_per_tenant: int | None = Field(
-        default=None, ge=1, description="queued or running sessions a tenant may have at once; unset: no limit"
+    max_audio_seconds: float = Field(default=1200.0, gt=0, description="a render's audio (decoding stops past it)")
+    max_sessions_per_tenant: int = Field(default=10, ge=1, description="queued or running sessions per tenant")
+    max_live_seconds: float = Field(
+        default=4 * 3600.0, gt=0, description="a live session's lifetime from its creation, and its audio"
     )
+    max_streams_per_key: int = Field(default=8, ge=1, description="open event streams and audio sockets per API key")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A whole request: two uploads (portrait and audio) and the form's other fields."""
+        return 2 * self.max_upload_bytes + 64 * 1024
 
 
 class SinkSettings(BaseModel):
     """Where sessions may publish besides their own stream. Sinks write with the nodes' credentials, so
-    nothing is allowed until the operator lists it (JSON lists in the environment)."""
+    nothing is allowed until the operator lists it (JSON lists in the environment). Every pattern may name
+    `{tenant}`, replaced by the session's tenant, and may end in `*` (any rest); the lists are checked when a
+    session starts, when it resumes and by each sink pump before it writes."""
 
-    s3_buckets: list[str] = Field(default_factory=list, description="buckets S3 sinks may write to")
-    kvs_streams: list[str] = Field(
-        default_factory=list, description="Kinesis Video stream names sinks may use ('prefix*' matches a prefix)"
+    s3_buckets: list[str] = Field(
+        default_factory=list,
+        description="where S3 sinks may write: 'bucket' (any prefix) or 'bucket/prefix' (that prefix and below),"
+        " e.g. 'videos/{tenant}'",
     )
-    endpoints: list[str] = Field(
-        default_factory=list, description="endpoint_url values sinks may use besides AWS's own (none given)"
+    kvs_streams: list[str] = Field(
+        default_factory=list, description="Kinesis Video stream names sinks may use, e.g. 'avatar-{tenant}-*'"
+    )
+    s3_endpoints: list[str] = Field(
+        default_factory=list, description="endpoint_url values S3 sinks may use besides AWS's own"
+    )
+    kvs_endpoints: list[str] = Field(
+        default_factory=list,
+        description="Kinesis Video endpoints sinks may use besides AWS's own: control planes given as"
+        " endpoint_url and the data endpoints they return ('https://*.example.com' matches subdomains)",
     )
 
 
@@ -99,7 +131,7 @@ class RenderDefaults(BaseModel):
         default=16, ge=0, le=250, description="live sessions: frames in the first chunk (time to first frame)"
     )
     live_idle_timeout_s: float = Field(
-        default=30.0, gt=0, description="live sessions: no audio for this long ends the session"
+        default=30.0, gt=0, description="live sessions: no audio (non-empty audio messages) for this long ends it"
     )
 
 

@@ -22,6 +22,7 @@ import httpx
 
 from monologue import contracts as c
 from monologue.db import migrate
+from monologue.localfs import PRIVATE_UMASK, private_dir
 from monologue.settings import Settings, to_env
 
 
@@ -48,10 +49,21 @@ def search_attribute_flags() -> list[str]:
     return [flag for name, kind in c.SEARCH_ATTRIBUTES.items() for flag in ("--search-attribute", f"{name}={kind}")]
 
 
-def _die_with_parent() -> None:
+def _child_setup() -> None:
+    """In each child before it runs: it dies with its parent, and what it creates (Temporal's database, the
+    objects, the logs) is its owner's alone."""
+    os.umask(PRIVATE_UMASK)
     # Linux: the kernel sends SIGTERM to the child when the parent dies, even by SIGKILL.
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _announce_key(key: str, path: Path, terminal: bool) -> str:
+    """What `start` says about a new local key: the key itself only to a person at a terminal, never into a log
+    (stdout is a log under a service manager, CI or `nohup`)."""
+    if terminal:
+        return f"created the local API key (kept in {path}): {key}"
+    return f"created the local API key; it is in {path} (readable by this user only)"
 
 
 @dataclass
@@ -67,7 +79,8 @@ class Stack:
 
     def start(self, *, with_node: bool = True, timeout_s: float = 90.0) -> None:
         """Start Temporal, migrate the database, start the API and a node; wait until all answer."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.settings.home, tighten=True)
+        private_dir(self.log_dir)
         try:
             self._start_temporal(timeout_s)
             migrate(self.settings.db_url)
@@ -95,7 +108,7 @@ class Stack:
         finally:
             engine.dispose()
         if created:
-            print(f"created the local API key (in {apikeys.local_key_path(self.settings.home)}): {key}", flush=True)
+            print(_announce_key(key, apikeys.local_key_path(self.settings.home), sys.stdout.isatty()), flush=True)
         return key
 
     def start_node(self, node_id: str | None = None) -> Child:
@@ -128,7 +141,6 @@ class Stack:
 
     def _start_temporal(self, timeout_s: float) -> None:
         host, port = self.settings.temporal.address.rsplit(":", 1)
-        self.settings.home.mkdir(parents=True, exist_ok=True)
         self._spawn(
             "temporal",
             [
@@ -156,14 +168,14 @@ class Stack:
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
         env = {**os.environ, **self.env, **to_env(self.settings), **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "ab") as log_file:
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log_file:
             process = subprocess.Popen(
                 command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_child_setup,
             )
         child = Child(name, process, log_path, command, extra_env or {})
         self.children.append(child)
@@ -233,10 +245,16 @@ def _has_poller(settings: Settings) -> bool:
         )
         return len(response.pollers) > 0
 
+    # Not asyncio.run: its SIGINT handler turns Ctrl-C into a cancellation, which the Temporal client may turn
+    # into an ordinary error that `except Exception` swallows, so a Ctrl-C during start-up was lost. A plain
+    # loop lets KeyboardInterrupt out.
+    loop = asyncio.new_event_loop()
     try:
-        return asyncio.run(check())
+        return loop.run_until_complete(check())
     except Exception:
         return False
+    finally:
+        loop.close()
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -22,6 +22,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from monologue.errors import NotFound, TransientError
+from monologue.localfs import private_dir
 
 if TYPE_CHECKING:
     from monologue.settings import StorageSettings
@@ -84,10 +85,11 @@ def _check_chunk(chunk_size: int) -> None:
 
 
 class LocalStore:
-    """Objects as files under `root`; what the single-host setup and the tests use."""
+    """Objects as files under `root`; what the single-host setup and the tests use. The root is private
+    (0700) and every object is written 0600 (`tempfile.mkstemp`'s mode, kept by `os.replace`)."""
 
     def __init__(self, root: Path) -> None:
-        self._root = Path(root).absolute()
+        self._root = private_dir(Path(root).absolute(), tighten=True)
 
     def path(self, key: str) -> Path:
         """The local file for a key (the API serves files from it directly)."""

@@ -1,14 +1,22 @@
 """The same render on the production configuration: PostgreSQL through psycopg and S3 (a real
-SeaweedFS server) through boto3, with the API streaming the video out of the bucket."""
+SeaweedFS server) through boto3, with the API streaming the video out of the bucket; sinks that publish
+with the nodes' credentials, and the per-tenant allow-lists that bound them."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from api.app import create_app
+from monologue import apikeys
+from monologue.client import auth
+from monologue.db import make_engine, make_sessionmaker
 from monologue.live_client import stream_live
 from monologue.plan import plan_timeline
 from monologue.settings import (
@@ -21,7 +29,17 @@ from monologue.settings import (
 )
 from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
-from tests.helpers import api_key, decode_video, get, post, postgres_database, register_api, submit, wait_done
+from tests.helpers import (
+    api_key,
+    decode_video,
+    get,
+    post,
+    postgres_database,
+    register_api,
+    submit,
+    wait_done,
+    workflow_count,
+)
 from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
@@ -52,9 +70,13 @@ def production_stack(s3_server: S3Server, kvs: KvsServer, tmp_path_factory: pyte
             temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
             api=ApiSettings(port=free_port()),
             node=NodeSettings(id="prod-node"),
-            # What sessions may publish to (nothing is allowed by default): a second bucket and a stream.
+            # What sessions may publish to (nothing is allowed by default): each tenant its own prefix of a
+            # second bucket and its own streams, besides one shared stream.
             sinks=SinkSettings(
-                s3_buckets=["monologue-sink"], kvs_streams=["avatar*"], endpoints=[s3_server.endpoint_url, kvs.url]
+                s3_buckets=["monologue-sink/{tenant}"],
+                kvs_streams=["avatar", "avatar-{tenant}-*"],
+                s3_endpoints=[s3_server.endpoint_url],
+                kvs_endpoints=[kvs.url],
             ),
         )
         credentials = {
@@ -104,7 +126,7 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     url = str(production_stack.settings.api.public_url)
     bucket = s3_server.client()
     bucket.create_bucket(Bucket="monologue-sink")
-    s3_sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "live", "endpoint_url": s3_server.endpoint_url}
+    s3_sink = {"type": "s3", "bucket": "monologue-sink", "prefix": "local/live", "endpoint_url": s3_server.endpoint_url}
     # Kinesis Video Streams: the local PutMedia server answers fragment 2 with a retryable error and drops
     # the connection after fragment 4.
     kvs.error_at, kvs.drop_at = {2: 5000}, {4}
@@ -134,7 +156,7 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
     assert all(fragment.starts_with_video_keyframe for fragment in kvs.persisted)
     assert len(kvs.connections) >= 3  # the injected error and the dropped connection forced reconnects
 
-    listed = bucket.list_objects_v2(Bucket="monologue-sink", Prefix=f"live/{session['id']}/")["Contents"]
+    listed = bucket.list_objects_v2(Bucket="monologue-sink", Prefix=f"local/live/{session['id']}/")["Contents"]
     names = sorted(item["Key"].rsplit("/", 1)[1] for item in listed)
     assert names == sorted(["init.mp4", "stream.m3u8", "final.mp4", *(f"seg-{i:06d}.m4s" for i in range(chunks))])
     playlist = get(status["playback"], timeout=10)
@@ -147,19 +169,32 @@ def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(
         for name in _timeline_names(session["progress"]["frames_total"])
     ]
     assert [get(u, timeout=10).content for u in segment_urls] == stored
-    final = bucket.get_object(Bucket="monologue-sink", Key=f"live/{session['id']}/final.mp4")["Body"].read()
+    final = bucket.get_object(Bucket="monologue-sink", Key=f"local/live/{session['id']}/final.mp4")["Body"].read()
     assert final == get(session["links"]["video"], timeout=30).content
 
 
-def test_sinks_the_operator_has_not_allowed_are_refused(production_stack: Stack, s3_server: S3Server) -> None:
-    """Sinks write with the nodes' credentials: only listed buckets, streams and endpoints are accepted."""
+def test_sinks_the_operator_has_not_allowed_are_refused(
+    production_stack: Stack, s3_server: S3Server, kvs: KvsServer
+) -> None:
+    """Sinks write with the nodes' credentials: only listed buckets, prefixes, streams and endpoints are
+    accepted, and S3 and Kinesis Video endpoints are separate lists."""
     url = str(production_stack.settings.api.public_url)
+    s3_endpoint = s3_server.endpoint_url
     refused = [
+        ({"type": "s3", "bucket": "someone-elses", "endpoint_url": s3_endpoint}, "MONOLOGUE_SINKS__S3_BUCKETS"),
         (
-            {"type": "s3", "bucket": "someone-elses", "endpoint_url": s3_server.endpoint_url},
+            {"type": "s3", "bucket": "monologue-sink", "prefix": "tenant-b/live", "endpoint_url": s3_endpoint},
             "MONOLOGUE_SINKS__S3_BUCKETS",
         ),
-        ({"type": "s3", "bucket": "monologue-sink", "endpoint_url": "http://169.254.169.254"}, "ENDPOINTS"),
+        (
+            {"type": "s3", "bucket": "monologue-sink", "prefix": "local", "endpoint_url": "http://169.254.169.254"},
+            "MONOLOGUE_SINKS__S3_ENDPOINTS",
+        ),
+        (
+            {"type": "s3", "bucket": "monologue-sink", "prefix": "local", "endpoint_url": kvs.url},
+            "MONOLOGUE_SINKS__S3_ENDPOINTS",
+        ),
+        ({"type": "kvs", "stream_name": "avatar", "endpoint_url": s3_endpoint}, "MONOLOGUE_SINKS__KVS_ENDPOINTS"),
         ({"type": "kvs", "stream_name": "other"}, "MONOLOGUE_SINKS__KVS_STREAMS"),
     ]
     for sink, setting in refused:
@@ -168,6 +203,86 @@ def test_sinks_the_operator_has_not_allowed_are_refused(production_stack: Stack,
                 f"{url}/v1/sessions", files={"portrait": image}, data={"sinks": json.dumps([sink])}, timeout=30
             )
         assert response.status_code == 422 and setting in response.json()["detail"], response.text
+
+
+def test_a_tenant_may_not_publish_to_another_tenants_stream(production_stack: Stack) -> None:
+    """With `avatar-{tenant}-*` allowed, each tenant gets its own streams; another tenant's is a 422 that names
+    the setting. (A bad portrait after the sinks shows which sinks passed, without starting a session.)"""
+    url = str(production_stack.settings.api.public_url)
+    engine = make_engine(production_stack.settings.db_url)
+    with make_sessionmaker(engine)() as db:
+        keys = {tenant: apikeys.create_key(db, tenant=tenant)[1] for tenant in ("tenant-a", "tenant-b")}
+    engine.dispose()
+
+    def start(tenant: str, stream_name: str) -> tuple[int, str]:
+        sinks = json.dumps([{"type": "kvs", "stream_name": stream_name}])
+        response = httpx.post(
+            f"{url}/v1/sessions",
+            files={"portrait": ("p.jpg", b"not an image")},
+            data={"sinks": sinks},
+            headers=auth(keys[tenant]),
+            timeout=30,
+        )
+        return response.status_code, response.json()["detail"]
+
+    for tenant, other in (("tenant-a", "tenant-b"), ("tenant-b", "tenant-a")):
+        status, detail = start(tenant, f"avatar-{other}-1")
+        assert status == 422 and "MONOLOGUE_SINKS__KVS_STREAMS" in detail and f"avatar-{other}-1" in detail, detail
+        status, detail = start(tenant, f"avatar-{tenant}-1")
+        assert status == 422 and "sinks" not in detail and "portrait" in detail, detail  # the sink passed
+
+
+def test_a_session_whose_sink_was_removed_from_the_allow_list_neither_pumps_nor_resumes(
+    production_stack: Stack, s3_server: S3Server, sample_portrait: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API that allowed a bucket starts a session with it; the node and, later, the API no longer allow
+    it. The node's pump refuses before writing (the sink is `failed`, naming the setting) and the session
+    goes on; once cancelled, resuming it is refused with 409 and starts nothing."""
+    settings = production_stack.settings
+    for name, value in [("AWS_ACCESS_KEY_ID", s3_server.access_key), ("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)]:
+        monkeypatch.setenv(name, value)  # the API in this process stores the portrait in the S3 storage
+    endpoint = s3_server.endpoint_url
+    bucket = s3_server.client()
+    bucket.create_bucket(Bucket="retired-sink")
+    sink = {"type": "s3", "name": "retired", "bucket": "retired-sink", "endpoint_url": endpoint}
+    then = settings.model_copy(update={"sinks": SinkSettings(s3_buckets=["retired-sink"], s3_endpoints=[endpoint])})
+    headers = auth(production_stack.api_key)
+    base_url = str(settings.api.public_url)  # the Host the API answers
+    with TestClient(create_app(then), base_url=base_url) as client:
+        created = client.post(
+            "/v1/sessions",
+            files={"portrait": ("p.jpg", sample_portrait)},
+            data={"sinks": json.dumps([sink])},
+            headers=headers,
+        )
+        assert created.status_code == 201, created.text
+        session_id = created.json()["id"]
+        session = _wait_for(client, session_id, headers, lambda s: [x["status"] for x in s["sinks"]] == ["failed"])
+        assert "MONOLOGUE_SINKS__S3_BUCKETS" in session["sinks"][0]["error"]
+        assert session["status"] not in ("failed", "cancelled")  # a refused sink does not end the session
+        assert client.post(f"/v1/renders/{session_id}/cancel", headers=headers).status_code == 202
+        _wait_for(client, session_id, headers, lambda s: s["status"] == "cancelled")
+    assert bucket.list_objects_v2(Bucket="retired-sink").get("KeyCount") == 0
+
+    runs = workflow_count(settings)
+    with TestClient(create_app(settings), base_url=base_url) as client:
+        resumed = client.post(f"/v1/renders/{session_id}/resume", headers=headers)
+        assert resumed.status_code == 409, resumed.text
+        assert "MONOLOGUE_SINKS__S3_BUCKETS" in resumed.json()["detail"] and "retired" in resumed.json()["detail"]
+        assert client.get(f"/v1/renders/{session_id}", headers=headers).json()["status"] == "cancelled"
+    assert workflow_count(settings) == runs
+
+
+def _wait_for(
+    client: TestClient, session_id: str, headers: dict[str, str], done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        session: dict[str, Any] = client.get(f"/v1/renders/{session_id}", headers=headers).json()
+        if done(session):
+            return session
+        assert time.monotonic() < deadline, f"session {session_id} never got there: {session}"
+        time.sleep(0.2)
 
 
 def _timeline_names(frames: int) -> list[str]:

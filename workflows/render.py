@@ -87,6 +87,9 @@ class RenderWorkflow:
         self._samples, self._ended, self._audio_news = 0, False, False
         self._audio_marks: deque[tuple[int, float]] = deque()
         self._audio_ready: dict[str, float] = {}  # planned live chunks: when their audio was stored (epoch ms)
+        # Set once the audio has ended and the last chunks are planned (sessions with a lifetime only, so that
+        # older histories replay): audio signalled later (the API still sending) is not part of the session.
+        self._audio_closed = False
 
     @workflow.query
     def progress(self) -> c.Progress:
@@ -112,6 +115,8 @@ class RenderWorkflow:
     @workflow.run
     async def run(self, request: c.RenderInput) -> c.RenderResult:
         self._request = request
+        # A live session's lifetime counts from its first run's start, carried by every later run.
+        self._live_since_ms = request.live_since_ms or workflow.now().timestamp() * 1000
         self._set_status("queued")
         self._frames = request.frames
         self._published = 0
@@ -153,6 +158,8 @@ class RenderWorkflow:
         inflight: deque[tuple[int, ChunkSpec, workflow.ActivityHandle[c.GenerateChunkResult]]] = deque()
 
         while cursor < len(plan) or not self._planned_all():
+            if self._lifetime_over():  # audio may still be coming: the session ends with what it has
+                self._end_audio("live session reached its lifetime: ending it")
             if self._audio_news:  # a live session's audio grew (or ended) since we last looked: plan it
                 self._audio_news = False
                 self._extend_plan()
@@ -183,6 +190,8 @@ class RenderWorkflow:
                         audio_samples=self._samples,
                         audio_ended=self._ended,
                         idle_timeout_s=request.idle_timeout_s,
+                        max_live_s=request.max_live_s,
+                        live_since_ms=self._live_since_ms,
                     )
                 )
             try:
@@ -246,8 +255,11 @@ class RenderWorkflow:
         self._timeline: list[ChunkSpec] = []
         self._planner = IncrementalPlanner(**chunk_sizes(request.options))
         if request.live:
-            self._samples = max(self._samples, request.audio_samples)  # a signal may have come in first
-            self._ended = self._ended or request.audio_ended
+            if request.audio_ended and request.max_live_s > 0:  # ended before this run: later signals do not count
+                self._samples, self._ended = request.audio_samples, True
+            else:
+                self._samples = max(self._samples, request.audio_samples)  # a signal may have come in first
+                self._ended = self._ended or request.audio_ended
             self._extend_plan()
         else:
             self._samples, self._ended = 0, True
@@ -270,6 +282,7 @@ class RenderWorkflow:
         new = list(self._planner.advance(frames, final=self._ended))
         if self._request.live:
             self._note_audio_ready(new)
+            self._audio_closed = self._ended and self._request.max_live_s > 0
         self._plan.extend(new)
         self._timeline.extend(timeline_order(new))
         self._progress.chunks_total = len(self._plan) if self._planned_all() else 0
@@ -280,6 +293,8 @@ class RenderWorkflow:
     @workflow.signal(name=c.AUDIO_AVAILABLE)
     def audio_available(self, audio: c.AudioAvailable) -> None:
         """More of a live session's audio is stored (signals may repeat or arrive late: take the maximum)."""
+        if self._audio_closed:
+            return
         for samples, received_ms in audio.marks:
             self._audio_marks.append((int(samples), received_ms))
         if audio.samples > self._samples or (audio.ended and not self._ended):
@@ -288,15 +303,35 @@ class RenderWorkflow:
             self._audio_news = True
 
     async def _wait_for_audio(self) -> None:
-        """Wait for a live session's next audio; none for `idle_timeout_s` ends the session."""
+        """Wait for a live session's next audio; none for `idle_timeout_s`, or the end of its lifetime, ends the
+        session with the audio it has."""
+        timeout_s = self._request.idle_timeout_s
+        lifetime_left_s = self._lifetime_left_s()
+        if lifetime_left_s is not None:
+            timeout_s = min(timeout_s, lifetime_left_s)
         try:
-            await workflow.wait_condition(
-                lambda: self._audio_news, timeout=timedelta(seconds=self._request.idle_timeout_s)
-            )
+            await workflow.wait_condition(lambda: self._audio_news, timeout=timedelta(seconds=timeout_s))
         except TimeoutError:  # the builtin: wait_condition's timeout
-            workflow.logger.info("live session idle: ending it", extra={"session_id": self._request.session_id})
-            self._ended = True
-            self._extend_plan()
+            over = self._lifetime_over()
+            self._end_audio("live session reached its lifetime: ending it" if over else "live session idle: ending it")
+
+    def _lifetime_left_s(self) -> float | None:
+        """Seconds a live session has left before its lifetime ends it; None without a lifetime (a render, a
+        session whose audio has ended, or one started before lifetimes existed). Temporal's clock: replays agree."""
+        if not self._request.live or self._request.max_live_s <= 0 or self._ended:
+            return None
+        lived_s = (workflow.now().timestamp() * 1000 - self._live_since_ms) / 1000
+        return self._request.max_live_s - lived_s
+
+    def _lifetime_over(self) -> bool:
+        left_s = self._lifetime_left_s()
+        return left_s is not None and left_s <= 0
+
+    def _end_audio(self, reason: str) -> None:
+        """No more audio: plan the session's last chunks from what is stored."""
+        workflow.logger.info(reason, extra={"session_id": self._request.session_id, "samples": self._samples})
+        self._ended = True
+        self._extend_plan()
 
     def _note_audio_ready(self, new: list[ChunkSpec]) -> None:
         """When the API had stored the audio each newly planned live chunk needs (its frames and the

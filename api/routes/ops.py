@@ -32,6 +32,7 @@ from ..ops.schemas import (
     OpsSessionDetail,
     OpsSessionPage,
 )
+from ..origin import public_base
 from . import renders
 
 router = APIRouter(prefix="/ops", tags=["ops"])
@@ -61,8 +62,12 @@ def nodes_page() -> FileResponse:
 
 @router.get("/static/{path:path}", include_in_schema=False)
 def static_file(path: str) -> FileResponse:
-    file = (STATIC / path).resolve()
-    if not file.is_relative_to(STATIC) or not file.is_file():
+    try:
+        file = (STATIC / path).resolve()
+        found = file.is_relative_to(STATIC) and file.is_file()
+    except (OSError, ValueError):  # a NUL byte or a name too long for the file system: not an asset either
+        found = False
+    if not found:
         raise HTTPException(404, f"no ops asset {path!r}")
     return FileResponse(file, headers=_REVALIDATE)
 
@@ -88,16 +93,14 @@ def list_sessions(
 
 
 @router.get("/api/sessions/{session_id}", response_model=OpsSessionDetail, responses={404: {}})
-def get_session(
-    session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
-) -> OpsSessionDetail:
+def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsSessionDetail:
     """One session: its chunks in timeline order (made or not), its checkpoints and links."""
     row = _find(db, session_id)
     made = repo.list_chunks(db, session_id=session_id)
     totals = repo_ops.ChunkTotals(
         sum(chunk.status == "done" for chunk in made), sum(chunk.frames for chunk in made if chunk.status == "done")
     )
-    own = f"{str(request.base_url).rstrip('/')}/ops/api/sessions/{row.id}"
+    own = f"{public_base(services.settings.api)}/ops/api/sessions/{row.id}"  # never from the Host header
     temporal = services.settings.temporal
     workflow = quote(row.workflow_id or "", safe="")
     return OpsSessionDetail(
@@ -161,7 +164,7 @@ def session_events(
 ) -> StreamingResponse:
     """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
     _find(db, session_id)
-    return renders.progress_events(request, services, session_id)
+    return renders.progress_events(request, services, session_id, access)
 
 
 @router.get(

@@ -18,13 +18,14 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from gpu_worker.publish.s3_sink import presigned_playlist, s3_client
-from monologue import keys, repo
+from monologue import keys, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
-from monologue.settings import SinkSettings
 from monologue.storage import LocalStore
 
+from .. import streams
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep
+from ..origin import public_base, public_ws_base
 from ..schemas import (
     Latency,
     Problem,
@@ -34,7 +35,6 @@ from ..schemas import (
     RenderOptionsBase,
     RenderOptionsCreate,
     RenderPublic,
-    SinkOptions,
     SinkStatus,
 )
 from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
@@ -78,33 +78,18 @@ def option_fields(
 OptionFields = Annotated[dict[str, Any], Depends(option_fields)]
 
 
-def validated_options(services: Services, given: dict[str, Any]) -> RenderOptionsCreate:
-    """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad."""
+def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> RenderOptionsCreate:
+    """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad,
+    or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`)."""
     try:
         options = RenderOptionsCreate.model_validate(services.settings.render.model_dump() | given)
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
     for sink in options.sinks:
-        problem = sink_refusal(sink, services.settings.sinks)
+        problem = sink_policy.refusal(sink, tenant=tenant, allowed=services.settings.sinks)
         if problem is not None:
             raise HTTPException(422, f"sinks: {problem}")
     return options
-
-
-def sink_refusal(sink: SinkOptions, allowed: SinkSettings) -> str | None:
-    """Why the server will not publish to `sink` (its operator has not allowed it), or None."""
-    if sink.endpoint_url is not None and sink.endpoint_url.rstrip("/") not in {
-        e.rstrip("/") for e in allowed.endpoints
-    }:
-        return f"endpoint {sink.endpoint_url} is not allowed (MONOLOGUE_SINKS__ENDPOINTS)"
-    if sink.type == "s3" and sink.bucket not in allowed.s3_buckets:
-        return f"bucket {sink.bucket!r} is not one sessions may publish to (MONOLOGUE_SINKS__S3_BUCKETS)"
-    if sink.type == "kvs" and not any(
-        sink.stream_name == name or (name.endswith("*") and sink.stream_name.startswith(name[:-1]))
-        for name in allowed.kvs_streams
-    ):
-        return f"stream {sink.stream_name!r} is not one sessions may publish to (MONOLOGUE_SINKS__KVS_STREAMS)"
-    return None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
@@ -120,7 +105,7 @@ async def create_render(
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
 
     Options left out take the server's defaults (`MONOLOGUE_RENDER__*`)."""
-    options = validated_options(services, fields)
+    options = validated_options(services, fields, tenant=principal.tenant or "local")
     limit = services.settings.limits.max_upload_bytes
     portrait_bytes = await _read_limited(portrait, "portrait", limit)
     audio_bytes = await _read_limited(audio, "audio", limit)
@@ -200,7 +185,7 @@ async def render_events(
 ) -> StreamingResponse:
     """Server-sent events: a `progress` event whenever the render's progress changes, until it ends."""
     _find(db, session_id, principal)
-    return progress_events(request, services, session_id)
+    return progress_events(request, services, session_id, principal)
 
 
 # cancel, resume, progress_events, video_file and stream_file (below) are these routes' bodies, shared with
@@ -218,22 +203,40 @@ async def cancel(services: ServicesDep, row: SessionRow) -> None:
 
 
 async def resume(services: ServicesDep, db: DbDep, row: SessionRow) -> None:
-    """Start a failed or cancelled session again (`row` is refreshed); 409 otherwise."""
+    """Start a failed or cancelled session again (`row` is refreshed); 409 otherwise, or if a sink of the
+    session is no longer allowed."""
     if row.status not in ("failed", "cancelled"):
         raise HTTPException(409, f"render {row.id} is {row.status}; only failed or cancelled renders resume")
     try:
         await resume_workflow(services, row)
+    except sink_policy.SinkRefused as err:
+        raise HTTPException(
+            409, f"render {row.id} cannot resume: {err}; its sinks are fixed, so start a new session instead"
+        ) from err
     except WorkflowAlreadyStartedError as err:
         raise HTTPException(409, f"render {row.id} is already running again") from err
     db.refresh(row)
 
 
-def progress_events(request: Request, services: ServicesDep, session_id: str) -> StreamingResponse:
-    """The `progress` event stream of a session the caller may see."""
+def progress_events(
+    request: Request, services: ServicesDep, session_id: str, principal: Principal
+) -> StreamingResponse:
+    """The `progress` event stream of a session the caller may see, until the session ends or the caller's key
+    is revoked (an `error` event says so); 429 when the key holds its limit of open streams already."""
+    try:
+        slot = streams.stream_slots(request.app.state).take(
+            principal.key_id, services.settings.limits.max_streams_per_key
+        )
+    except streams.TooManyStreams as err:
+        raise HTTPException(429, str(err)) from None
+    key = streams.KeyWatch(services, principal.key_id)
 
     async def events() -> AsyncIterator[str]:
         last = None
         while not await request.is_disconnected():
+            if await key.revoked():
+                yield f"event: error\ndata: {json.dumps({'detail': streams.REVOKED})}\n\n"
+                return
             with services.sessions() as fresh:
                 row = repo.get_session(fresh, session_id=session_id)
                 if row is None:
@@ -244,9 +247,9 @@ def progress_events(request: Request, services: ServicesDep, session_id: str) ->
                 last = public
             if public["status"] in TERMINAL:
                 return
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(services.settings.api.events_poll_s)
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return streams.HeldStream(events(), slot, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 @router.get(
@@ -293,7 +296,7 @@ def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep
 
 def stream_file(services: ServicesDep, session_id: str, name: str) -> Response:
     """One file of the HLS stream of a session the caller may see; 404 for any other name."""
-    if not keys.PUBLIC_OUTPUT.match(name):
+    if not keys.PUBLIC_OUTPUT.fullmatch(name):
         raise HTTPException(404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s")
     key = keys.output(session_id, name)
     media_type = _MEDIA_TYPES[name[name.rindex(".") :]]
@@ -351,8 +354,7 @@ def _find(db: DbDep, session_id: str, principal: Principal) -> SessionRow:
 
 
 def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow) -> RenderPublic:
-    base = str(request.base_url).rstrip("/")
-    ws_base = "ws" + base.removeprefix("http")  # http → ws, https → wss
+    base, ws_base = public_base(services.settings.api), public_ws_base(services.settings.api)  # never from Host
     ui = services.settings.temporal.ui_url
     namespace = services.settings.temporal.namespace
     return RenderPublic(

@@ -7,10 +7,18 @@ Audio framing on `WS /v1/sessions/{id}/audio`:
 - binary messages: raw PCM, signed 16-bit little-endian, channels interleaved, whole samples only;
 - text `{"type": "end"}`: no more audio; the session finishes its last chunks and completes.
 The server answers `{"type": "ack", "samples": n, "seconds": s}` once audio up to n samples (16 kHz) is
-stored (it stores 0.1 s pieces, so up to 0.1 s may wait for the next message), `{"type": "ended", ...}`
-after `end`, and `{"type": "error", "message": ...}` before closing on bad input. A closed socket also
-ends the session; so does no audio for `MONOLOGUE_RENDER__LIVE_IDLE_TIMEOUT_S`. A session takes one
-audio stream: a second socket (or a reconnect) is refused.
+stored (it stores 0.1 s pieces, so up to 0.1 s may wait for the next message), and
+`{"type": "ended", "samples": n, "seconds": s}` (with a `message` saying why when the client did not send
+`end`) before closing with 1000 once the session's audio is over. The session then completes with the audio it
+has. Besides `end`, that happens after no audio (non-empty binary messages; `start` and empty ones do not
+count) for MONOLOGUE_RENDER__LIVE_IDLE_TIMEOUT_S, and once the session has lived, or its audio lasts,
+MONOLOGUE_LIMITS__MAX_LIVE_SECONDS (its workflow enforces the lifetime too). A closed socket also ends the
+session. Otherwise the server sends `{"type": "error", "message": ...}` and closes with 4400 (bad input),
+4401 (no valid key, or the key was revoked while the socket was open), 4404 (no such live session), 4409
+(the session already has a socket, or ended: cancelled, failed or completed) or 4429 (the key holds
+MONOLOGUE_LIMITS__MAX_STREAMS_PER_KEY streams already). The open socket re-checks its key and its session
+every MONOLOGUE_API__KEY_RECHECK_S. A session takes one audio stream: a second socket (or a reconnect) is
+refused.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import time
+from datetime import datetime
 from typing import Annotated, Any
 
 import av
@@ -26,6 +35,7 @@ import numpy as np
 import structlog
 from fastapi import APIRouter, File, HTTPException, Request, UploadFile, WebSocket, status
 from fastapi.concurrency import run_in_threadpool
+from starlette.types import Message
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from temporalio.service import RPCError
 
@@ -34,7 +44,9 @@ from monologue import repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
+from monologue.repo_nodes import aware
 
+from .. import streams
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..schemas import Problem, RenderOptionsCreate, RenderPublic
 from ..submit import TERMINAL, start_live, validate_portrait
@@ -47,6 +59,7 @@ MAX_MESSAGE_BYTES = 1 << 20  # one audio message: 1 MiB (about 32 s of 16 kHz mo
 MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thinned out
 # WebSocket close codes (4000-4999 are the application's own).
 CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
+CLOSE_TOO_MANY = 4429
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
@@ -64,7 +77,7 @@ async def create_session(
     `/v1/renders/{id}`, as for a render."""
     # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
     fields.setdefault("first_chunk_frames", services.settings.render.live_first_chunk_frames)
-    options = validated_options(services, fields)
+    options = validated_options(services, fields, tenant=principal.tenant or "local")
     portrait_bytes = await _read_limited(portrait, "portrait", services.settings.limits.max_upload_bytes)
     try:
         image = await run_in_threadpool(
@@ -93,6 +106,11 @@ class AudioRefused(Exception):
         self.code = code
 
 
+class SessionEnds(Exception):
+    """The session's audio is over (an `end` message, the idle timeout, the lifetime): it completes with the
+    audio it has, and the socket closes with 1000 after an `ended` message (with this message, if any)."""
+
+
 class AudioStream:
     """One live session's incoming audio: decode, resample, store in pieces, acknowledge, tell the workflow."""
 
@@ -106,6 +124,8 @@ class AudioStream:
         self._signalled = 0
         self._rate, self._channels = AUDIO_RATE, 1
         self._resampler: av.AudioResampler | None = None
+        self._max_samples = int(services.settings.limits.max_live_seconds * AUDIO_RATE)
+        self._accepted = 0  # samples (16 kHz) taken, stored or still buffered
         self.received_audio = False
 
     def configure(self, header: dict[str, Any]) -> None:
@@ -133,15 +153,15 @@ class AudioStream:
         if not self.received_audio:  # the session's clock (TTFF) starts with its first audio
             self.received_audio = True
             await run_in_threadpool(self._record, 0)
-        samples = self._to_mono16k(np.frombuffer(data, dtype="<i2"))
-        limit = self._services.settings.limits.max_audio_seconds
-        if limit is not None and self._writer.stored + len(samples) > limit * AUDIO_RATE:
-            raise AudioRefused(
-                f"the session's audio would pass the {limit:g} s limit (MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS);"
-                " it ends with the audio it has"
-            )
+        samples, full = self._fit(self._to_mono16k(np.frombuffer(data, dtype="<i2")))
         stored = await run_in_threadpool(self._writer.append, samples)
         await self._progress(stored, ended=False)
+        if full:
+            limit = self._services.settings.limits.max_live_seconds
+            raise SessionEnds(
+                f"the session's audio reached its limit of {limit:g} s (MONOLOGUE_LIMITS__MAX_LIVE_SECONDS):"
+                " it ends with the audio it has"
+            )
         return stored
 
     async def end(self) -> int:
@@ -149,7 +169,7 @@ class AudioStream:
         if self._resampler is not None:
             tail = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(None)]
             if tail:
-                await run_in_threadpool(self._writer.append, np.concatenate(tail))
+                await run_in_threadpool(self._writer.append, self._fit(np.concatenate(tail))[0])
         stored = await run_in_threadpool(self._writer.finish)
         await self._progress(stored, ended=True)
         return stored
@@ -157,6 +177,17 @@ class AudioStream:
     @property
     def ended(self) -> bool:
         return self._writer.ended
+
+    @property
+    def stored(self) -> int:
+        return self._writer.stored
+
+    def _fit(self, samples: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The part of `samples` the session's audio limit leaves room for, and whether the limit is reached."""
+        room = max(0, self._max_samples - self._accepted)
+        samples = samples[:room]
+        self._accepted += len(samples)
+        return samples, self._accepted >= self._max_samples
 
     def _to_mono16k(self, pcm: np.ndarray) -> np.ndarray:
         if self._resampler is None:
@@ -204,38 +235,13 @@ async def session_audio(websocket: WebSocket, session_id: str) -> None:
             principal = principal_from_headers(services, websocket.headers.get("authorization"))
         except HTTPException as err:
             raise AudioRefused(str(err.detail), CLOSE_UNAUTHORIZED) from None
-        stream = _open_stream(services, session_id, principal)
-        idle = services.settings.render.live_idle_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(websocket.receive(), timeout=idle)
-            except TimeoutError:
-                raise AudioRefused(f"no audio for {idle:g} s: the session ends with the audio it has", 1000) from None
-            if message["type"] == "websocket.disconnect":
-                break
-            if message.get("bytes") is not None:
-                data: bytes = message["bytes"]
-                if len(data) > MAX_MESSAGE_BYTES:
-                    raise AudioRefused(f"a message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
-                stored = await stream.add(data)
-                await websocket.send_json({"type": "ack", "samples": stored, "seconds": stored / AUDIO_RATE})
-                continue
-            command = _parse_text(message.get("text") or "")
-            if command.get("type") == "start":
-                stream.configure(command)
-            elif command.get("type") == "end":
-                stored = await stream.end()
-                await websocket.send_json({"type": "ended", "samples": stored, "seconds": stored / AUDIO_RATE})
-                await websocket.close(1000)
-                return
-            else:
-                raise AudioRefused(f"unknown message type {command.get('type')!r}; expected 'start' or 'end'")
+        with _take_slot(websocket, principal):
+            stream, watch = _open_stream(services, session_id, principal)
+            await _receive_audio(websocket, stream, watch)
     except AudioRefused as refused:
-        log.info("audio stream refused", session_id=session_id, reason=str(refused))
+        log.info("audio stream refused", session_id=session_id, reason=str(refused), code=refused.code)
         if websocket.client_state == WebSocketState.CONNECTED:
-            if refused.code != 1000 or str(refused):
-                kind = "ended" if refused.code == 1000 else "error"
-                await websocket.send_json({"type": kind, "message": str(refused)})
+            await websocket.send_json({"type": "error", "message": str(refused)})
             await websocket.close(refused.code)
     except WebSocketDisconnect:
         pass
@@ -245,7 +251,110 @@ async def session_audio(websocket: WebSocket, session_id: str) -> None:
                 await stream.end()
 
 
-def _open_stream(services: Services, session_id: str, principal: Principal) -> AudioStream:
+async def _receive_audio(websocket: WebSocket, stream: AudioStream, watch: SocketWatch) -> None:
+    """Take the socket's messages until the session's audio is over; then end it, say so and close."""
+    try:
+        while True:
+            await watch.check()
+            message = await watch.receive(websocket)
+            if message is None:  # a check is due
+                continue
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("bytes") is not None:
+                await _take_audio(websocket, stream, watch, message["bytes"])
+                continue
+            command = _parse_text(message.get("text") or "")
+            if command.get("type") == "start":
+                stream.configure(command)
+            elif command.get("type") == "end":
+                raise SessionEnds()
+            else:
+                raise AudioRefused(f"unknown message type {command.get('type')!r}; expected 'start' or 'end'")
+    except SessionEnds as ending:
+        stored = await stream.end()
+        reply: dict[str, Any] = {"type": "ended", "samples": stored, "seconds": stored / AUDIO_RATE}
+        if str(ending):
+            reply["message"] = str(ending)
+        log.info("audio stream ended", session_id=watch.session_id, samples=stored, reason=str(ending) or "end")
+        await websocket.send_json(reply)
+        await websocket.close(1000)
+
+
+async def _take_audio(websocket: WebSocket, stream: AudioStream, watch: SocketWatch, data: bytes) -> None:
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise AudioRefused(f"a message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+    if data:  # an empty message holds no audio: it does not keep the session from idling out
+        await stream.add(data)
+        watch.heard_audio()
+    await websocket.send_json({"type": "ack", "samples": stream.stored, "seconds": stream.stored / AUDIO_RATE})
+
+
+class SocketWatch:
+    """What an open audio socket watches besides its messages: the idle timeout and the session's lifetime (the
+    session ends: SessionEnds) and, every MONOLOGUE_API__KEY_RECHECK_S, its session ending elsewhere and its key
+    being revoked (the socket closes: AudioRefused)."""
+
+    def __init__(self, services: Services, session_id: str, key_id: str | None, created_at: datetime) -> None:
+        self._services, self.session_id, self._key_id = services, session_id, key_id
+        self._idle_s = services.settings.render.live_idle_timeout_s
+        self._lifetime_s = services.settings.limits.max_live_seconds
+        self._recheck_s = services.settings.api.key_recheck_s
+        now = time.monotonic()
+        self._idle_until = now + self._idle_s
+        # The lifetime counts from the session's creation: the wall clock, as another API process may have made it.
+        self._lifetime_until = now + self._lifetime_s - (time.time() - aware(created_at).timestamp())
+        self._recheck_at = now + self._recheck_s
+
+    def heard_audio(self) -> None:
+        """Audio arrived: only that keeps the session from idling out."""
+        self._idle_until = time.monotonic() + self._idle_s
+
+    async def receive(self, websocket: WebSocket) -> Message | None:
+        """The socket's next message, or None when a check is due first."""
+        wait_s = min(self._idle_until, self._lifetime_until, self._recheck_at) - time.monotonic()
+        if wait_s <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(websocket.receive(), timeout=wait_s)
+        except TimeoutError:
+            return None
+
+    async def check(self) -> None:
+        """Raise SessionEnds or AudioRefused if the socket must stop (the database only when a re-check is due)."""
+        now = time.monotonic()
+        if now >= self._lifetime_until:
+            raise SessionEnds(
+                f"the session reached its lifetime of {self._lifetime_s:g} s (MONOLOGUE_LIMITS__MAX_LIVE_SECONDS):"
+                " it ends with the audio it has"
+            )
+        if now >= self._idle_until:
+            raise SessionEnds(f"no audio for {self._idle_s:g} s: the session ends with the audio it has")
+        if now >= self._recheck_at:
+            await run_in_threadpool(self._recheck)
+            self._recheck_at = time.monotonic() + self._recheck_s
+
+    def _recheck(self) -> None:
+        if self._key_id is not None and streams.key_revoked(self._services, self._key_id):
+            raise AudioRefused(streams.REVOKED, CLOSE_UNAUTHORIZED)
+        with self._services.sessions() as db:
+            row = repo.get_session(db, session_id=self.session_id)
+            current = "gone" if row is None else row.status
+        if current == "gone" or current in TERMINAL:  # cancelled, or failed or completed without this socket
+            raise AudioRefused(f"live session {self.session_id} is {current}: it takes no more audio", CLOSE_CONFLICT)
+
+
+def _take_slot(websocket: WebSocket, principal: Principal) -> streams.StreamSlot:
+    services: Services = websocket.app.state.services
+    try:
+        return streams.stream_slots(websocket.app.state).take(
+            principal.key_id, services.settings.limits.max_streams_per_key
+        )
+    except streams.TooManyStreams as err:
+        raise AudioRefused(str(err), CLOSE_TOO_MANY) from None
+
+
+def _open_stream(services: Services, session_id: str, principal: Principal) -> tuple[AudioStream, SocketWatch]:
     with services.sessions() as db:
         row = repo.get_session(db, session_id=session_id)
         if row is None or row.kind != "live" or row.tenant != principal.tenant:
@@ -258,7 +367,8 @@ def _open_stream(services: Services, session_id: str, principal: Principal) -> A
                 CLOSE_CONFLICT,
             )
         options = RenderOptionsCreate.model_validate(row.options)
-    return AudioStream(services, session_id, options)
+        watch = SocketWatch(services, session_id, principal.key_id, row.created_at)
+    return AudioStream(services, session_id, options), watch
 
 
 def _parse_text(text: str) -> dict[str, Any]:

@@ -47,6 +47,9 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError, ClientError
 
+from monologue.settings import SinkSettings
+from monologue.sink_policy import SinkRefused, data_endpoint_refusal
+
 from . import mkv
 from .fmp4_read import Movie, read_fragment, read_init
 from .kvs_wire import Acknowledgements, ConnectionFailed, Fatal, chunk, response_body
@@ -85,7 +88,9 @@ class KinesisVideoSink(Sink):
 
     `client` is a boto3 "kinesisvideo" client (for GetDataEndpoint) and `credentials` botocore credentials for
     signing PutMedia; both default to boto3's default chain (`endpoint_url` overrides the default client's control
-    plane endpoint). `producer_start_ms` (epoch milliseconds) anchors the
+    plane endpoint). `allowed` (the tenant's allow-lists, `sink_policy.for_tenant`) says where the data endpoint the
+    control plane returns may be; anywhere else, the sink raises SinkRefused and sends nothing (with an injected
+    `client`, give `endpoint_url` as the URL it talks to). `producer_start_ms` (epoch milliseconds) anchors the
     timecodes: it defaults to the time of start() on a fresh session and must be given, the original value, when
     resuming (start with next_index > 0); read it back from `producer_start_ms` after start() to record it.
     """
@@ -97,6 +102,7 @@ class KinesisVideoSink(Sink):
         stream_name: str,
         *,
         region: str,
+        allowed: SinkSettings,
         endpoint_url: str | None = None,
         client: Any = None,
         credentials: Any = None,
@@ -128,6 +134,8 @@ class KinesisVideoSink(Sink):
         self.stream_name = stream_name
         self.producer_start_ms = producer_start_ms
         self._region = region
+        self._allowed = allowed
+        self._control_endpoint = endpoint_url
         self._client = client
         self._credentials = credentials
         self._durable_event = durable_event
@@ -155,7 +163,7 @@ class KinesisVideoSink(Sink):
         self._by_timecode: dict[int, int] = {}
         self._finishing = False
         self._wake = asyncio.Event()
-        self._failure: SinkError | None = None
+        self._failure: SinkError | SinkRefused | None = None
         self._done = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -256,7 +264,13 @@ class KinesisVideoSink(Sink):
             response = self._client.get_data_endpoint(StreamName=self.stream_name, APIName="PUT_MEDIA")
         except (BotoCoreError, ClientError) as error:
             raise SinkError(f"GetDataEndpoint for stream {self.stream_name} failed: {error}") from error
-        return str(response["DataEndpoint"])
+        endpoint = str(response["DataEndpoint"])
+        problem = data_endpoint_refusal(
+            endpoint, region=self._region, control_endpoint=self._control_endpoint, allowed=self._allowed
+        )
+        if problem is not None:  # final: asking again would not make the operator allow it
+            raise SinkRefused(f"stream {self.stream_name}: {problem}")
+        return endpoint
 
     # --- the event loop thread --------------------------------------------------------------------------------
 
@@ -272,7 +286,7 @@ class KinesisVideoSink(Sink):
     async def _supervise(self) -> None:
         try:
             await self._run()
-        except SinkError as error:
+        except (SinkError, SinkRefused) as error:
             self._failure = error
         except Fatal as error:
             self._failure = SinkError(f"stream {self.stream_name}: {error}")

@@ -1,5 +1,6 @@
 """Sink pumps and the S3 sink: every segment exactly once, in timeline order, from what is stored; a failing
-sink resumes where it stopped; S3 writes are conditional (If-None-Match) so retries never overwrite."""
+sink resumes where it stopped; S3 writes are conditional (If-None-Match) so retries never overwrite; a pump
+writes nothing to a sink the node's allow-lists do not allow the session's tenant."""
 
 from __future__ import annotations
 
@@ -14,16 +15,22 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.sinks import SinkActivities, read_stream
-from gpu_worker.publish import playlist
+from gpu_worker.publish import StreamFormat, init_segment, playlist
+from gpu_worker.publish.kvs import KinesisVideoSink
 from gpu_worker.publish.s3_sink import S3Sink, presigned_playlist, segment_name
 from gpu_worker.publish.sinks import Sink, SinkError
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.settings import SinkSettings
 from monologue.storage import LocalStore
+from tests.gpu_worker.test_kvs import FixedDataEndpoint
+from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
-SID = "sess1"
+SID = "sess1"  # a session of tenant `local`
+RECORDING = c.SinkSpec(type="s3", name="rec", bucket="videos", prefix="local/live")
+ALLOWED = SinkSettings(s3_buckets=["videos/{tenant}"])
 
 
 class RecordingSink(Sink):
@@ -77,8 +84,8 @@ def _publish(store: LocalStore, count: int, *, ended: bool) -> None:
     store.put(keys.playlist(SID), text.encode())
 
 
-def _run(activities: SinkActivities) -> c.RunSinkResult:
-    request = c.RunSinkInput(session_id=SID, options=c.RenderOptions(), sink=c.SinkSpec(type="s3", name="rec"))
+def _run(activities: SinkActivities, sink: c.SinkSpec = RECORDING) -> c.RunSinkResult:
+    request = c.RunSinkInput(session_id=SID, options=c.RenderOptions(), sink=sink)
     result: c.RunSinkResult = ActivityEnvironment().run(activities.run_sink, request)
     return result
 
@@ -87,7 +94,7 @@ def test_the_pump_feeds_segments_in_order_as_they_are_published(pump_env: tuple[
     store, sessions = pump_env
     log: list[tuple[str, Any]] = []
     activities = SinkActivities(
-        store=store, sessions=sessions, factory=lambda *_: RecordingSink(log, set()), poll_s=0.02
+        store=store, sessions=sessions, allowed=ALLOWED, factory=lambda *_: RecordingSink(log, set()), poll_s=0.02
     )
     store.put(keys.init_segment(SID), b"init")
     _publish(store, 2, ended=False)
@@ -116,7 +123,7 @@ def test_a_failed_sink_resumes_after_what_it_acknowledged_without_repeats(pump_e
     log: list[tuple[str, Any]] = []
     failures = {3}
     activities = SinkActivities(
-        store=store, sessions=sessions, factory=lambda *_: RecordingSink(log, failures), poll_s=0.02
+        store=store, sessions=sessions, allowed=ALLOWED, factory=lambda *_: RecordingSink(log, failures), poll_s=0.02
     )
     store.put(keys.init_segment(SID), b"init")
     _publish(store, 5, ended=True)
@@ -129,6 +136,77 @@ def test_a_failed_sink_resumes_after_what_it_acknowledged_without_repeats(pump_e
     puts = [entry[1] for entry in log if entry[0] == "put"]
     assert puts == [0, 1, 2, 3, 4]  # every segment exactly once
     assert ("start", 3) in log
+
+
+def test_the_pump_refuses_a_sink_the_nodes_settings_no_longer_allow_and_writes_nothing(
+    pump_env: tuple[LocalStore, Any], s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session was allowed this sink when it started; today's node settings are checked again by the pump,
+    with the session's tenant, before the first write: a refusal is final and names the setting."""
+    store, sessions = pump_env
+    for name, value in [("AWS_ACCESS_KEY_ID", s3_server.access_key), ("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)]:
+        monkeypatch.setenv(name, value)  # the node's credentials: boto3's default chain
+    bucket = s3_server.client()
+    bucket.create_bucket(Bucket="pump-sink")
+    endpoint = s3_server.endpoint_url
+    spec = c.SinkSpec(type="s3", name="archive", bucket="pump-sink", prefix="local/live", endpoint_url=endpoint)
+    store.put(keys.init_segment(SID), b"init")
+    _publish(store, 2, ended=True)
+    refusals = [
+        (SinkSettings(s3_endpoints=[endpoint]), "MONOLOGUE_SINKS__S3_BUCKETS"),  # the bucket was removed
+        (SinkSettings(s3_buckets=["pump-sink/tenant-b"], s3_endpoints=[endpoint]), "MONOLOGUE_SINKS__S3_BUCKETS"),
+        (SinkSettings(s3_buckets=["pump-sink/{tenant}"]), "MONOLOGUE_SINKS__S3_ENDPOINTS"),  # the endpoint was
+    ]
+    for allowed, setting in refusals:
+        with pytest.raises(ApplicationError, match=setting) as refused:
+            _run(SinkActivities(store=store, sessions=sessions, allowed=allowed, poll_s=0.02), spec)
+        assert refused.value.non_retryable and refused.value.type == "SinkRefused"
+        with sessions() as db:
+            row = repo.get_sink(db, session_id=SID, name="archive")
+        assert row is not None and row.status == "failed" and setting in (row.error or "")
+        assert bucket.list_objects_v2(Bucket="pump-sink").get("KeyCount") == 0
+
+    # The same pump on settings that allow the tenant's prefix writes the stream.
+    allowed = SinkSettings(s3_buckets=["pump-sink/{tenant}"], s3_endpoints=[endpoint])
+    assert _run(SinkActivities(store=store, sessions=sessions, allowed=allowed, poll_s=0.02), spec).acknowledged == 2
+    listed = bucket.list_objects_v2(Bucket="pump-sink")["Contents"]
+    assert sorted(item["Key"] for item in listed) == [
+        f"local/live/{SID}/{name}" for name in ("init.mp4", segment_name(0), segment_name(1), "stream.m3u8")
+    ]
+
+
+def test_a_kvs_data_endpoint_the_node_does_not_allow_fails_the_pump_for_good(pump_env: tuple[LocalStore, Any]) -> None:
+    """The allowed control plane hands out a data endpoint that is not in MONOLOGUE_SINKS__KVS_ENDPOINTS: the
+    pump fails without a retry, the sink is marked failed, and nothing reaches that endpoint."""
+    store, sessions = pump_env
+    store.put(keys.init_segment(SID), init_segment(StreamFormat(width=64, height=48, fps=25)))
+    _publish(store, 1, ended=True)
+    plane = "https://kvs-control.internal"
+    spec = c.SinkSpec(type="kvs", name="live", stream_name="avatar-local-1", endpoint_url=plane)
+    with KvsServer(stream_name="avatar-local-1") as elsewhere:
+
+        def factory(
+            spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings
+        ) -> KinesisVideoSink:  # build_sink's, but with a control plane that answers with `elsewhere`
+            return KinesisVideoSink(
+                spec.stream_name,
+                region=elsewhere.region,
+                allowed=allowed,
+                endpoint_url=spec.endpoint_url,
+                client=FixedDataEndpoint(elsewhere.url),
+                credentials=elsewhere.credentials(),
+                producer_start_ms=origin_ms,
+            )
+
+        allowed = SinkSettings(kvs_streams=["avatar-{tenant}-*"], kvs_endpoints=[plane])
+        activities = SinkActivities(store=store, sessions=sessions, allowed=allowed, factory=factory, poll_s=0.02)
+        with pytest.raises(ApplicationError, match="MONOLOGUE_SINKS__KVS_ENDPOINTS") as refused:
+            _run(activities, spec)
+        assert refused.value.non_retryable
+        assert elsewhere.connections == []
+    with sessions() as db:
+        row = repo.get_sink(db, session_id=SID, name="live")
+    assert row is not None and row.status == "failed" and elsewhere.url in (row.error or "")
 
 
 def test_read_stream_follows_the_stored_playlist(pump_env: tuple[LocalStore, Any]) -> None:

@@ -74,7 +74,7 @@ def _app(tmp_path: Path, db_sessions: sessionmaker[Any], temporal: FakeTemporal,
     settings = Settings(
         home=tmp_path,
         temporal=TemporalSettings(ui_url="http://temporal.example:8233", namespace="ns"),
-        api=ApiSettings(**api),
+        api=ApiSettings(**{"allowed_hosts": ["testserver"]} | api),  # TestClient's Host (links use public_url)
     )
     app = create_app(settings)
     # No lifespan (so no Temporal): the ops routes read the database, and cancel reaches the fake.
@@ -232,7 +232,7 @@ def test_session_detail_lists_every_chunk_in_timeline_order_with_retries_nodes_a
     links = detail["links"]
     assert links["temporal"] == "http://temporal.example:8233/namespaces/ns/workflows/render-run"
     # Everything else the page calls is under /ops/api, so the operator's access covers it.
-    own = "http://testserver/ops/api/sessions/run"
+    own = "http://127.0.0.1:8000/ops/api/sessions/run"  # public_url's, not the Host header's (testserver)
     assert {name: url for name, url in links.items() if name != "temporal"} == {
         "stream": f"{own}/stream/stream.m3u8",
         "events": f"{own}/events",
@@ -315,12 +315,13 @@ def test_open_on_loopback_admits_a_local_browser_without_a_key(
     """MONOLOGUE_API__OPS_OPEN_ON_LOOPBACK: no key needed from this machine, and only from it; a key that is
     sent is still checked."""
     open_app = _app(tmp_path, db_sessions, temporal, ops_open_on_loopback=True)
-    local = TestClient(open_app, client=("127.0.0.1", 123))
+    local = TestClient(open_app, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 123))
     assert local.get("/ops/api/sessions").status_code == 200
-    assert TestClient(open_app, client=("::1", 123)).get("/ops/api/nodes").status_code == 200
+    ipv6 = TestClient(open_app, base_url="http://[::1]:8000", client=("::1", 123))
+    assert ipv6.get("/ops/api/nodes").status_code == 200
     assert local.get("/ops/api/sessions", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert TestClient(open_app, client=("192.0.2.7", 123)).get("/ops/api/sessions").status_code == 401
-    closed = TestClient(_app(tmp_path, db_sessions, temporal), client=("127.0.0.1", 123))
+    closed = TestClient(_app(tmp_path, db_sessions, temporal), base_url=local.base_url, client=("127.0.0.1", 123))
     assert closed.get("/ops/api/sessions").status_code == 401  # the setting is off by default
 
 

@@ -292,7 +292,7 @@ def test_a_tenant_at_its_session_limit_gets_429_and_nothing_is_stored(
         key = auth(apikeys.create_key(session, tenant="tenant-limited")[1])
     root = stack.settings.storage.root
     assert root is not None
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url=str(settings.api.public_url)) as client:
         first = client.post("/v1/sessions", files={"portrait": ("p.jpg", sample_portrait)}, headers=key)
         assert first.status_code == 201, first.text
         try:

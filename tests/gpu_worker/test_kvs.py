@@ -11,6 +11,8 @@ from gpu_worker.publish import SegmentWriter, StreamFormat, init_segment, mkv
 from gpu_worker.publish.kvs import KinesisVideoSink
 from gpu_worker.publish.kvs_gstreamer import GStreamerKvsSink
 from gpu_worker.publish.sinks import SinkError
+from monologue.settings import SinkSettings
+from monologue.sink_policy import SinkRefused
 from tests.gpu_worker.test_publish import MemoryAudio, indexed_frames, speech_like, starts
 from tests.kvs_server import KvsServer
 
@@ -38,6 +40,8 @@ def segments() -> tuple[bytes, list[bytes]]:
 def make_sink(server: KvsServer, **options: Any) -> KinesisVideoSink:
     settings: dict[str, Any] = {
         "region": server.region,
+        "endpoint_url": server.url,
+        "allowed": SinkSettings(kvs_endpoints=[server.url]),
         "client": server.client(),
         "credentials": server.credentials(),
         "producer_start_ms": START_MS,
@@ -234,3 +238,52 @@ def test_fragments_longer_than_ten_seconds_are_refused() -> None:
 def test_the_gstreamer_sink_says_why_it_cannot_be_used() -> None:
     with pytest.raises(SinkError, match="kvssink"):
         GStreamerKvsSink(STREAM)
+
+
+class FixedDataEndpoint:
+    """A control plane's client that hands out `data_endpoint` for any stream (as a compromised or misconfigured
+    control plane could)."""
+
+    def __init__(self, data_endpoint: str) -> None:
+        self.data_endpoint = data_endpoint
+
+    def get_data_endpoint(self, **_: Any) -> dict[str, str]:
+        return {"DataEndpoint": self.data_endpoint}
+
+
+def test_a_data_endpoint_outside_kvs_endpoints_is_refused_before_anything_is_sent(
+    segments: tuple[bytes, list[bytes]],
+) -> None:
+    """The control plane the operator allowed names another server as the data endpoint: the sink refuses it
+    for good (SinkRefused, not a SinkError to retry) and never connects there."""
+    plane = "https://kvs-control.internal"
+    with KvsServer(stream_name=STREAM) as elsewhere:
+        refused = make_sink(
+            elsewhere,
+            endpoint_url=plane,
+            client=FixedDataEndpoint(elsewhere.url),
+            allowed=SinkSettings(kvs_endpoints=[plane]),
+        )
+        with pytest.raises(SinkRefused, match=r"not in MONOLOGUE_SINKS__KVS_ENDPOINTS"):
+            refused.start(segments[0], 0)
+        allowed = make_sink(
+            elsewhere,
+            endpoint_url=plane,
+            client=FixedDataEndpoint(elsewhere.url),
+            allowed=SinkSettings(kvs_endpoints=[plane, elsewhere.url]),
+        )
+        allowed.start(segments[0], 0)
+        allowed.put(0, segments[1][0])
+        allowed.finish(ended=True)
+    assert len(elsewhere.connections) == 1  # the allowed sink's only: the refused one never connected
+    assert allowed.acknowledged() == 1
+
+
+def test_aws_must_hand_out_an_aws_data_endpoint(segments: tuple[bytes, list[bytes]]) -> None:
+    """With no endpoint_url the control plane is AWS's: a data endpoint that is not an https host of the
+    region's Kinesis Video domain (here, loopback) is refused."""
+    with KvsServer(stream_name=STREAM) as server:
+        sink = make_sink(server, endpoint_url=None, allowed=SinkSettings(kvs_endpoints=[server.url]))
+        with pytest.raises(SinkRefused, match=r"not an AWS Kinesis Video endpoint of region us-east-1"):
+            sink.start(segments[0], 0)
+    assert server.connections == []

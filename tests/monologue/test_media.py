@@ -6,6 +6,7 @@ import contextlib
 import functools
 import io
 import struct
+import tracemalloc
 import wave
 import zlib
 from fractions import Fraction
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from monologue.bench_upload import silence_flac
 from monologue.errors import InputError
 from monologue.media import (
     AUDIO_RATE,
@@ -29,6 +31,7 @@ from monologue.media import (
     normalise_audio,
     normalise_portrait,
 )
+from monologue.settings import LimitSettings
 
 SAMPLES = Path(__file__).resolve().parents[2] / "monologue" / "samples"
 SECONDS = 1.5
@@ -175,6 +178,59 @@ def test_max_seconds_refuses_longer_audio_and_accepts_shorter() -> None:
     with pytest.raises(InputError, match=r"longer than the 1 s limit"):
         normalise_audio(data, max_seconds=1.0)
     assert normalise_audio(data, max_seconds=2.0).seconds == pytest.approx(SECONDS, abs=TOLERANCE)
+
+
+@functools.cache
+def hour_of_silence_flac() -> bytes:
+    """An hour of digital silence as 44.1 kHz stereo FLAC: about half a megabyte that decodes to 115 MB."""
+    return silence_flac(3600)
+
+
+def decode_peak_bytes(data: bytes, max_seconds: float) -> tuple[Speech | InputError, int]:
+    """`normalise_audio`'s result (or refusal) and the peak of the Python and NumPy memory it allocated."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        try:
+            result: Speech | InputError = normalise_audio(data, max_seconds=max_seconds)
+        except InputError as err:
+            result = err
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def memory_bound(data: bytes, max_seconds: float) -> float:
+    """What a decode may cost: the upload plus 2.5 copies of the longest accepted audio (16 kHz s16).
+
+    One copy is the samples, one the WAV bytes built from them; the half is headroom for the buffer's growth.
+    The old decoder (list of chunks → concatenate → astype → WAV) held three to five copies."""
+    return len(data) + 2.5 * max_seconds * AUDIO_RATE * 2
+
+
+def test_an_hour_of_flac_silence_is_refused_past_the_limit_with_memory_bounded_by_it() -> None:
+    """Half a megabyte of FLAC is not a reason to decode an hour of audio: decoding stops at the limit."""
+    data = hour_of_silence_flac()
+    assert len(data) < 1_000_000
+    max_seconds = LimitSettings().max_audio_seconds  # the default the API runs with
+
+    result, peak = decode_peak_bytes(data, max_seconds)
+
+    assert isinstance(result, InputError)
+    assert f"longer than the {max_seconds:g} s limit" in str(result)
+    assert "MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS" in str(result)
+    assert peak < memory_bound(data, max_seconds)
+
+
+def test_audio_just_under_the_limit_is_accepted_with_memory_bounded_by_the_limit() -> None:
+    data = encode_audio("flac", "flac", 44_100, "stereo", seconds=59.5)
+
+    result, peak = decode_peak_bytes(data, max_seconds=60.0)
+
+    assert isinstance(result, Speech)
+    assert result.seconds == pytest.approx(59.5, abs=TOLERANCE)
+    assert result == normalise_audio(data)  # the limit changes nothing about what is decoded
+    assert peak < memory_bound(data, 60.0)
 
 
 # --------------------------------------------------------------------------- audio: refused

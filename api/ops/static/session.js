@@ -17,8 +17,13 @@ $("session-id").textContent = sessionId;
 document.title = `Session ${sessionId.slice(0, 8)} · Monologue ops`;
 setupTimeline(timeline, $("chunk-detail"));
 
+// The API's links carry its public URL; this page may be open under another allowed name, so it calls the
+// same paths on its own origin (a cross-origin call would need CORS and could not carry the key).
+const OWN_LINKS = ["stream", "events", "video", "cancel", "resume"];
+
 async function refresh() {
   detail = await getJSON(`/ops/api/sessions/${encodeURIComponent(sessionId)}`);
+  for (const name of OWN_LINKS) detail.links[name] = new URL(detail.links[name], location.href).pathname;
   showFacts(detail);
   const key = JSON.stringify([detail.chunks, detail.checkpoints]);
   if (key !== drawnKey) {
