@@ -7,6 +7,34 @@ standard library: workflow code imports it inside the sandbox."""
 # No `from __future__ import annotations` here: Temporal's converter resolves these field types at
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class SessionKind(StrEnum):
+    """A render has all its audio up front; a live session's audio streams in while it runs."""
+
+    RENDER = "render"
+    LIVE = "live"
+
+
+class SessionStatus(StrEnum):
+    """Where a session is; the workflow decides, the database follows (StrEnum: equal to the stored strings)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED})
+
+
+class ChunkKind(StrEnum):
+    """N chunks carry the timeline; an I chunk interpolates the seam after N(index)."""
+
+    N = "N"
+    I = "I"  # noqa: E741 (the name the whole design uses)
 
 # Activity names, so workflow code can call activities without importing their heavy modules.
 PREPARE = "prepare"

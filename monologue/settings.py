@@ -69,6 +69,11 @@ class NodeSettings(BaseModel):
     lease_timeout_s: float = Field(
         default=10.0, gt=0, description="a node silent this long is declared lost and its sessions move"
     )
+    heartbeat_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a session's pinned activity (a chunk) silent this long is declared lost and moves to another node",
+    )
     chunk_delay_s: float = Field(default=0.0, ge=0, description="testing only: stretch every chunk by this long")
 
 
