@@ -36,6 +36,7 @@ class ChunkKind(StrEnum):
     N = "N"
     I = "I"  # noqa: E741 (the name the whole design uses)
 
+
 # Activity names, so workflow code can call activities without importing their heavy modules.
 PREPARE = "prepare"
 HOLD_NODE = "hold_node"
