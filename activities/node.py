@@ -1,10 +1,15 @@
 """Activities pinned to one node (queue `node-<id>`): set a session up, generate its chunks through the
 Pipeline, and assemble the final video.
 
-The node caches each session's pipeline state (reference conditioning and anchors) between chunks.
-Both are also written to object storage (the reference once, the anchors after every N chunk), so if
-the cache is missing (the node restarted, or the session moved here) any chunk can be regenerated
-from storage and gives the same frames.
+This module strings the node's rooms together in the order a chunk needs them; each idea lives in its own:
+- `chunk_order.py`: the chunks the workflow keeps scheduled ahead wait their turn here;
+- `pipelines.py`: each family's pipeline, loaded once, and the slot that lets one chunk at a time through;
+- `session_cache.py`: each session's pipeline state (reference conditioning, anchors), rebuilt from storage
+  when missing, so any chunk can run on any node and give the same frames;
+- `checkpoints.py`: the anchors written after every N chunk, and read back on a node that lacks them;
+- `heartbeat.py`: the pipeline's progress reports become Temporal heartbeats, so a hung node is noticed
+  within the heartbeat timeout;
+- `fault_injection.py`: the tests' slow and hung chunks.
 """
 
 from __future__ import annotations
@@ -12,44 +17,51 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, CancelledError
 
+from activities.checkpoints import Checkpoints
+from activities.chunk_order import ChunkOrder
 from activities.errors import activity_context
+from activities.fault_injection import Faults
+from activities.heartbeat import ChunkHeartbeat
+from activities.pipelines import Pipelines
 from activities.playlist import write_playlist
+from activities.session_cache import SessionCache
 from gpu_worker.models import build_family
-from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.pipeline import ChunkRequest, Pipeline
 from gpu_worker.pipeline.pipeline import Session
-from gpu_worker.pipeline.types import AudioSource
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c
 from monologue import keys, repo
-from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
-from monologue.media import StoredWav, decode_png
 from monologue.plan import chunk_sizes, plan_timeline
 from monologue.storage import ObjectStore
-
-CACHED_SESSIONS = 4
-
-
-def output_spec(options: c.RenderOptions) -> OutputSpec:
-    return OutputSpec(fps=options.fps, resolution=options.resolution, preview=options.preview)  # type: ignore[arg-type]
 
 
 def stream_format(session: Session) -> StreamFormat:
     return StreamFormat(width=session.frame_width, height=session.frame_height, fps=session.output.fps)
+
+
+def chunk_request(request: c.GenerateChunkInput) -> ChunkRequest:
+    """The pipeline's request: the workflow's chunk as it is, with the session's seed and prompt."""
+    return ChunkRequest(request.chunk, seed=request.options.seed, prompt=request.options.prompt)
+
+
+@dataclass
+class MadeChunk:
+    """A chunk's output before it is stored: its segment, per-frame hashes and timings."""
+
+    segment: bytes
+    frame_hashes: list[str]
+    stage_ms: dict[str, float]
+    checkpoint_key: str | None
 
 
 class NodeActivities:
@@ -59,31 +71,33 @@ class NodeActivities:
         store: ObjectStore,
         sessions: sessionmaker[Any],
         node_id: str,
-        chunk_delay_s: float = 0.0,
         pipeline_factory: Callable[[str], Pipeline] | None = None,
+        faults: Faults | None = None,
     ) -> None:
-        """`pipeline_factory` builds a family's pipeline by name (a multi-GPU node's runs on every rank)."""
-        self._pipeline_factory = pipeline_factory or (lambda family: Pipeline(build_family(family)))
-        self._chunk_delay_s = chunk_delay_s
+        """`pipeline_factory` builds a family's pipeline by name (a multi-GPU node's runs on every rank);
+        `faults` are the tests' (never set in production)."""
         self._store = store
         self._sessions = sessions
         self._node_id = node_id
-        self._pipelines: dict[str, Pipeline] = {}
-        self._cache: OrderedDict[str, Session] = OrderedDict()
-        # The workflow keeps the next chunk scheduled while one runs; these put them back in order.
-        self._order = threading.Condition()
-        # Per workflow run (positions and epochs restart with each run): (epoch, last position done here,
-        # when), and the newest epoch seen.
-        self._finished: dict[str, tuple[int, int, float]] = {}
-        self._epochs: dict[str, int] = {}
-        self._running: dict[str, threading.Lock] = {}  # per family: one chunk in its pipeline at a time
-        self.chunks_done = 0  # since the node started, for the node registry (guarded by _order)
+        self._pipelines = Pipelines(pipeline_factory or (lambda family: Pipeline(build_family(family))))
+        self._cache = SessionCache(store=store, pipelines=self._pipelines)
+        self._checkpoints = Checkpoints(store=store, sessions=sessions)
+        self._order = ChunkOrder()
+        self._faults = faults or Faults()
+
+    @property
+    def chunks_done(self) -> int:
+        """Chunks generated since the node started (for the node registry)."""
+        return self._order.chunks_done
 
     @activity.defn(name=c.INIT_SESSION)
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
         """Encode the reference once and write the stream's init segment."""
         with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
-            session = self._session(request.session_id, request.options, live=request.live)
+            slot = self._pipelines.slot(request.options.family)
+            with slot.hold("init_session"):
+                progress = ChunkHeartbeat("init_session", on_report=slot.touch)
+                session = self._cache.get(request.session_id, request.options, live=_live(request), progress=progress)
             self._store.put(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
@@ -99,78 +113,28 @@ class NodeActivities:
 
     @activity.defn(name=c.GENERATE_CHUNK)
     def generate_chunk(self, request: c.GenerateChunkInput) -> c.GenerateChunkResult:
-        """Run the pipeline for one chunk; its frames become one fMP4 segment."""
-        chunk_name = f"{request.kind}{request.index}"
-        with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk_name) as log:
-            idle_ms = self._wait_turn(request)
-            self._test_delay(chunk_name)
-            chunk = ChunkRequest(
-                "I" if request.kind == "I" else "N",
-                request.index,
-                request.first_frame,
-                request.n_frames,
-                request.options.seed,
-                request.options.prompt,
-            )
-            pipeline = self._pipeline(request.options.family)
-            # A family's modules reuse buffers and a session's anchors change as chunks run: one chunk at a
-            # time goes through a pipeline (rendering is CPU-bound; threads would not speed it up anyway).
-            with self._running[request.options.family]:
-                session = self._session(request.session_id, request.options, live=request.live)
-                if isinstance(session.audio, LiveAudio):
-                    session.audio.update(request.audio_samples, request.audio_ended)
-                self._ensure_anchors(request, session)
-                writer = SegmentWriter(stream_format(session), first_frame=request.first_frame, audio=session.audio)
-                result = pipeline.run_chunk(session, chunk, writer)
-                checkpoint_started = time.perf_counter()
-                checkpoint_key = self._write_checkpoint(request, session) if request.kind == "N" else None
-                checkpoint_ms = (time.perf_counter() - checkpoint_started) * 1000
-            activity.heartbeat(chunk_name)
-            segment = writer.finish()
-            stage_ms = writer.stage_ms(result.stage_ms)
+        """Run the pipeline for one chunk, in its turn; its frames become one fMP4 segment."""
+        chunk = chunk_request(request)
+        with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk.name) as log:
+            idle_ms = self._order.wait_turn(request)
+            self._faults.stretch(chunk.name)
+            made = self._make(request, chunk)
             if idle_ms is not None:
-                stage_ms["idle_before"] = idle_ms
-            if checkpoint_key is not None:
-                stage_ms["checkpoint"] = checkpoint_ms
-            segment_key = keys.segment(request.session_id, request.kind, request.index)
-            self._store.put(segment_key, segment, content_type="video/iso.segment")
-            self._store.put(
-                keys.frame_hashes(request.session_id, request.kind, request.index),
-                json.dumps(result.frame_hashes).encode(),
-                content_type="application/json",
-            )
-            digest = hashlib.sha256("".join(result.frame_hashes).encode()).hexdigest()
-            with self._sessions() as db:
-                repo.record_chunk(
-                    db,
-                    session_id=request.session_id,
-                    kind=request.kind,
-                    index=request.index,
-                    first_frame=request.first_frame,
-                    frames=request.n_frames,
-                    node_id=self._node_id,
-                    attempt=activity.info().attempt,
-                    stage_ms=stage_ms,
-                    segment_key=segment_key,
-                    frames_sha256=digest,
-                    audio_ready_ms=request.audio_ready_ms,
-                )
-            with self._order:
-                self._finished[_run_key(request.session_id)] = (request.epoch, request.position, time.perf_counter())
-                self.chunks_done += 1
-                self._order.notify_all()
+                made.stage_ms["idle_before"] = idle_ms
+            segment_key, digest = self._store_chunk(request, chunk, made)
+            self._order.finish(request)
             log.info(
                 "chunk done",
-                frames=request.n_frames,
-                bytes=len(segment),
-                **{f"{name}_ms": round(ms, 1) for name, ms in stage_ms.items()},
+                frames=request.chunk.n_frames,
+                bytes=len(made.segment),
+                **{f"{name}_ms": round(ms, 1) for name, ms in made.stage_ms.items()},
             )
             return c.GenerateChunkResult(
                 segment_key=segment_key,
-                frames=request.n_frames,
+                frames=request.chunk.n_frames,
                 frames_sha256=digest,
-                stage_ms=stage_ms,
-                checkpoint_key=checkpoint_key,
+                stage_ms=made.stage_ms,
+                checkpoint_key=made.checkpoint_key,
             )
 
     @activity.defn(name=c.FINALIZE)
@@ -210,127 +174,74 @@ class NodeActivities:
                 repo.mark_completed(
                     db, session_id=sid, video_key=video_key, frames=request.frames, chunks=len(timeline)
                 )
-            self._cache.pop(sid, None)
-            with self._order:
-                for run in [run for run in self._finished if run.startswith(f"{sid}/")]:
-                    self._finished.pop(run, None)
-                    self._epochs.pop(run, None)
+            self._cache.drop(sid)
+            self._order.forget(sid)
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
-    def _wait_turn(self, request: c.GenerateChunkInput) -> float | None:
-        """Block until the chunk scheduled before this one (same epoch) is done on this node; refuse a chunk
-        from an abandoned epoch. Returns how long the node sat idle between that chunk and this one (ms)."""
-        run = _run_key(request.session_id)
-        with self._order:
-            self._epochs[run] = max(self._epochs.get(run, 0), request.epoch)
-            while True:
-                if request.epoch < self._epochs[run]:
-                    raise CancelledError(f"chunk {request.kind}{request.index} was abandoned (epoch {request.epoch})")
-                epoch, position, _ = self._finished.get(run, (-1, -1, 0.0))
-                if request.wait_for is None or (epoch == request.epoch and position >= request.wait_for):
-                    break
-                activity.heartbeat("waiting for the previous chunk")
-                if activity.is_cancelled():
-                    raise CancelledError(f"chunk {request.kind}{request.index} cancelled while waiting its turn")
-                self._order.wait(timeout=0.2)
-            previous = self._finished.get(run)
-        if previous is None or previous[:2] != (request.epoch, request.position - 1):
-            return None
-        return (time.perf_counter() - previous[2]) * 1000
+    def _make(self, request: c.GenerateChunkInput, chunk: ChunkRequest) -> MadeChunk:
+        """Run the stages holding the family's pipeline slot, heartbeating from their progress; then encode
+        the frames into a segment."""
+        family = request.options.family
+        pipeline, slot = self._pipelines.get(family), self._pipelines.slot(family)
+        heartbeat = ChunkHeartbeat(chunk.name, on_report=slot.touch)
+        with slot.hold(chunk.name):
+            session = self._cache.get(request.session_id, request.options, live=_live(request), progress=heartbeat)
+            if isinstance(session.audio, LiveAudio):
+                session.audio.update(request.audio_samples, request.audio_ended)
+            self._checkpoints.ensure_anchors(request, session)
+            self._faults.hang(chunk.name)
+            writer = SegmentWriter(stream_format(session), first_frame=request.chunk.first_frame, audio=session.audio)
+            result = pipeline.run_chunk(session, chunk, writer, heartbeat)
+            checkpoint_key, checkpoint_ms = self._checkpoint(request, session, heartbeat)
+        heartbeat("encoding")
+        segment = writer.finish()
+        stage_ms = writer.stage_ms(result.stage_ms)
+        if checkpoint_key is not None:
+            stage_ms["checkpoint"] = checkpoint_ms
+        return MadeChunk(segment, result.frame_hashes, stage_ms, checkpoint_key)
 
-    def _test_delay(self, chunk_name: str) -> None:
-        """Fault-injection tests stretch each chunk (setting node.chunk_delay_s) so they can kill the node
-        in the middle of one; heartbeats keep flowing meanwhile."""
-        deadline = time.monotonic() + self._chunk_delay_s
-        while time.monotonic() < deadline:
-            activity.heartbeat(chunk_name)
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    def _checkpoint(
+        self, request: c.GenerateChunkInput, session: Session, heartbeat: ChunkHeartbeat
+    ) -> tuple[str | None, float]:
+        """After an N chunk: its anchors to storage (key, ms); I chunks leave none."""
+        if request.chunk.kind != c.ChunkKind.N:
+            return None, 0.0
+        heartbeat("checkpoint")
+        started = time.perf_counter()
+        key = self._checkpoints.write(request, session)
+        return key, (time.perf_counter() - started) * 1000
 
-    def _pipeline(self, family: str) -> Pipeline:
-        with self._order:
-            if family not in self._pipelines:
-                self._pipelines[family] = self._pipeline_factory(family)
-                self._running[family] = threading.Lock()
-            return self._pipelines[family]
-
-    def _session(self, session_id: str, options: c.RenderOptions, *, live: bool) -> Session:
-        """The session from the cache, or rebuilt from storage (the reference is encoded only once)."""
-        if session_id in self._cache:
-            self._cache.move_to_end(session_id)
-            return self._cache[session_id]
-        portrait = decode_png(self._store.get(keys.portrait(session_id)))
-        audio: AudioSource
-        audio = LiveAudio(self._store, session_id) if live else StoredWav(self._store, keys.audio(session_id))
-        try:
-            reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
-        except NotFound:
-            reference = None
-        session = self._pipeline(options.family).start_session(portrait, output_spec(options), audio, reference)
-        if reference is None:
-            self._store.put(keys.reference(session_id), save_tensors(session.reference))
-        self._cache[session_id] = session
-        while len(self._cache) > CACHED_SESSIONS:
-            self._cache.popitem(last=False)
-        return session
-
-    def _write_checkpoint(self, request: c.GenerateChunkInput, session: Session) -> str:
-        """After N chunk k: its head and tail anchors (and the cursor, as metadata) with their SHA-256 in the
-        database; the files of checkpoints older than the last two go."""
-        index = request.index
-        head, tail = session.anchors.get("N", index, "head"), session.anchors.get("N", index, "tail")
-        flat = {f"head.{k}": v for k, v in head.items()} | {f"tail.{k}": v for k, v in tail.items()}
-        cursor = {
-            "chunk": f"N{index}",
-            "first_frame": str(request.first_frame),
-            "n_frames": str(request.n_frames),
-            "seed": str(request.options.seed),
-        }
-        data = save_tensors(flat, metadata=cursor)
-        key = keys.checkpoint(request.session_id, index)
-        self._store.put(key, data)
+    def _store_chunk(self, request: c.GenerateChunkInput, chunk: ChunkRequest, made: MadeChunk) -> tuple[str, str]:
+        """The segment and its frame hashes to storage, the chunk's row to the database: (segment key, SHA-256
+        over the frame hashes)."""
+        activity.heartbeat(f"{chunk.name} storing")
+        segment_key = keys.segment(request.session_id, chunk.kind, chunk.index)
+        self._store.put(segment_key, made.segment, content_type="video/iso.segment")
+        self._store.put(
+            keys.frame_hashes(request.session_id, chunk.kind, chunk.index),
+            json.dumps(made.frame_hashes).encode(),
+            content_type="application/json",
+        )
+        digest = hashlib.sha256("".join(made.frame_hashes).encode()).hexdigest()
         with self._sessions() as db:
-            stale = repo.record_checkpoint(
-                db, session_id=request.session_id, index=index, key=key, sha256=hashlib.sha256(data).hexdigest()
+            repo.record_chunk(
+                db,
+                session_id=request.session_id,
+                kind=c.ChunkKind(chunk.kind),
+                index=chunk.index,
+                first_frame=chunk.first_frame,
+                frames=chunk.n_frames,
+                node_id=self._node_id,
+                attempt=activity.info().attempt,
+                stage_ms=made.stage_ms,
+                segment_key=segment_key,
+                frames_sha256=digest,
+                audio_ready_ms=request.audio_ready_ms,
             )
-        for old in stale:
-            self._store.delete(old)
-        return key
-
-    def _ensure_anchors(self, request: c.GenerateChunkInput, session: Session) -> None:
-        """Load from checkpoints the anchors this chunk needs but this node does not hold (the node restarted,
-        or the session moved here). A checkpoint whose bytes do not match its recorded SHA-256 (or is gone)
-        raises CheckpointLost, and the workflow regenerates that N chunk instead."""
-        needed = [(request.index - 1, "tail")] if request.kind == "N" and request.index > 0 else []
-        if request.kind == "I":
-            needed = [(request.index, "tail"), (request.index + 1, "head")]
-        for index, end in needed:
-            if f"N{index}.{end}" in session.anchors.names():
-                continue
-            flat = self._read_checkpoint(request.session_id, index)
-            prefix = f"{end}."
-            session.anchors.put_one(
-                "N", index, end, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
-            )
-
-    def _read_checkpoint(self, session_id: str, index: int) -> dict[str, np.ndarray]:
-        with self._sessions() as db:
-            row = repo.get_checkpoint(db, session_id=session_id, index=index)
-        try:
-            data = self._store.get(row.key) if row is not None else None
-        except NotFound:
-            data = None
-        if row is None or data is None or hashlib.sha256(data).hexdigest() != row.sha256:
-            problem = "missing" if row is None or data is None else "corrupt (SHA-256 mismatch)"
-            raise ApplicationError(
-                f"checkpoint N{index} of session {session_id} is {problem}",
-                index,
-                type=c.CHECKPOINT_LOST,
-                non_retryable=True,
-            )
-        return load_tensors(data)
+        return segment_key, digest
 
 
-def _run_key(session_id: str) -> str:
-    """Chunk positions and epochs count from zero in every workflow run (continue-as-new, resume)."""
-    return f"{session_id}/{activity.info().workflow_run_id}"
+def _live(request: c.InitSessionInput | c.GenerateChunkInput) -> bool:
+    """A live session reads its audio as it arrives; a render's is all stored up front."""
+    return request.session_kind == c.SessionKind.LIVE

@@ -42,17 +42,15 @@ from monologue.storage import ObjectStore
 POLL_S = 0.2
 _EXTINF = re.compile(r"^#EXTINF:([0-9.]+),")
 
-SinkFactory = Callable[[c.SinkSpec, str, c.RenderOptions, int, SinkSettings], Sink]
+SinkFactory = Callable[[c.Sink, str, c.RenderOptions, int, SinkSettings], Sink]
 
 
-def build_sink(
-    spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings
-) -> Sink:
+def build_sink(spec: c.Sink, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings) -> Sink:
     """The sink a spec describes (imports its client library only when used). `origin_ms`: the session's
     creation time (epoch ms), the producer timestamp of its first frame, the same for every pump. `allowed`:
     the tenant's allow-lists (the spec itself is already checked; the KVS sink checks its data endpoint)."""
     longest = max(options.chunk_frames, options.i_frames) / options.fps
-    if spec.type == "s3":
+    if isinstance(spec, c.S3Sink):
         from gpu_worker.publish.s3_sink import S3Sink
 
         return S3Sink(
@@ -64,7 +62,7 @@ def build_sink(
             target_duration=longest,
             name=spec.label,
         )
-    if spec.type == "kvs":
+    if isinstance(spec, c.KvsSink):
         from gpu_worker.publish.kvs import KinesisVideoSink
 
         sink: Sink = KinesisVideoSink(
@@ -197,7 +195,7 @@ class SinkActivities:
             finally:
                 sink.close()
 
-    def _resume_point(self, session_id: str, spec: c.SinkSpec) -> tuple[int, int, str | None]:
+    def _resume_point(self, session_id: str, spec: c.Sink) -> tuple[int, int, str | None]:
         """Segments the sink already holds (from this attempt's last heartbeat, or the last pump's record),
         the session's creation time in epoch ms (its streams' time origin) and its tenant (None: no session)."""
         details = activity.info().heartbeat_details
@@ -210,7 +208,7 @@ class SinkActivities:
         origin_ms = int(_aware(created).timestamp() * 1000) if created is not None else 0
         return max(from_heartbeat, row.acknowledged if row is not None else 0), origin_ms, tenant
 
-    def _tenant_allowed(self, session_id: str, spec: c.SinkSpec, tenant: str | None, acknowledged: int) -> SinkSettings:
+    def _tenant_allowed(self, session_id: str, spec: c.Sink, tenant: str | None, acknowledged: int) -> SinkSettings:
         """The tenant's allow-lists, once the spec is checked against them; a refused sink is recorded `failed`
         and raises SinkRefused (final: retrying would not change the settings)."""
         if tenant is None:
@@ -221,7 +219,7 @@ class SinkActivities:
             raise self._refused(session_id, spec, acknowledged, reason)
         return for_tenant(self._allowed, tenant)
 
-    def _refused(self, session_id: str, spec: c.SinkSpec, acknowledged: int, problem: str) -> SinkRefused:
+    def _refused(self, session_id: str, spec: c.Sink, acknowledged: int, problem: str) -> SinkRefused:
         self._record(session_id, spec, "failed", acknowledged, error=f"{problem}; nothing more is sent")
         return SinkRefused(problem)
 
@@ -241,9 +239,7 @@ class SinkActivities:
             self._store.get_file(keys.final_video(session_id), path)
             sink.put_final(path)
 
-    def _record(
-        self, session_id: str, spec: c.SinkSpec, status: str, acknowledged: int, error: str | None = None
-    ) -> None:
+    def _record(self, session_id: str, spec: c.Sink, status: str, acknowledged: int, error: str | None = None) -> None:
         with self._sessions() as db:
             repo.record_sink(
                 db,

@@ -20,7 +20,7 @@ from .deps import Services
 from .guard import UploadGuard
 from .origin import HostPolicy, RequestGuard
 from .routes import ops, renders, sessions
-from .submit import TooManySessions
+from .submit import TooManySessions, ValidationUnavailable
 
 log = structlog.get_logger("api")
 
@@ -62,6 +62,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(TooManySessions)
     async def too_many(_request: Request, err: TooManySessions) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=429)
+
+    @app.exception_handler(ValidationUnavailable)
+    async def no_validator(_request: Request, err: ValidationUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "10"})
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

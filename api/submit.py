@@ -1,62 +1,49 @@
-"""Starting a render: validate at the edge, then store, record and start — or undo everything.
+"""Starting a session: stage the uploads, have a node check them, then record and start — or undo everything.
 
-Bad input must never start a workflow or leave objects behind, so all decoding and checks run
-before the first write, and a failure after a write removes what was written."""
+Bad input must never start a session or leave objects behind. The API has no media stack (no av, Pillow,
+OpenCV or torch: it never imports `gpu_worker`), so it stores the raw uploads under a staging key and waits
+for `validate_inputs` on a worker of the shared queue, which decodes and checks them and stores their
+normalised forms; any failure, bad input included, removes everything written under the session's prefix."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 import structlog
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
-from gpu_worker.models import build_family
-from gpu_worker.pipeline import Family
 from monologue import contracts as c
 from monologue import keys, repo, sink_policy
+from monologue import options as options_
 from monologue.db import SessionRow
+from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
-from monologue.media import Portrait, Speech, decode_png, normalise_audio, normalise_portrait
+from monologue.orchestration import orchestration_config
 from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
 
 from .deps import Services
-from .schemas import RenderOptionsCreate
 
 log = structlog.get_logger("api.submit")
 
 
 @dataclass(frozen=True)
-class ValidInputs:
-    portrait: Portrait
-    speech: Speech
+class Uploads:
+    """A new session's files as received, not yet decoded (a node does that: `validate_inputs`)."""
+
+    portrait: bytes
+    audio: bytes | None = None  # None: a live session, whose audio comes later over the audio socket
 
 
-def validate_portrait(*, portrait: bytes, family: str, settings: Settings) -> Portrait:
-    """Decode and check a live session's portrait (its audio comes later, over the audio socket)."""
-    image = normalise_portrait(portrait, max_side=settings.limits.max_portrait_side)
-    _family(family).reference.check(decode_png(image.png))
-    return image
-
-
-def validate_inputs(*, portrait: bytes, audio: bytes, family: str, settings: Settings) -> ValidInputs:
-    """Decode and check both uploads; raises InputError (→ 4xx) naming the problem. CPU-bound."""
-    limits = settings.limits
-    image = normalise_portrait(portrait, max_side=limits.max_portrait_side)
-    speech = normalise_audio(audio, max_seconds=limits.max_audio_seconds)
-    _family(family).reference.check(decode_png(image.png))  # e.g. no face: NoFaceFound, an InputError
-    return ValidInputs(portrait=image, speech=speech)
-
-
-@functools.cache
-def _family(name: str) -> Family:
-    return build_family(name)
+class ValidationUnavailable(Exception):
+    """No worker checked the uploads in time (→ 503): no node is polling the shared queue, or all are busy."""
 
 
 class TooManySessions(Exception):
@@ -74,93 +61,121 @@ def check_tenant_limit(services: Services, tenant: str) -> None:
         )
 
 
-async def start_render(
-    services: Services, *, inputs: ValidInputs, options: RenderOptionsCreate, tenant: str = "local"
-) -> str:
-    """Store the inputs, write the session row and start the workflow; undo all of it on failure."""
-    speech, portrait = inputs.speech, inputs.portrait
-
-    def store(session_id: str) -> None:
-        services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
-        services.store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
-
-    return await _start(services, store, portrait, options, tenant=tenant, kind="render", seconds=speech.seconds)
+async def start_render(services: Services, *, uploads: Uploads, options: c.RenderOptions, tenant: str = "local") -> str:
+    """Check the uploads on a node, write the session row and start the workflow; undo all of it on failure.
+    InputError (→ 422) names bad input; ValidationUnavailable (→ 503) when no node checked it in time."""
+    return await _start(services, uploads, options, tenant=tenant, kind=c.SessionKind.RENDER)
 
 
-async def start_live(
-    services: Services, *, portrait: Portrait, options: RenderOptionsCreate, tenant: str = "local"
-) -> str:
-    """A live session: store the portrait, write the row, start the workflow (which waits for audio)."""
-
-    def store(session_id: str) -> None:
-        services.store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
-
-    return await _start(services, store, portrait, options, tenant=tenant, kind="live", seconds=0.0)
+async def start_live(services: Services, *, portrait: bytes, options: c.RenderOptions, tenant: str = "local") -> str:
+    """A live session: as `start_render` with the portrait alone (the workflow waits for the audio)."""
+    return await _start(services, Uploads(portrait=portrait), options, tenant=tenant, kind=c.SessionKind.LIVE)
 
 
 async def _start(
-    services: Services,
-    store: Callable[[str], None],
-    portrait: Portrait,
-    options: RenderOptionsCreate,
-    *,
-    tenant: str,
-    kind: str,
-    seconds: float,
+    services: Services, uploads: Uploads, options: c.RenderOptions, *, tenant: str, kind: c.SessionKind
 ) -> str:
     """The steps a new session takes, in order, with everything written undone if one fails."""
-    check_tenant_limit(services, tenant)
+    check_tenant_limit(services, tenant)  # first: a tenant at its limit costs no node any decoding
     session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
-            store(session_id)
+            await asyncio.to_thread(_stage, services, session_id, uploads)
+            checked = await _validate(services, session_id, kind, options.family)
+            seconds = checked.audio_samples / AUDIO_RATE
             with services.sessions() as db:
                 repo.create_session(
                     db,
                     session_id=session_id,
                     tenant=tenant,
                     kind=kind,
-                    options=options.model_dump(),
+                    options=options_.stored(options),
                     workflow_id=workflow_id,
                     audio_seconds=seconds,
-                    width=portrait.width,
-                    height=portrait.height,
+                    width=checked.width,
+                    height=checked.height,
                 )
             await _start_workflow(
-                services.temporal, services.settings, session_id, options, live=kind == "live", tenant=tenant
+                services.temporal,
+                services.settings,
+                session_id,
+                options,
+                kind=kind,
+                tenant=tenant,
             )
-        except BaseException:
-            log.exception("submit failed; removing what was written")
+        except BaseException as err:
+            if isinstance(err, InputError):
+                log.info("submit refused: bad input; removing what was written", error=str(err))
+            else:
+                log.exception("submit failed; removing what was written")
             services.store.delete_prefix(keys.session_prefix(session_id))
             with services.sessions() as db:
                 repo.delete_session(db, session_id=session_id)
             raise
-        log.info(f"{kind} started", seconds=round(seconds, 3), width=portrait.width, height=portrait.height)
+        log.info(f"{kind} started", seconds=round(seconds, 3), width=checked.width, height=checked.height)
     return session_id
+
+
+def _stage(services: Services, session_id: str, uploads: Uploads) -> None:
+    """The raw uploads, where `validate_inputs` reads them (it deletes them once it has their normalised forms)."""
+    services.store.put(keys.staged_upload(session_id, "portrait"), uploads.portrait)
+    if uploads.audio is not None:
+        services.store.put(keys.staged_upload(session_id, "audio"), uploads.audio)
+
+
+async def _validate(services: Services, session_id: str, kind: c.SessionKind, family: str) -> c.ValidateInputsResult:
+    """Run `validate_inputs` on a worker and wait for it: InputError with its message if the input is bad,
+    ValidationUnavailable if no worker finished it within MONOLOGUE_API__VALIDATE_TIMEOUT_S."""
+    settings = services.settings
+    request = c.ValidateInputsInput(
+        session_id=session_id,
+        kind=kind,
+        family=family,
+        max_portrait_side=settings.limits.max_portrait_side,
+        max_audio_seconds=settings.limits.max_audio_seconds,
+    )
+    timeout_s = settings.api.validate_timeout_s
+    try:
+        result: c.ValidateInputsResult = await services.temporal.execute_workflow(
+            c.VALIDATE_WORKFLOW,
+            request,
+            id=c.validate_workflow_id(session_id),
+            task_queue=settings.temporal.task_queue,
+            result_type=c.ValidateInputsResult,
+            # Temporal ends the check at the deadline even when no worker ever picked it up.
+            execution_timeout=timedelta(seconds=timeout_s),
+        )
+        return result
+    except WorkflowFailureError as err:
+        cause = err.cause.cause if isinstance(err.cause, ActivityError) else err.cause
+        if isinstance(cause, ApplicationError) and cause.non_retryable:
+            raise InputError(cause.message) from None  # the activity's InputError, message unchanged
+        if isinstance(err.cause, TemporalTimeout):
+            raise ValidationUnavailable(
+                f"no node checked the uploads within {timeout_s:g} s (MONOLOGUE_API__VALIDATE_TIMEOUT_S): no node"
+                f" polls the task queue {settings.temporal.task_queue!r}, or all are busy; try again later"
+            ) from None
+        raise
 
 
 async def _start_workflow(
     client: Client,
     settings: Settings,
     session_id: str,
-    options: RenderOptionsCreate,
+    options: c.RenderOptions,
     *,
-    live: bool = False,
+    kind: c.SessionKind,
     tenant: str = "local",
 ) -> None:
     await client.start_workflow(
         "RenderWorkflow",
         c.RenderInput(
             session_id=session_id,
-            options=c.render_options(options.model_dump()),
-            lease_timeout_s=settings.node.lease_timeout_s,
-            continue_as_new_every=settings.render.continue_as_new_every,
-            search_attributes=settings.temporal.search_attributes,
             tenant=tenant,
-            live=live,
-            idle_timeout_s=settings.render.live_idle_timeout_s,
-            max_live_s=settings.limits.max_live_seconds,
+            kind=kind,
+            options=options,
+            orchestration=orchestration_config(settings),
         ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
@@ -168,7 +183,7 @@ async def _start_workflow(
     )
 
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = c.TERMINAL  # re-exported for the routes
 
 
 async def cancel_workflow(services: Services, row: SessionRow) -> None:
@@ -192,7 +207,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
     Chunks already generated are kept (their segments are in storage); the node restores the anchors
     from the checkpoints, or regenerates from an earlier N chunk if they are gone. SinkRefused, before anything
     is touched, if a sink is no longer one the operator allows the session's tenant."""
-    options = c.render_options(RenderOptionsCreate.model_validate(row.options).model_dump())
+    options = c.render_options(row.options)
     for sink in options.sinks:  # the allow-lists may have shrunk since the session started
         sink_policy.check(sink, tenant=row.tenant, allowed=services.settings.sinks)
     live = row.kind == "live"
@@ -216,18 +231,12 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
         "RenderWorkflow",
         c.RenderInput(
             session_id=row.id,
-            options=options,
-            cursor=cursor,
-            frames=0 if live else frames,
-            lease_timeout_s=settings.node.lease_timeout_s,
-            continue_as_new_every=settings.render.continue_as_new_every,
-            search_attributes=settings.temporal.search_attributes,
             tenant=row.tenant,
-            live=live,
-            audio_samples=samples,
-            audio_ended=ended,
-            idle_timeout_s=settings.render.live_idle_timeout_s,
-            max_live_s=settings.limits.max_live_seconds,  # moot here (a resumed session's audio has ended)
+            kind=c.SessionKind(row.kind),
+            options=options,
+            # Today's settings (a resumed live session's lifetime is moot: its audio has ended).
+            orchestration=orchestration_config(settings),
+            resume=c.ResumePoint(cursor=cursor, frames=0 if live else frames, audio_samples=samples, audio_ended=ended),
         ),
         id=row.workflow_id or c.render_workflow_id(row.id),
         task_queue=settings.temporal.task_queue,

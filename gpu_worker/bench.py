@@ -103,7 +103,7 @@ def bench_pipeline(
     started = time.perf_counter()
     for spec in plan:
         writer = SegmentWriter(stream, first_frame=spec.first_frame, audio=audio)
-        chunk = ChunkRequest("I" if spec.kind == "I" else "N", spec.index, spec.first_frame, spec.n_frames, seed)
+        chunk = ChunkRequest(spec, seed)
         result = pipeline.run_chunk(session, chunk, writer)
         writer.finish()
         encode_seconds += writer.encode_seconds

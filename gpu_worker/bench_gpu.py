@@ -136,7 +136,7 @@ def bench_gpu(*, chunks: int = 50, preset_name: str | None = None, resolution: s
     session = pipeline.start_session(portrait, output, audio)
     report.width, report.height = session.frame_width, session.frame_height
     for position, spec in enumerate(plan):
-        chunk = ChunkRequest(spec.kind, spec.index, spec.first_frame, spec.n_frames, seed=7)  # type: ignore[arg-type]
+        chunk = ChunkRequest(spec, seed=7)
         result = pipeline.run_chunk(session, chunk, sink)
         _synchronize(device)
         for stage, ms in result.stage_ms.items():

@@ -1,11 +1,12 @@
 """The node process: one worker machine that generates frames.
 
 It polls four Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
-`record_status`), the lease queue (`hold_node`, with one slot per session the node can hold: this is
-how a node takes a session), its own queue `node-<id>` (the pinned per-session work) and the sink queue
-(`run_sink`: the pumps feeding S3 and Kinesis Video Streams from storage). Heavy work
-runs in sync activities on a thread pool so the event loop keeps heartbeating. SIGTERM/SIGINT hand the
-sessions back (their leases end with NodeDraining), stop polling, and let running chunks finish."""
+`record_status`, and `validate_inputs` for the API's uploads), the lease queue (`hold_node`, with one slot
+per session the node can hold: this is how a node takes a session), its own queue `node-<id>` (the pinned
+per-session work) and the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video Streams from
+storage). Heavy work runs in sync activities on a thread pool so the event loop keeps heartbeating.
+SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
+chunks finish."""
 
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ import structlog
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.fault_injection import Faults
 from activities.lease import NodeLease
 from activities.node import NodeActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
+from activities.validate import ValidateActivities
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
 from monologue.db import make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
 from workflows.render import RenderWorkflow
+from workflows.validate import ValidateInputsWorkflow
 
 SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
 
@@ -56,8 +60,10 @@ async def run_node(
     node_id = settings.node.id
     client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
     shared = SessionActivities(store=store, sessions=sessions)
+    validate = ValidateActivities(store=store)
     sinks = SinkActivities(store=store, sessions=sessions, allowed=settings.sinks)
-    pinned = node_activities(store=store, sessions=sessions, node_id=node_id, chunk_delay_s=settings.node.chunk_delay_s)
+    faults = Faults(chunk_delay_s=settings.node.chunk_delay_s, hang_chunk=settings.node.hang_chunk)
+    pinned = node_activities(store=store, sessions=sessions, node_id=node_id, faults=faults)
     lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity
     reporter = NodeReporter(
@@ -77,8 +83,8 @@ async def run_node(
         shared_worker = Worker(
             client,
             task_queue=settings.temporal.task_queue,
-            workflows=[RenderWorkflow],
-            activities=[shared.prepare, shared.publish, shared.record_status],
+            workflows=[RenderWorkflow, ValidateInputsWorkflow],
+            activities=[shared.prepare, shared.publish, shared.record_status, validate.validate_inputs],
             activity_executor=executor,
             max_concurrent_activities=4,
             graceful_shutdown_timeout=grace,
@@ -91,7 +97,8 @@ async def run_node(
             activity_executor=executor,
             max_concurrent_activities=capacity * window,
             graceful_shutdown_timeout=grace,
-            # Cancellations reach activities through heartbeat responses: let them through within a second.
+            # Cancellations reach activities through heartbeat responses, and a chunk's progress must reach
+            # Temporal well within the pinned activities' heartbeat timeout: let them through within a second.
             max_heartbeat_throttle_interval=timedelta(seconds=1),
             default_heartbeat_throttle_interval=timedelta(seconds=1),
         )

@@ -1,9 +1,9 @@
 """`monologue bench upload`: what one small, hostile upload costs the process that decodes it.
 
 An hour of digital silence compresses to about half a megabyte of FLAC and decodes to 115 MB of 44.1 kHz
-stereo; the API decodes uploads at submit time, so this is the figure that says whether a tiny request can
-run it out of memory. Prints the upload's size, the outcome and how much the peak RSS grew (figures for
-docs/benchmarks.md; nothing here asserts)."""
+stereo. Uploads are decoded when a session is submitted (on a node, which checks them for the API), so this
+is the figure that says whether a tiny request can run a process out of memory. Prints the upload's size,
+the outcome and how much the peak RSS grew (figures for docs/benchmarks.md; nothing here asserts)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class UploadReport:
 
 
 def bench_upload(*, max_seconds: float | None, seconds: int = 3600) -> UploadReport:
-    """Decode `seconds` of FLAC silence as the API does, with the audio limit `max_seconds`."""
+    """Decode `seconds` of FLAC silence as a node does when it checks an upload, with the audio limit `max_seconds`."""
     data = silence_flac(seconds)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     started = time.perf_counter()

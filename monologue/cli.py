@@ -11,15 +11,26 @@ from typing import Any
 
 import click
 
+from monologue import __version__
+from monologue import options as options_
+from monologue.cli_options import given_options, model_options
+from monologue.cli_renders import api_target, renders
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
 SETTINGS_HELP = "\b\nSettings (environment variables; nested groups use `__`):\n" + describe_settings()
+# The session options `render` and `live` take, one --option per field: an option added to this model appears
+# in both commands' --help with no edit here (monologue/cli_options.py).
+SESSION_OPTIONS = options_.request_model()  # derived from contracts.RenderOptions, the one definition
 
 
 @click.group()
+@click.version_option(__version__, prog_name="monologue")
 def main() -> None:
     """Monologue: a portrait and speech become a talking-avatar video."""
+
+
+main.add_command(renders)
 
 
 def _configured() -> Settings:
@@ -92,22 +103,10 @@ def migrate() -> None:
     help="Where to write the MP4.",
 )
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
-@click.option("--fps", type=int, default=None, help="Frames per second (default 25).")
-@click.option("--seed", type=int, default=None, help="Seed; the same seed gives the same frames.")
-@click.option("--chunk-frames", type=int, default=None, help="Frames per chunk (default 40).")
-def render(
-    portrait: Path,
-    audio: Path,
-    output: Path,
-    api_url: str | None,
-    fps: int | None,
-    seed: int | None,
-    chunk_frames: int | None,
-) -> None:
+@model_options(SESSION_OPTIONS)
+def render(portrait: Path, audio: Path, output: Path, api_url: str | None, **options: Any) -> None:
     """Render PORTRAIT speaking AUDIO through the API and download the MP4."""
-    settings = get_settings()
-    options = {k: v for k, v in {"fps": fps, "seed": seed, "chunk_frames": chunk_frames}.items() if v is not None}
-    _render(api_url or str(settings.api.public_url), portrait, audio, output, options)
+    _render(api_url, portrait, audio, output, given_options(options, SESSION_OPTIONS))
 
 
 @main.command()
@@ -115,21 +114,17 @@ def render(
 @click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Stream at this multiple of real time.")
-@click.option("--chunk-frames", type=int, default=None, help="Frames per chunk (default 40).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
-def live(
-    portrait: Path, audio: Path, api_url: str | None, speed: float, chunk_frames: int | None, as_json: bool
-) -> None:
+@model_options(SESSION_OPTIONS)
+def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json: bool, **options: Any) -> None:
     """Stream AUDIO into a live session of PORTRAIT in real time; print its latency and TTFF."""
     import json
 
     from monologue.live_client import stream_live
 
-    settings = get_settings()
-    options = {"chunk_frames": chunk_frames} if chunk_frames else None
-    report = stream_live(
-        api_url or str(settings.api.public_url), portrait, audio, options=options, speed=speed, api_key=_api_key()
-    )
+    url, key = api_target(api_url)
+    given = given_options(options, SESSION_OPTIONS) or None
+    report = stream_live(url, portrait, audio, options=given, speed=speed, api_key=key)
     session = report.session
     latency = session.get("latency") or {}
     figures = {
@@ -234,7 +229,7 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, a
 @click.option("--seconds", type=int, default=3600, show_default=True, help="Seconds of FLAC silence to upload.")
 @click.option("--max-audio-seconds", type=float, default=None, help="The audio limit (default: the setting's).")
 def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
-    """Decode SECONDS of FLAC silence (about half a megabyte for an hour) as the API does at submit; print the
+    """Decode SECONDS of FLAC silence (about half a megabyte for an hour) as a node does at submit; print the
     outcome and how much the process's peak RSS grew. Run it in a fresh process: the peak is per process."""
     from monologue.bench_upload import bench_upload
 
@@ -253,16 +248,10 @@ def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
     click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
 
 
-def _api_key() -> str | None:
-    from monologue.apikeys import read_local_key
-
-    return read_local_key(get_settings().home)
-
-
-def _render(api_url: str, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
+def _render(api_url: str | None, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
     from monologue.client import RenderFailed, download, submit, wait
 
-    key = _api_key()
+    api_url, key = api_target(api_url)
     try:
         created = submit(api_url, portrait, audio, options=options, api_key=key)
         session_id = created["id"]

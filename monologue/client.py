@@ -1,4 +1,7 @@
-"""A small HTTP client for the API, used by `monologue render` and `monologue demo`."""
+"""A small HTTP client for the API, used by `monologue render`, `monologue renders …` and `monologue demo`.
+
+Every call sends the API key (`auth`) and turns a refusal into RenderFailed with the API's own message, so
+the CLI prints it without a traceback."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from typing import Any
 
 import httpx
 
+from monologue.contracts import TERMINAL, SessionStatus
+
 
 class RenderFailed(RuntimeError):
-    pass
+    """The API refused a request, or a render ended without completing; the message says which and why."""
 
 
 def auth(api_key: str | None) -> dict[str, str]:
@@ -25,7 +30,7 @@ def submit(
     portrait: Path,
     audio: Path,
     *,
-    options: dict[str, int] | None = None,
+    options: dict[str, Any] | None = None,
     timeout_s: float = 120.0,
     api_key: str | None = None,
 ) -> dict[str, Any]:
@@ -49,7 +54,7 @@ def create(
         response = httpx.post(
             url,
             files=uploads,
-            data={k: str(v) for k, v in (options or {}).items()},
+            data={name: _form_value(value) for name, value in (options or {}).items()},
             headers=auth(api_key),
             timeout=timeout_s,
         )
@@ -57,6 +62,30 @@ def create(
         raise RenderFailed(f"the API refused the {what} ({response.status_code}): {_detail(response)}")
     result: dict[str, Any] = response.json()
     return result
+
+
+def get_render(api_url: str, session_id: str, *, api_key: str | None = None) -> dict[str, Any]:
+    """The render (or live session) as the API shows it."""
+    return _call("GET", f"{api_url}/v1/renders/{session_id}", api_key)
+
+
+def list_renders(
+    api_url: str, *, status: str | None = None, limit: int = 50, offset: int = 0, api_key: str | None = None
+) -> list[dict[str, Any]]:
+    """The key's renders, newest first; `status` keeps only those in that status."""
+    params: dict[str, Any] = {"limit": limit, "offset": offset} | ({"status": status} if status else {})
+    items: list[dict[str, Any]] = _call("GET", f"{api_url}/v1/renders", api_key, params=params)["items"]
+    return items
+
+
+def cancel(api_url: str, session_id: str, *, api_key: str | None = None) -> dict[str, Any]:
+    """Ask the render to stop (it ends `cancelled` within a chunk); RenderFailed if it has already ended."""
+    return _call("POST", f"{api_url}/v1/renders/{session_id}/cancel", api_key)
+
+
+def resume(api_url: str, session_id: str, *, api_key: str | None = None) -> dict[str, Any]:
+    """Start a failed or cancelled render again from its last checkpoint."""
+    return _call("POST", f"{api_url}/v1/renders/{session_id}/resume", api_key)
 
 
 def poll(
@@ -71,9 +100,7 @@ def poll(
     """GET the render every `poll_s` until `until(render)` holds; returns that render."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        response = httpx.get(f"{api_url}/v1/renders/{session_id}", headers=auth(api_key), timeout=30)
-        response.raise_for_status()
-        render: dict[str, Any] = response.json()
+        render = get_render(api_url, session_id, api_key=api_key)
         if until(render):
             return render
         time.sleep(poll_s)
@@ -89,16 +116,18 @@ def wait(
     timeout_s: float = 3600.0,
     api_key: str | None = None,
 ) -> dict[str, Any]:
-    """Poll until the render completes; raises RenderFailed if it fails."""
+    """Poll until the render ends; returns it if it completed, raises RenderFailed if it failed or was cancelled."""
 
     def ended(render: dict[str, Any]) -> bool:
         if on_progress is not None:
             on_progress(render)
-        return render["status"] in ("completed", "failed")
+        return render["status"] in TERMINAL
 
     render = poll(api_url, session_id, ended, poll_s=poll_s, timeout_s=timeout_s, api_key=api_key)
-    if render["status"] == "failed":
+    if render["status"] == SessionStatus.FAILED:
         raise RenderFailed(f"render {session_id} failed: {render['error']}")
+    if render["status"] == SessionStatus.CANCELLED:
+        raise RenderFailed(f"render {session_id} was cancelled")
     return render
 
 
@@ -116,6 +145,22 @@ def download(api_url: str, session_id: str, output: Path, *, api_key: str | None
                 out.write(block)
                 size += len(block)
     return size
+
+
+def _call(method: str, url: str, api_key: str | None, **kwargs: Any) -> dict[str, Any]:
+    """One JSON request; RenderFailed with the API's message when it is refused."""
+    response = httpx.request(method, url, headers=auth(api_key), timeout=30, **kwargs)
+    if response.is_error:
+        raise RenderFailed(f"{method} {url} was refused ({response.status_code}): {_detail(response)}")
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _form_value(value: Any) -> str:
+    """A form field as the API parses it: booleans as true/false (str() would send 'True')."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _detail(response: httpx.Response) -> str:

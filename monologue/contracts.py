@@ -8,6 +8,7 @@ standard library: workflow code imports it inside the sandbox."""
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Annotated, Literal
 
 
 class SessionKind(StrEnum):
@@ -28,6 +29,7 @@ class SessionStatus(StrEnum):
 
 
 TERMINAL = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED})
+RESUMABLE = frozenset({SessionStatus.FAILED, SessionStatus.CANCELLED})  # resume starts these again
 
 
 class ChunkKind(StrEnum):
@@ -35,6 +37,35 @@ class ChunkKind(StrEnum):
 
     N = "N"
     I = "I"  # noqa: E741 (the name the whole design uses)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of the timeline, the one shape from the plan to the pipeline: N chunks carry the timeline, an
+    I chunk fills the seam after N(index). A plain "N"/"I" given as `kind` becomes the enum."""
+
+    kind: ChunkKind
+    index: int
+    first_frame: int
+    n_frames: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ChunkKind(self.kind))  # ValueError naming anything but N or I
+
+    @property
+    def end_frame(self) -> int:
+        return self.first_frame + self.n_frames
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value}{self.index}"
+
+    @property
+    def depends_on(self) -> tuple[tuple[ChunkKind, int], ...]:
+        """Chunks that must be generated first: N(k) needs N(k-1); I(k) needs N(k) and N(k+1)."""
+        if self.kind is ChunkKind.N:
+            return ((ChunkKind.N, self.index - 1),) if self.index > 0 else ()
+        return ((ChunkKind.N, self.index), (ChunkKind.N, self.index + 1))
 
 
 # Activity names, so workflow code can call activities without importing their heavy modules.
@@ -86,70 +117,233 @@ NODE_DRAINING = "NodeDraining"  # the node is shutting down: move the session no
 CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint is missing or corrupt
 
 
-@dataclass
-class SinkSpec:
-    """A publisher besides the session's own HLS stream. Credentials come from the node's boto3 chain."""
+@dataclass(frozen=True)
+class Bounds:
+    """What an option accepts, kept with its definition (`Annotated[int, Bounds(...)]`): the API's schema, the
+    settings and the CLI read it from here (`monologue/options.py`), so a limit is written once."""
 
-    type: str  # "s3" or "kvs"
-    name: str = ""  # unique within the session; defaults to the type
-    bucket: str = ""  # s3
-    prefix: str = ""  # s3: keys go under <prefix>/<session id>/
-    endpoint_url: str | None = None  # s3 or kvs control plane: any compatible endpoint
-    region: str | None = None
-    stream_name: str = ""  # kvs
+    doc: str
+    ge: float | None = None
+    le: float | None = None
+    pattern: str | None = None
+    max_length: int | None = None
+
+
+class Family(StrEnum):
+    """Model family: warp (CPU, real time) or dit (the diffusion-transformer family)."""
+
+    WARP = "warp"
+    DIT = "dit"
+
+
+class Resolution(StrEnum):
+    """Output size: the portrait's own, 512x512, 1280x720 or 1920x1080 (tall portraits get the tall variant)."""
+
+    SOURCE = "source"
+    SQUARE_512 = "512"
+    HD_720 = "720p"
+    HD_1080 = "1080p"
+
+
+_SINK_NAME = Bounds("Unique per session; default: type.", pattern=r"^[a-z0-9-]{0,32}$")
+_ENDPOINT = Bounds("Endpoint (default AWS's own).", pattern=r"^https?://[^\s/]+(/\S*)?$")
+_REGION = Bounds("AWS region.", pattern=r"^[a-z0-9-]{1,32}$")
+
+
+@dataclass(frozen=True)
+class S3Sink:
+    """Publish the stream to an S3-compatible bucket: keys under <prefix>/<session id>/. Credentials are the
+    nodes' (boto3's usual chain)."""
+
+    bucket: Annotated[str, Bounds("Bucket.", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")]
+    type: Literal["s3"] = "s3"
+    name: Annotated[str, _SINK_NAME] = ""
+    prefix: Annotated[str, Bounds("Keys go under <prefix>/<session id>/.", pattern=r"^[A-Za-z0-9/_.-]{0,200}$")] = ""
+    endpoint_url: Annotated[str | None, _ENDPOINT] = None
+    region: Annotated[str | None, _REGION] = None
+
+    def __post_init__(self) -> None:
+        if ".." in self.prefix.split("/"):
+            raise ValueError(f"an s3 prefix may not contain '..' (got {self.prefix!r})")
 
     @property
     def label(self) -> str:
         return self.name or self.type
 
 
-@dataclass
-class RenderOptions:
-    """Per-session options (validated by the API before the workflow starts)."""
+@dataclass(frozen=True)
+class KvsSink:
+    """Publish the stream to a Kinesis Video stream (PutMedia). Credentials are the nodes'."""
 
-    fps: int = 25
-    chunk_frames: int = 40  # frames per N chunk
-    first_chunk_frames: int = 0  # frames in N0 (0: chunk_frames); shorter gives a faster first frame
-    i_frames: int = 4  # frames per I chunk (the seam between two N chunks); 0: no interpolation
-    seed: int = 0
-    resolution: str = "source"  # "source", "512", "720p" or "1080p"
-    preview: bool = False  # half resolution, same motion
-    family: str = "warp"
-    sinks: list[SinkSpec] = field(default_factory=list)
-    prompt: str = ""  # optional text/scene conditioning (the dit family reads it)
+    stream_name: Annotated[str, Bounds("Kinesis Video stream name.", pattern=r"^[a-zA-Z0-9_.-]{1,256}$")]
+    type: Literal["kvs"] = "kvs"
+    name: Annotated[str, _SINK_NAME] = ""
+    endpoint_url: Annotated[str | None, _ENDPOINT] = None
+    region: Annotated[str | None, _REGION] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+# A sink, told apart by `type` (S3 first: Temporal's converter tries a union's members in order, and the
+# `type` literal refuses the wrong one).
+Sink = S3Sink | KvsSink
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """A session's options: THE definition. The HTTP schema, the settings' per-render defaults
+    (`MONOLOGUE_RENDER__*`), the CLI's options and the pipeline's view are all derived from these fields
+    (`monologue/options.py`); add an option here and it appears everywhere."""
+
+    fps: Annotated[int, Bounds("Frames per second of the output video.", ge=1, le=60)] = 25
+    chunk_frames: Annotated[int, Bounds("Frames per N chunk (about 1-2 s).", ge=2, le=250)] = 40
+    first_chunk_frames: Annotated[
+        int, Bounds("Frames in the first chunk (0: chunk_frames); fewer: faster first frame.", ge=0, le=250)
+    ] = 0
+    i_frames: Annotated[int, Bounds("Frames per I chunk, the seam between two N chunks (0: none).", ge=0, le=32)] = 4
+    seed: Annotated[int, Bounds("Seed: the same inputs and seed give the same frames.", ge=0, le=2**63 - 1)] = 0
+    resolution: Annotated[Resolution, Bounds(Resolution.__doc__ or "")] = Resolution.SOURCE
+    preview: Annotated[bool, Bounds("Render fast at half resolution; the same seed gives the same motion.")] = False
+    family: Annotated[Family, Bounds(Family.__doc__ or "")] = Family.WARP
+    sinks: Annotated[
+        tuple[Sink, ...], Bounds("Publishers besides the HLS stream (S3, Kinesis Video); at most 4.", max_length=4)
+    ] = ()
+    prompt: Annotated[str, Bounds("Optional scene/text conditioning (dit family).", max_length=500)] = ""
+
+    def __post_init__(self) -> None:
+        labels = [sink.label for sink in self.sinks]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")
 
 
 def render_options(values: dict[str, object]) -> RenderOptions:
-    """RenderOptions from validated plain values (the API's model_dump, a stored session's options)."""
-    sinks = [spec if isinstance(spec, SinkSpec) else SinkSpec(**spec) for spec in values.get("sinks") or []]  # type: ignore[attr-defined]
-    return RenderOptions(**{**values, "sinks": sinks})  # type: ignore[arg-type]
+    """RenderOptions from plain values already validated (a stored session's options, a model_dump)."""
+    sinks = tuple(_sink(spec) for spec in values.get("sinks") or ())  # type: ignore[attr-defined]
+    enums = {
+        "resolution": Resolution(str(values.get("resolution", Resolution.SOURCE))),
+        "family": Family(str(values.get("family", Family.WARP))),
+    }
+    return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]
+
+
+def _sink(spec: object) -> Sink:
+    if isinstance(spec, S3Sink | KvsSink):
+        return spec
+    fields = {key: value for key, value in dict(spec).items() if value not in ("", None)}  # type: ignore[call-overload]
+    if fields.get("type") == "kvs":
+        return KvsSink(**{k: v for k, v in fields.items() if k in _KVS_FIELDS})
+    return S3Sink(**{k: v for k, v in fields.items() if k in _S3_FIELDS})
+
+
+_S3_FIELDS = frozenset(S3Sink.__dataclass_fields__)
+_KVS_FIELDS = frozenset(KvsSink.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Orchestration:
+    """How the workflow runs a session: fixed when the session starts, carried unchanged by every later run.
+    No defaults: `monologue.orchestration.orchestration_config(settings)` is where the values come from."""
+
+    window: int  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
+    continue_as_new_every: int  # chunks per workflow run, so the history stays bounded
+    lease_timeout_s: float  # a node lease silent this long: the node is lost
+    # A pinned activity (init_session, generate_chunk, finalize) silent this long: the node is lost. Seconds,
+    # because nodes heartbeat during a chunk.
+    heartbeat_timeout_s: float
+    idle_timeout_s: float  # a live session with no new audio for this long ends
+    # A live session's lifetime: past it the session ends with the audio it has, even with audio still coming
+    # (0: none, as for sessions started before lifetimes existed). Counted from ResumePoint.live_since_ms.
+    max_live_s: float
+    search_attributes: bool  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: what earlier runs of the session did (continue-as-new carries it; a resume of a
+    failed session sets it). The zero value is a session's start."""
+
+    cursor: int = 0  # chunks of the generation order already generated
+    frames: int = 0  # the timeline's length once known (0: a render's first run asks `prepare`)
+    # Live sessions: the audio stored so far (16 kHz samples) and whether it has ended.
+    audio_samples: int = 0
+    audio_ended: bool = False
+    live_since_ms: float = 0.0  # the first run's start (Temporal's clock, epoch ms); 0: this run is the first
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderInput:
+    """RenderWorkflow's input: who the session is, its options, how it is orchestrated, where this run starts.
+    Continue-as-new replaces only `resume` (`dataclasses.replace`), so no field is ever dropped on the way."""
+
+    session_id: str
+    tenant: str = "local"
+    kind: SessionKind = SessionKind.RENDER
+    options: RenderOptions = field(default_factory=RenderOptions)
+    # Required: Temporal's converter tries RenderInput before FlatRenderInput (see RenderInputs), and an old
+    # flat input, having no `orchestration`, fails here and falls through to FlatRenderInput.
+    orchestration: Orchestration
+    resume: ResumePoint = field(default_factory=ResumePoint)
+
+
+# The pinned activities' heartbeat timeout of sessions started before it was part of their input: their nodes
+# may not heartbeat during a chunk.
+LEGACY_HEARTBEAT_TIMEOUT_S = 120.0
 
 
 @dataclass
-class RenderInput:
+class FlatRenderInput:
+    """RenderWorkflow's input before it came in three parts: only decoded, from the histories of sessions
+    started by older code (and replayed), and turned into a RenderInput by `upgraded` at once."""
+
     session_id: str
     options: RenderOptions = field(default_factory=RenderOptions)
-    # Where to start: chunks of the generation order already generated, and the timeline length once
-    # known (carried across continue-as-new, and set by a resume of a failed session).
     cursor: int = 0
     frames: int = 0
-    # Orchestration settings, fixed by the API when the session starts.
     lease_timeout_s: float = 10.0
     continue_as_new_every: int = 500
     tenant: str = "local"
-    search_attributes: bool = True  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
-    window: int = CHUNK_WINDOW  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
-    # Live sessions: audio arrives while the session runs (AUDIO_AVAILABLE signals); carried across
-    # continue-as-new like the cursor.
+    search_attributes: bool = True
+    window: int = CHUNK_WINDOW
     live: bool = False
-    audio_samples: int = 0  # stored so far (16 kHz)
+    audio_samples: int = 0
     audio_ended: bool = False
-    idle_timeout_s: float = 30.0  # no new audio for this long ends a live session
-    # A live session's lifetime: past it the session ends with the audio it has, even with audio still coming
-    # (0: none, as for sessions started before it existed). Measured from `live_since_ms` (Temporal's clock,
-    # epoch ms), which the first run sets to its own start and every later run carries.
+    idle_timeout_s: float = 30.0
     max_live_s: float = 0.0
     live_since_ms: float = 0.0
+
+
+# What RenderWorkflow.run accepts, in the order Temporal's converter tries: today's input first.
+RenderInputs = RenderInput | FlatRenderInput
+
+
+def upgraded(request: RenderInputs) -> RenderInput:
+    """The three-part input of any session, whichever code started it."""
+    if isinstance(request, RenderInput):
+        return request
+    return RenderInput(
+        session_id=request.session_id,
+        tenant=request.tenant,
+        kind=SessionKind.LIVE if request.live else SessionKind.RENDER,
+        options=request.options,
+        orchestration=Orchestration(
+            window=request.window,
+            continue_as_new_every=request.continue_as_new_every,
+            lease_timeout_s=request.lease_timeout_s,
+            heartbeat_timeout_s=LEGACY_HEARTBEAT_TIMEOUT_S,
+            idle_timeout_s=request.idle_timeout_s,
+            max_live_s=request.max_live_s,
+            search_attributes=request.search_attributes,
+        ),
+        resume=ResumePoint(
+            cursor=request.cursor,
+            frames=request.frames,
+            audio_samples=request.audio_samples,
+            audio_ended=request.audio_ended,
+            live_since_ms=request.live_since_ms,
+        ),
+    )
 
 
 @dataclass
@@ -174,7 +368,7 @@ class RenderResult:
 class Progress:
     """What the workflow reports through its `progress` query."""
 
-    status: str = "queued"
+    status: SessionStatus = SessionStatus.QUEUED
     chunks_done: int = 0
     chunks_total: int = 0
     node_id: str | None = None
@@ -212,11 +406,24 @@ class NodeAcquired:
 
 
 @dataclass
-class InitSessionInput:
+class OfSessionKind:
+    """An activity input's `session_kind`, with `live`, the flag it replaced, kept in step with it: an input
+    scheduled by older workflow code carries only `live` (true for a live session)."""
+
+    session_kind: SessionKind = field(default=SessionKind.RENDER, kw_only=True)
+    live: bool = field(default=False, kw_only=True)  # read-only: set `session_kind`
+
+    def __post_init__(self) -> None:
+        if self.live:
+            self.session_kind = SessionKind.LIVE
+        self.live = self.session_kind == SessionKind.LIVE
+
+
+@dataclass
+class InitSessionInput(OfSessionKind):
     session_id: str
     node_id: str
     options: RenderOptions
-    live: bool = False
 
 
 @dataclass
@@ -226,20 +433,16 @@ class InitSessionResult:
 
 
 @dataclass
-class GenerateChunkInput:
+class GenerateChunkInput(OfSessionKind):
     session_id: str
     node_id: str
     options: RenderOptions
-    kind: str
-    index: int
-    first_frame: int
-    n_frames: int
+    chunk: Chunk
     position: int = 0  # in the generation order
     wait_for: int | None = None  # a position scheduled on the same node just before: run after it finishes
     epoch: int = 0  # bumped whenever the workflow abandons scheduled chunks; older ones must not run
     # Live sessions: the audio stored when the chunk was planned (the chunk never reads past it unless
     # `audio_ended`), and when its audio arrived at the API (epoch ms), for latency figures.
-    live: bool = False
     audio_samples: int = 0
     audio_ended: bool = False
     audio_ready_ms: float | None = None
@@ -255,15 +458,15 @@ class GenerateChunkResult:
 
 
 @dataclass
-class PublishInput:
-    """Publish every segment of the timeline up to `published_frames` (segments land in timeline order)."""
+class PublishInput(OfSessionKind):
+    """Publish every segment of the timeline up to `published_frames` (segments land in timeline order). A live
+    session's total_frames is unknown until its audio ends: a sliding-window playlist."""
 
     session_id: str
     options: RenderOptions
     total_frames: int
     published_frames: int
     ended: bool = False
-    live: bool = False  # total_frames unknown until the audio ends: a sliding-window playlist
 
 
 @dataclass
@@ -286,16 +489,15 @@ class FinalizeResult:
 
 
 @dataclass
-class RecordStatusInput:
+class RecordStatusInput(OfSessionKind):
     """The session ended (failed or cancelled): record it, and close the stream so what is published plays."""
 
     session_id: str
-    status: str
+    status: SessionStatus
     options: RenderOptions
     total_frames: int = 0
     published_frames: int = 0
     error: str | None = None
-    live: bool = False
 
 
 @dataclass
@@ -304,9 +506,38 @@ class RunSinkInput:
 
     session_id: str
     options: RenderOptions
-    sink: SinkSpec
+    sink: Sink
 
 
 @dataclass
 class RunSinkResult:
     acknowledged: int  # segments the sink holds
+
+
+# Checking a new session's uploads: the API has no media stack (no av, Pillow, OpenCV or torch), so it stages
+# the raw uploads and a worker on the shared queue decodes, checks and normalises them while the API waits.
+VALIDATE_INPUTS = "validate_inputs"
+VALIDATE_WORKFLOW = "ValidateInputsWorkflow"
+
+
+def validate_workflow_id(session_id: str) -> str:
+    return f"validate-{session_id}"
+
+
+@dataclass
+class ValidateInputsInput:
+    """Decode the staged uploads of a new session (`keys.staged_upload`), check them for `family` and store the
+    normalised forms (`keys.portrait`, `keys.audio`) in their place. A live session has a portrait only."""
+
+    session_id: str
+    kind: SessionKind
+    family: str
+    max_portrait_side: int
+    max_audio_seconds: float
+
+
+@dataclass
+class ValidateInputsResult:
+    width: int  # the normalised portrait
+    height: int
+    audio_samples: int = 0  # 16 kHz; 0 without audio

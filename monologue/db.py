@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
+from monologue.contracts import ChunkKind, SessionKind, SessionStatus
 from monologue.localfs import private_file
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -32,6 +34,28 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value if value is None or value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+E = TypeVar("E", bound=StrEnum)
+
+
+class EnumText(TypeDecorator[E]):
+    """An enum stored as its plain value (a short string column, as before the enums, so no migration and
+    every reader of the table sees the same text) and read back as the enum."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def __init__(self, enum: type[E], length: int = 16) -> None:
+        super().__init__(length)
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        # Plain text passes: a filter with a value no enum member has simply matches nothing.
+        return None if value is None else str(value.value if isinstance(value, StrEnum) else value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, datetime: UtcDateTime()}
 
@@ -43,8 +67,8 @@ class SessionRow(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), default="local", index=True)
-    kind: Mapped[str] = mapped_column(String(16), default="render")
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    kind: Mapped[SessionKind] = mapped_column(EnumText(SessionKind), default=SessionKind.RENDER)
+    status: Mapped[SessionStatus] = mapped_column(EnumText(SessionStatus), default=SessionStatus.QUEUED, index=True)
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)
     node_id: Mapped[str | None] = mapped_column(String(128))
     workflow_id: Mapped[str | None] = mapped_column(String(128))
@@ -69,7 +93,7 @@ class ChunkRow(Base):
     __tablename__ = "chunks"
 
     session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(1), primary_key=True)
+    kind: Mapped[ChunkKind] = mapped_column(EnumText(ChunkKind, 1), primary_key=True)
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     first_frame: Mapped[int] = mapped_column(Integer)
     frames: Mapped[int] = mapped_column(Integer)

@@ -22,6 +22,17 @@ def audio(session_id: str) -> str:
     return f"sessions/{session_id}/input/audio.wav"
 
 
+def staged_uploads(session_id: str) -> str:
+    """The prefix of a session's raw uploads as the API received them, until `validate_inputs` replaces them
+    with their normalised forms."""
+    return f"sessions/{session_id}/upload/"
+
+
+def staged_upload(session_id: str, field: str) -> str:
+    """One raw upload: `portrait` or `audio`."""
+    return staged_uploads(session_id) + field
+
+
 def reference(session_id: str) -> str:
     """The static reference conditioning, encoded once per session (safetensors)."""
     return f"sessions/{session_id}/ref/conditioning.safetensors"

@@ -19,6 +19,7 @@ import numpy as np
 from websockets.sync.client import connect
 
 from monologue.client import auth, create, poll
+from monologue.contracts import TERMINAL
 from monologue.media import AUDIO_RATE, normalise_audio
 
 MESSAGE_SAMPLES = AUDIO_RATE // 50  # 20 ms per message, like a telephony/WebRTC frame
@@ -77,7 +78,7 @@ def stream_live(
     report.session = poll(
         api_url,
         session_id,
-        lambda s: s["status"] in ("completed", "failed", "cancelled"),
+        lambda s: s["status"] in TERMINAL,
         timeout_s=wait_s,
         api_key=api_key,
     )

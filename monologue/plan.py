@@ -16,31 +16,9 @@ arriving) emits exactly the chunks the finite plan would, as soon as their frame
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class ChunkSpec:
-    kind: str  # "N" carries the timeline, "I" interpolates the seam after N(index)
-    index: int
-    first_frame: int
-    n_frames: int
-
-    @property
-    def end_frame(self) -> int:
-        return self.first_frame + self.n_frames
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind}{self.index}"
-
-    @property
-    def depends_on(self) -> tuple[tuple[str, int], ...]:
-        """Chunks that must be generated first: N(k) needs N(k-1); I(k) needs N(k) and N(k+1)."""
-        if self.kind == "N":
-            return (("N", self.index - 1),) if self.index > 0 else ()
-        return (("N", self.index), ("N", self.index + 1))
+from monologue.contracts import Chunk, ChunkKind
 
 
 def frame_count(samples: int, *, rate: int, fps: int) -> int:
@@ -95,9 +73,7 @@ def chunk_sizes(options: Any) -> dict[str, int]:
     }
 
 
-def plan_timeline(
-    total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None
-) -> list[ChunkSpec]:
+def plan_timeline(total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None) -> list[Chunk]:
     """All chunks in timeline order for a video of `total_frames` frames."""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
@@ -105,9 +81,7 @@ def plan_timeline(
     return sorted(planner.advance(total_frames, final=True), key=lambda spec: spec.first_frame)
 
 
-def plan_chunks(
-    total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None
-) -> list[ChunkSpec]:
+def plan_chunks(total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None) -> list[Chunk]:
     """All chunks in generation order: N0 N1 I0 N2 I1 …"""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
@@ -115,7 +89,7 @@ def plan_chunks(
     return list(planner.advance(total_frames, final=True))
 
 
-def timeline_order(chunks: list[ChunkSpec]) -> list[ChunkSpec]:
+def timeline_order(chunks: list[Chunk]) -> list[Chunk]:
     return sorted(chunks, key=lambda spec: spec.first_frame)
 
 
@@ -140,7 +114,7 @@ class IncrementalPlanner:
         self.next_index = next_index  # index of the next N chunk
         self.finished = False
 
-    def advance(self, available: int, *, final: bool) -> Iterator[ChunkSpec]:
+    def advance(self, available: int, *, final: bool) -> Iterator[Chunk]:
         """Chunks whose frames all exist among the first `available` frames; `final` when no more will come."""
         if available < self.next_frame:
             raise ValueError(f"available frames went backwards: {available} < {self.next_frame}")
@@ -165,10 +139,10 @@ class IncrementalPlanner:
             self.next_frame += gap
             yield from self._emit_n(size, final, available)
             if gap > 0:
-                yield ChunkSpec("I", self.next_index - 2, seam_start, gap)
+                yield Chunk(ChunkKind.I, self.next_index - 2, seam_start, gap)
 
-    def _emit_n(self, size: int, final: bool, available: int) -> Iterator[ChunkSpec]:
-        spec = ChunkSpec("N", self.next_index, self.next_frame, size)
+    def _emit_n(self, size: int, final: bool, available: int) -> Iterator[Chunk]:
+        spec = Chunk(ChunkKind.N, self.next_index, self.next_frame, size)
         self.next_frame += size
         self.next_index += 1
         if final and self.next_frame == available:

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from monologue.contracts import ChunkKind, SessionKind, SessionStatus
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, SinkRow, utcnow
 
 
@@ -22,13 +23,13 @@ def create_session(
     audio_seconds: float,
     width: int,
     height: int,
-    kind: str = "render",
+    kind: SessionKind = SessionKind.RENDER,
 ) -> SessionRow:
     row = SessionRow(
         id=session_id,
         tenant=tenant,
         kind=kind,
-        status="queued",
+        status=SessionStatus.QUEUED,
         options=options,
         workflow_id=workflow_id,
         audio_seconds=audio_seconds,
@@ -53,7 +54,7 @@ def get_session(db: Session, *, session_id: str) -> SessionRow | None:
 
 
 def list_sessions(
-    db: Session, *, limit: int, offset: int, status: str | None = None, tenant: str | None = None
+    db: Session, *, limit: int, offset: int, status: SessionStatus | None = None, tenant: str | None = None
 ) -> list[SessionRow]:
     query = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
     if status is not None:
@@ -65,13 +66,14 @@ def list_sessions(
 
 def active_sessions(db: Session, *, tenant: str) -> int:
     """Queued or running sessions of a tenant (the per-tenant concurrency limit)."""
-    query = select(func.count()).where(SessionRow.tenant == tenant, SessionRow.status.in_(("queued", "running")))
+    active = (SessionStatus.QUEUED, SessionStatus.RUNNING)
+    query = select(func.count()).where(SessionRow.tenant == tenant, SessionRow.status.in_(active))
     return int(db.scalar(query) or 0)
 
 
 def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int) -> None:
     row = _require(db, session_id)
-    row.status = "running"
+    row.status = SessionStatus.RUNNING
     row.frames = frames
     row.chunks_total = chunks_total
     row.started_at = row.started_at or utcnow()
@@ -82,9 +84,9 @@ def set_node(db: Session, *, session_id: str, node_id: str) -> None:
     """The node that holds the session now; a queued (or resumed) session is running from here on."""
     row = _require(db, session_id)
     row.node_id = node_id
-    if row.status == "queued":
-        row.status = "running"
-        if row.kind != "live":  # a live session's clock starts with its first audio (record_live_audio)
+    if row.status == SessionStatus.QUEUED:
+        row.status = SessionStatus.RUNNING
+        if row.kind != SessionKind.LIVE:  # a live session's clock starts with its first audio (record_live_audio)
             row.started_at = row.started_at or utcnow()
     db.commit()
 
@@ -93,7 +95,7 @@ def record_chunk(
     db: Session,
     *,
     session_id: str,
-    kind: str,
+    kind: ChunkKind,
     index: int,
     first_frame: int,
     frames: int,
@@ -124,7 +126,7 @@ def record_chunk(
         )
     )
     row = _require(db, session_id)
-    if row.ttff_ms is None and row.kind != "live":
+    if row.ttff_ms is None and row.kind != SessionKind.LIVE:
         row.ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
     db.commit()
 
@@ -143,7 +145,7 @@ def chunk_retries(db: Session, *, session_id: str) -> int:
 
 def mark_resumed(db: Session, *, session_id: str) -> None:
     row = _require(db, session_id)
-    row.status = "queued"
+    row.status = SessionStatus.QUEUED
     row.error = None
     row.finished_at = None
     db.commit()
@@ -158,14 +160,14 @@ def mark_completed(db: Session, *, session_id: str, video_key: str, frames: int,
     """The final video is stored (a live session learns its length here)."""
     row = _require(db, session_id)
     row.frames, row.chunks_total = frames, chunks
-    row.status = "completed"
+    row.status = SessionStatus.COMPLETED
     row.video_key = video_key
     row.finished_at = utcnow()
     row.error = None
     db.commit()
 
 
-def mark_ended(db: Session, *, session_id: str, status: str, error: str | None) -> None:
+def mark_ended(db: Session, *, session_id: str, status: SessionStatus, error: str | None) -> None:
     """The session ended without a video: `failed` (with the error) or `cancelled`."""
     row = _require(db, session_id)
     row.status = status
@@ -249,9 +251,9 @@ def mark_published(db: Session, *, session_id: str, published_frames: int) -> di
         .values(published_at=now)
     )
     row = _require(db, session_id)
-    if row.kind == "live" and row.ttff_ms is None and row.started_at is not None and published_frames > 0:
+    if row.kind == SessionKind.LIVE and row.ttff_ms is None and row.started_at is not None and published_frames > 0:
         row.ttff_ms = (now - _aware(row.started_at)).total_seconds() * 1000
-    if row.kind == "live":  # only live chunks know when their audio arrived
+    if row.kind == SessionKind.LIVE:  # only live chunks know when their audio arrived
         pairs = db.execute(
             select(ChunkRow.audio_ready_at, ChunkRow.published_at).where(
                 ChunkRow.session_id == session_id,

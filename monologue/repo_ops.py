@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
+from monologue.contracts import SessionKind, SessionStatus
 from monologue.db import CheckpointRow, ChunkRow, SessionRow
 
 
@@ -17,10 +18,10 @@ from monologue.db import CheckpointRow, ChunkRow, SessionRow
 class SessionFilter:
     """Every field left at None matches all sessions."""
 
-    status: str | None = None
+    status: SessionStatus | None = None
     tenant: str | None = None
     node: str | None = None
-    kind: str | None = None
+    kind: SessionKind | None = None
 
     def apply(self, query: Select[Any]) -> Select[Any]:
         for column, value in (

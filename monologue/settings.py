@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from monologue.options import defaults_model
+
 
 class StorageSettings(BaseModel):
     """Where inputs, intermediate segments and videos live."""
@@ -59,6 +61,11 @@ class ApiSettings(BaseModel):
         default=5.0, gt=0, description="long-lived streams (events, audio sockets) re-check their key this often"
     )
     events_poll_s: float = Field(default=1.0, gt=0, description="an event stream looks for progress this often")
+    validate_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a new session's uploads are checked by a node within this long, or the request is a 503",
+    )
 
 
 class NodeSettings(BaseModel):
@@ -75,6 +82,11 @@ class NodeSettings(BaseModel):
         description="a session's pinned activity (a chunk) silent this long is declared lost and moves to another node",
     )
     chunk_delay_s: float = Field(default=0.0, ge=0, description="testing only: stretch every chunk by this long")
+    hang_chunk: str = Field(
+        default="",
+        pattern=r"^([NI][0-9]+)?$",
+        description="testing only: this chunk (e.g. N1) hangs on this node without heartbeating, as on a stuck GPU",
+    )
 
 
 class LimitSettings(BaseModel):
@@ -120,17 +132,10 @@ class SinkSettings(BaseModel):
     )
 
 
-class RenderDefaults(BaseModel):
-    """Per-session options users may override at submit time."""
+class RenderDefaults(defaults_model()):  # type: ignore[misc]
+    """Per-session defaults (`MONOLOGUE_RENDER__<OPTION>`): every field of `contracts.RenderOptions`, derived, so a
+    new option has a setting too; and how sessions are orchestrated."""
 
-    fps: int = Field(default=25, ge=1, le=60)
-    chunk_frames: int = Field(default=40, ge=2, le=250, description="frames per N chunk (1.6 s at 25 fps)")
-    i_frames: int = Field(default=4, ge=0, le=32, description="frames per I chunk (the seam); 0: none")
-    first_chunk_frames: int = Field(default=0, ge=0, le=250, description="frames in the first chunk (0: chunk_frames)")
-    seed: int = 0
-    resolution: Literal["source", "512", "720p", "1080p"] = "source"
-    preview: bool = False
-    family: Literal["warp", "dit"] = "warp"
     continue_as_new_every: int = Field(default=500, ge=1, description="chunks per workflow run (bounded history)")
     live_first_chunk_frames: int = Field(
         default=16, ge=0, le=250, description="live sessions: frames in the first chunk (time to first frame)"
@@ -213,7 +218,7 @@ def describe_settings() -> str:
                 walk(f"{prefix}{name.upper()}__", annotation)
                 continue
             default = info.get_default(call_default_factory=False)
-            if info.default_factory is list:
+            if info.default_factory is not None and info.default_factory() == []:  # type: ignore[call-arg]
                 shown = "[]"
             elif info.default_factory is not None:
                 shown = "(computed)"

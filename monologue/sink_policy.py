@@ -15,10 +15,11 @@ Video endpoints may also name '*.' host wildcards, which match subdomains.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from monologue.apikeys import TENANT
+from monologue.contracts import KvsSink, S3Sink, Sink
 from monologue.errors import InputError
 from monologue.settings import SinkSettings
 
@@ -28,23 +29,6 @@ _REGION = re.compile(r"[a-z0-9-]{1,32}")
 
 class SinkRefused(InputError):
     """The operator's allow-lists do not (or no longer) allow a sink; the message names the setting."""
-
-
-class SinkTarget(Protocol):
-    """What a sink writes to: the API's `SinkOptions` and the contracts' `SinkSpec` both fit."""
-
-    @property
-    def type(self) -> str: ...
-    @property
-    def label(self) -> str: ...
-    @property
-    def bucket(self) -> str: ...
-    @property
-    def prefix(self) -> str: ...
-    @property
-    def endpoint_url(self) -> str | None: ...
-    @property
-    def stream_name(self) -> str: ...
 
 
 class Endpoint(NamedTuple):
@@ -72,19 +56,17 @@ def for_tenant(allowed: SinkSettings, tenant: str) -> SinkSettings:
     )
 
 
-def refusal(sink: SinkTarget, *, tenant: str, allowed: SinkSettings) -> str | None:
+def refusal(sink: Sink, *, tenant: str, allowed: SinkSettings) -> str | None:
     """Why a session of `tenant` may not publish to `sink` under `allowed` (naming the setting), or None."""
     if not TENANT.fullmatch(tenant):
         return f"sink {sink.label!r}: tenant {tenant!r} is not a valid tenant name, so it may use no sink"
     mine = for_tenant(allowed, tenant)
-    if sink.type == "s3":
+    if isinstance(sink, S3Sink):
         return _s3_refusal(sink, tenant, mine)
-    if sink.type == "kvs":
-        return _kvs_refusal(sink, tenant, mine)
-    return f"sink {sink.label!r}: unknown sink type {sink.type!r} (use 's3' or 'kvs')"
+    return _kvs_refusal(sink, tenant, mine)
 
 
-def check(sink: SinkTarget, *, tenant: str, allowed: SinkSettings) -> None:
+def check(sink: Sink, *, tenant: str, allowed: SinkSettings) -> None:
     """`refusal` as an error: SinkRefused (an InputError: never worth a retry) if the sink is not allowed."""
     problem = refusal(sink, tenant=tenant, allowed=allowed)
     if problem is not None:
@@ -150,7 +132,7 @@ def parse_endpoint(url: str) -> Endpoint | None:
     return Endpoint(scheme, host, port or DEFAULT_PORTS[scheme], parts.path.rstrip("/"))
 
 
-def _s3_refusal(sink: SinkTarget, tenant: str, mine: SinkSettings) -> str | None:
+def _s3_refusal(sink: S3Sink, tenant: str, mine: SinkSettings) -> str | None:
     if sink.endpoint_url is not None and not endpoint_allowed(sink.endpoint_url, mine.s3_endpoints):
         return (
             f"sink {sink.label!r}: endpoint_url {sink.endpoint_url} is not one S3 sinks may use"
@@ -168,7 +150,7 @@ def _s3_refusal(sink: SinkTarget, tenant: str, mine: SinkSettings) -> str | None
     return None
 
 
-def _kvs_refusal(sink: SinkTarget, tenant: str, mine: SinkSettings) -> str | None:
+def _kvs_refusal(sink: KvsSink, tenant: str, mine: SinkSettings) -> str | None:
     if sink.endpoint_url is not None and not endpoint_allowed(sink.endpoint_url, mine.kvs_endpoints, wildcards=True):
         return (
             f"sink {sink.label!r}: endpoint_url {sink.endpoint_url} is not one Kinesis Video sinks may use"

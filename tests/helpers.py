@@ -121,11 +121,13 @@ def decode_video(data: bytes) -> tuple[np.ndarray, float, float]:
 
 
 def workflow_count(settings: Settings) -> int:
+    """Session workflows (RenderWorkflow) ever started: not the checks of uploads (ValidateInputsWorkflow) that
+    every submit runs, bad input included."""
     from temporalio.client import Client
 
     async def count() -> int:
         client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
-        return (await client.count_workflows()).count
+        return (await client.count_workflows("WorkflowType = 'RenderWorkflow'")).count
 
     return asyncio.run(count())
 

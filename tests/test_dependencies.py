@@ -25,7 +25,9 @@ VULNERABLE = {
 def _requirements() -> dict[str, Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
-    return {canonicalize_name(req.name): req for req in map(Requirement, listed)}
+    requirements = map(Requirement, listed)
+    # `monologue[api,node]`: an extra made of others, not a dependency to lock.
+    return {canonicalize_name(req.name): req for req in requirements if req.name != project["name"]}
 
 
 def _locked() -> dict[str, Version]:

@@ -7,6 +7,7 @@ to anyone: a browser cannot send an API key when it navigates, so the page itsel
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from monologue import repo, repo_nodes, repo_ops
+from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import ChunkRow, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo_nodes import aware
@@ -33,6 +35,7 @@ from ..ops.schemas import (
     OpsSessionPage,
 )
 from ..origin import public_base
+from ..schemas import Problem
 from . import renders
 
 router = APIRouter(prefix="/ops", tags=["ops"])
@@ -60,6 +63,23 @@ def nodes_page() -> FileResponse:
     return FileResponse(STATIC / "nodes.html", headers=_REVALIDATE)
 
 
+@router.get("/static/enums.js", include_in_schema=False)
+def enums_module() -> Response:
+    """The enums the pages need, as an ES module generated from `contracts` (the one definition): statuses for
+    the filters, which are terminal or resumable, the session and chunk kinds."""
+    values = {
+        "STATUSES": [status.value for status in SessionStatus],
+        "TERMINAL": sorted(status.value for status in TERMINAL),
+        "RESUMABLE": sorted(status.value for status in RESUMABLE),
+        "KINDS": [kind.value for kind in SessionKind],
+        "CHUNK_KINDS": [kind.value for kind in ChunkKind],
+    }
+    body = "// Generated from monologue/contracts.py by the API: do not edit.\n" + "".join(
+        f"export const {name} = {json.dumps(value)};\n" for name, value in values.items()
+    )
+    return Response(body, media_type="text/javascript", headers=_REVALIDATE)
+
+
 @router.get("/static/{path:path}", include_in_schema=False)
 def static_file(path: str) -> FileResponse:
     try:
@@ -72,7 +92,7 @@ def static_file(path: str) -> FileResponse:
     return FileResponse(file, headers=_REVALIDATE)
 
 
-@router.get("/api/sessions", response_model=OpsSessionPage)
+@router.get("/api/sessions", response_model=OpsSessionPage, responses={422: {"model": Problem}})
 def list_sessions(
     db: DbDep,
     access: OpsAccess,
@@ -84,7 +104,12 @@ def list_sessions(
     offset: Annotated[int, Query(ge=0, le=renders.MAX_OFFSET)] = 0,
 ) -> OpsSessionPage:
     """Sessions, newest first, with progress, realtime factor and time to first frame."""
-    where = repo_ops.SessionFilter(status=status or None, tenant=tenant or None, node=node or None, kind=kind or None)
+    where = repo_ops.SessionFilter(
+        status=renders.enum_filter(SessionStatus, status, "status"),
+        tenant=tenant or None,
+        node=node or None,
+        kind=renders.enum_filter(SessionKind, kind, "kind"),
+    )
     rows, total = repo_ops.list_sessions(db, where=where, limit=limit, offset=offset)
     totals = repo_ops.chunk_totals(db, session_ids=[row.id for row in rows])
     now = utcnow()
@@ -258,7 +283,7 @@ def _realtime_factor(row: SessionRow, frames_done: int, now: datetime) -> float 
 
 def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
     """Every chunk in timeline order: the plan's (when the frame count is known) merged with the rows."""
-    by_name = {(chunk.kind, chunk.index): chunk for chunk in made}
+    by_name: dict[tuple[str, int], ChunkRow] = {(chunk.kind.value, chunk.index): chunk for chunk in made}
     options = row.options
     planned: list[tuple[str, int, int, int]] = []
     running: tuple[str, int] | None = None

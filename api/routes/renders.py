@@ -4,23 +4,26 @@ side effects live in `api.submit` and `monologue.repo`."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 from botocore.exceptions import ClientError
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from gpu_worker.publish.s3_sink import presigned_playlist, s3_client
+from monologue import contracts as c
 from monologue import keys, repo, sink_policy
+from monologue import options as options_
 from monologue.db import SessionRow
 from monologue.errors import InputError, NotFound
+from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.storage import LocalStore
 
 from .. import streams
@@ -32,57 +35,61 @@ from ..schemas import (
     Progress,
     RenderLinks,
     RenderList,
-    RenderOptionsBase,
-    RenderOptionsCreate,
     RenderPublic,
     SinkStatus,
 )
-from ..submit import TERMINAL, cancel_workflow, resume_workflow, start_render, validate_inputs
+from ..submit import TERMINAL, Uploads, cancel_workflow, resume_workflow, start_render
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
 PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
+E = TypeVar("E", bound=StrEnum)
 MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
 
 
-def option_fields(
-    fps: Annotated[int | None, Form()] = None,
-    chunk_frames: Annotated[int | None, Form()] = None,
-    i_frames: Annotated[int | None, Form()] = None,
-    first_chunk_frames: Annotated[int | None, Form()] = None,
-    seed: Annotated[int | None, Form()] = None,
-    resolution: Annotated[str | None, Form()] = None,
-    preview: Annotated[bool | None, Form()] = None,
-    family: Annotated[str | None, Form()] = None,
-    prompt: Annotated[str | None, Form()] = None,
-    sinks: Annotated[
-        str | None,
-        Form(description='JSON list of publishers, e.g. [{"type": "s3", "bucket": "videos", "prefix": "live"}]'),
-    ] = None,
-) -> dict[str, Any]:
-    """The option form fields renders and live sessions share (those left out are not in the dict)."""
-    given = {
-        "fps": fps,
-        "chunk_frames": chunk_frames,
-        "i_frames": i_frames,
-        "first_chunk_frames": first_chunk_frames,
-        "seed": seed,
-        "resolution": resolution,
-        "preview": preview,
-        "family": family,
-        "prompt": prompt,
-        "sinks": parse_sinks(sinks),
-    }
-    return {name: value for name, value in given.items() if value is not None}
+def option_form(cls: Any = c.RenderOptions) -> Callable[..., dict[str, Any]]:
+    """A dependency taking every session option as an optional form field, derived from `contracts.RenderOptions`
+    (its types, so OpenAPI lists them, and its help text); the sinks come as a JSON string."""
+    parameters = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[(str if name == options_.SINKS else base) | None, Form(description=bounds.doc)],
+        )
+        for name, base, bounds, _default in options_.option_fields(cls)
+    ]
+
+    def option_fields(**fields: Any) -> dict[str, Any]:
+        """The option form fields renders and live sessions share (those left out are not in the dict)."""
+        given = {name: value for name, value in fields.items() if value is not None}
+        if options_.SINKS in given:
+            given[options_.SINKS] = parse_sinks(given[options_.SINKS])
+        return {name: value for name, value in given.items() if value is not None}
+
+    option_fields.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return option_fields
 
 
-OptionFields = Annotated[dict[str, Any], Depends(option_fields)]
+OptionFields = Annotated[dict[str, Any], Depends(option_form())]
 
 
-def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> RenderOptionsCreate:
+def enum_filter(enum: type[E], value: str | None, name: str) -> E | None:
+    """A query filter's value as its enum (empty: no filter); 422 naming the allowed values otherwise. Kept a
+    string in the route's signature so an empty `?status=` (a form's "any") stays valid."""
+    if not value:
+        return None
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in enum)
+        raise HTTPException(422, f"{name}: {value!r} is not one of {allowed}") from None
+
+
+def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> c.RenderOptions:
     """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad,
     or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`)."""
     try:
-        options = RenderOptionsCreate.model_validate(services.settings.render.model_dump() | given)
+        options: c.RenderOptions = options_.merge(services.settings.render, given)
     except ValidationError as err:
         raise HTTPException(422, _describe(err)) from err
     for sink in options.sinks:
@@ -109,24 +116,18 @@ async def create_render(
     limit = services.settings.limits.max_upload_bytes
     portrait_bytes = await _read_limited(portrait, "portrait", limit)
     audio_bytes = await _read_limited(audio, "audio", limit)
+    uploads = Uploads(portrait=portrait_bytes, audio=audio_bytes)
     try:
-        inputs = await run_in_threadpool(
-            validate_inputs,
-            portrait=portrait_bytes,
-            audio=audio_bytes,
-            family=options.family,
-            settings=services.settings,
-        )
+        session_id = await start_render(services, uploads=uploads, options=options, tenant=principal.tenant or "local")
     except InputError as err:
         raise HTTPException(422, str(err)) from err
-    session_id = await start_render(services, inputs=inputs, options=options, tenant=principal.tenant or "local")
     row = repo.get_session(db, session_id=session_id)
     if row is None:  # pragma: no cover - just written
         raise HTTPException(500, "session row vanished right after creation")
     return _public(request, services, db, row)
 
 
-@router.get("", response_model=RenderList)
+@router.get("", response_model=RenderList, responses={422: {"model": Problem}})
 def list_renders(
     request: Request,
     services: ServicesDep,
@@ -134,9 +135,10 @@ def list_renders(
     principal: TenantDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-    status_: Annotated[str | None, Query(alias="status")] = None,
+    status_: Annotated[str | None, Query(alias="status", description=c.SessionStatus.__doc__)] = None,
 ) -> RenderList:
-    rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_, tenant=principal.tenant)
+    wanted = enum_filter(c.SessionStatus, status_, "status")
+    rows = repo.list_sessions(db, limit=limit, offset=offset, status=wanted, tenant=principal.tenant)
     return RenderList(items=[_public(request, services, db, row) for row in rows], limit=limit, offset=offset)
 
 
@@ -205,7 +207,7 @@ async def cancel(services: ServicesDep, row: SessionRow) -> None:
 async def resume(services: ServicesDep, db: DbDep, row: SessionRow) -> None:
     """Start a failed or cancelled session again (`row` is refreshed); 409 otherwise, or if a sink of the
     session is no longer allowed."""
-    if row.status not in ("failed", "cancelled"):
+    if row.status not in c.RESUMABLE:
         raise HTTPException(409, f"render {row.id} is {row.status}; only failed or cancelled renders resume")
     try:
         await resume_workflow(services, row)
@@ -364,7 +366,7 @@ def _public(request: Request, services: ServicesDep, db: DbDep, row: SessionRow)
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
-        options=RenderOptionsBase.model_validate(row.options),
+        options=options_.request_model().model_validate(options_.stored(c.render_options(row.options))),
         width=row.width,
         height=row.height,
         audio_seconds=row.audio_seconds,

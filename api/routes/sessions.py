@@ -30,7 +30,6 @@ import time
 from datetime import datetime
 from typing import Annotated, Any
 
-import av
 import numpy as np
 import structlog
 from fastapi import APIRouter, File, HTTPException, Request, UploadFile, WebSocket, status
@@ -48,8 +47,9 @@ from monologue.repo_nodes import aware
 
 from .. import streams
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
-from ..schemas import Problem, RenderOptionsCreate, RenderPublic
-from ..submit import TERMINAL, start_live, validate_portrait
+from ..live_resample import PcmResampler, ResamplerMissing
+from ..schemas import Problem, RenderPublic
+from ..submit import TERMINAL, start_live
 from .renders import OptionFields, _find, _public, _read_limited, validated_options
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"])
@@ -80,12 +80,11 @@ async def create_session(
     options = validated_options(services, fields, tenant=principal.tenant or "local")
     portrait_bytes = await _read_limited(portrait, "portrait", services.settings.limits.max_upload_bytes)
     try:
-        image = await run_in_threadpool(
-            validate_portrait, portrait=portrait_bytes, family=options.family, settings=services.settings
+        session_id = await start_live(
+            services, portrait=portrait_bytes, options=options, tenant=principal.tenant or "local"
         )
     except InputError as err:
         raise HTTPException(422, str(err)) from err
-    session_id = await start_live(services, portrait=image, options=options, tenant=principal.tenant or "local")
     row = _find(db, session_id, principal)
     return _public(request, services, db, row)
 
@@ -114,7 +113,7 @@ class SessionEnds(Exception):
 class AudioStream:
     """One live session's incoming audio: decode, resample, store in pieces, acknowledge, tell the workflow."""
 
-    def __init__(self, services: Services, session_id: str, options: RenderOptionsCreate) -> None:
+    def __init__(self, services: Services, session_id: str, options: c.RenderOptions) -> None:
         self._services = services
         self._session_id = session_id
         self._writer = LiveAudioWriter(services.store, session_id)
@@ -123,7 +122,7 @@ class AudioStream:
         self._marks: list[list[float]] = []
         self._signalled = 0
         self._rate, self._channels = AUDIO_RATE, 1
-        self._resampler: av.AudioResampler | None = None
+        self._resampler: PcmResampler | None = None
         self._max_samples = int(services.settings.limits.max_live_seconds * AUDIO_RATE)
         self._accepted = 0  # samples (16 kHz) taken, stored or still buffered
         self.received_audio = False
@@ -141,7 +140,10 @@ class AudioStream:
             raise AudioRefused(f"channels {channels!r} must be 1 or 2")
         self._rate, self._channels = rate, channels
         if (rate, channels) != (AUDIO_RATE, 1):
-            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
+            try:
+                self._resampler = PcmResampler(rate, channels)
+            except ResamplerMissing as err:
+                raise AudioRefused(str(err)) from None
 
     async def add(self, data: bytes) -> int:
         """Store a binary message's audio; returns the samples stored so far (16 kHz)."""
@@ -167,9 +169,9 @@ class AudioStream:
     async def end(self) -> int:
         """No more audio: store the rest, mark it ended and tell the workflow."""
         if self._resampler is not None:
-            tail = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(None)]
-            if tail:
-                await run_in_threadpool(self._writer.append, self._fit(np.concatenate(tail))[0])
+            tail = self._resampler.flush()
+            if len(tail):
+                await run_in_threadpool(self._writer.append, self._fit(tail)[0])
         stored = await run_in_threadpool(self._writer.finish)
         await self._progress(stored, ended=True)
         return stored
@@ -190,13 +192,7 @@ class AudioStream:
         return samples, self._accepted >= self._max_samples
 
     def _to_mono16k(self, pcm: np.ndarray) -> np.ndarray:
-        if self._resampler is None:
-            return pcm
-        layout = "mono" if self._channels == 1 else "stereo"
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout=layout)
-        frame.sample_rate = self._rate
-        out = [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
-        return np.concatenate(out) if out else np.zeros(0, dtype="<i2")
+        return pcm if self._resampler is None else self._resampler.resample(pcm)
 
     async def _progress(self, stored: int, *, ended: bool) -> None:
         """Record the arrival, and signal the workflow when the stored audio lets it plan new chunks (about one
@@ -366,7 +362,7 @@ def _open_stream(services: Services, session_id: str, principal: Principal) -> t
                 f"live session {session_id} already has (or had) an audio stream; a session takes one",
                 CLOSE_CONFLICT,
             )
-        options = RenderOptionsCreate.model_validate(row.options)
+        options = c.render_options(row.options)
         watch = SocketWatch(services, session_id, principal.key_id, row.created_at)
     return AudioStream(services, session_id, options), watch
 

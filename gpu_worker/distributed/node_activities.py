@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
+from activities.fault_injection import Faults
 from activities.node import NodeActivities
 from gpu_worker.distributed.pipeline import DistributedPipeline
 from gpu_worker.distributed.runtime import RankGroup
@@ -27,13 +28,13 @@ class DistributedNodeActivities(NodeActivities):
         store: ObjectStore,
         sessions: sessionmaker[Any],
         node_id: str,
-        chunk_delay_s: float = 0.0,
+        faults: Faults | None = None,
     ) -> None:
         super().__init__(
             store=store,
             sessions=sessions,
             node_id=node_id,
-            chunk_delay_s=chunk_delay_s,
+            faults=faults,
             pipeline_factory=lambda family: DistributedPipeline(group, family),
         )
         self._group = group

@@ -30,6 +30,7 @@ from gpu_worker.distributed.runtime import RankContext, RankGroup
 from gpu_worker.models import build_family
 from gpu_worker.pipeline.module import Anchor, Family, Reference
 from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline, Session
+from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec
 
@@ -181,6 +182,7 @@ class RunChunk:
         if context.rank == 0:
             session: Session = context.extras["session"]
             sink: FrameSink = context.extras["sink"]
+            progress: Progress = context.extras["progress"]  # rank 0 runs in the activity's thread: it heartbeats
             mirrors.put(self.key, session)  # the same LRU move the other ranks make
         else:
             found = mirrors.get(self.key)
@@ -188,11 +190,11 @@ class RunChunk:
                 if self.rehydrate is None:
                     raise LookupError(f"rank {context.rank} holds no mirror of session {self.key}")
                 found = self.rehydrate.run(context)
-            session, sink = found, DiscardFrames()
+            session, sink, progress = found, DiscardFrames(), no_progress
             session.audio = ForwardedAudio(session.audio.rate, self.total_samples, self.audio_start, self.audio)
             for (kind, index, end), anchor in self.anchors.items():
                 session.anchors.put_one(kind, index, end, anchor)
-        return pipeline.run_chunk(session, self.chunk, sink)
+        return pipeline.run_chunk(session, self.chunk, sink, progress)
 
 
 def _mirrors(context: RankContext, capacity: int) -> SessionMirrors:
@@ -243,14 +245,16 @@ class DistributedPipeline(Pipeline):
         weakref.finalize(session, self._keys.pop, id(session), None)
         return session
 
-    def run_chunk(self, session: Session, chunk: ChunkRequest, sink: FrameSink) -> ChunkResult:
+    def run_chunk(
+        self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress
+    ) -> ChunkResult:
         key = self._keys.get(id(session))
         if key is None:
             raise ValueError("this session was not started by this DistributedPipeline")
         start, end = audio_window(chunk, session.output.fps, session.audio.rate, self.family.context.margin_frames)
         samples = session.audio.read(start, end)
         anchors = {name: session.anchors.get(*name) for name in anchors_read_by(chunk)}
-        extras = {"session": session, "sink": sink}
+        extras = {"session": session, "sink": sink, "progress": progress}  # rank 0's alone
         with self.group.exclusive():  # the mirrors cannot change between this check and the step
             rehydrate = None
             if key not in _mirrors(self.group.context, self._capacity):

@@ -6,6 +6,8 @@
   audio-to-video, super-resolution, decode-and-publish.
 - **Pipeline** (`pipeline.py`): runs the stages for one chunk and owns the session state (the static
   reference conditioning and the anchors); everything else is released when the chunk returns.
+- **Progress** (`progress.py`): what a running chunk reports (each stage, each step of a long one); the
+  node turns it into heartbeats.
 
 Nothing here knows a family's internals: adding a family means adding modules, not editing this package.
 """
@@ -21,6 +23,7 @@ from gpu_worker.pipeline.module import (
     SuperResolution,
 )
 from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline
+from gpu_worker.pipeline.progress import Progress, StepProgress, no_progress
 from gpu_worker.pipeline.types import (
     ArrayAudio,
     AudioSource,
@@ -47,8 +50,11 @@ __all__ = [
     "Module",
     "OutputSpec",
     "Pipeline",
+    "Progress",
     "ReferenceEncoder",
+    "StepProgress",
     "SuperResolution",
     "chunk_rng",
     "frame_size",
+    "no_progress",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, OutputSpec
 
 # Named arrays: what crosses chunks (anchors) or is computed once per session (the reference
@@ -100,8 +101,11 @@ class AudioToVideo(Module, ABC):
         previous: Anchor | None,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
-        """An N chunk, continuing from the previous N chunk's tail (None for the first)."""
+        """An N chunk, continuing from the previous N chunk's tail (None for the first). A family whose
+        generation takes many steps reports each to `progress` (it becomes the node's heartbeat)."""
 
     @abstractmethod
     def generate_i(
@@ -112,6 +116,8 @@ class AudioToVideo(Module, ABC):
         right: Anchor,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         """An I chunk between the N chunk before (`left`: its last frame) and after (`right`: its first
         frame). The model may predict the anchor frames themselves; only the inner frames are returned."""

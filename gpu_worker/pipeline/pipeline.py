@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_worker.pipeline.module import A2VOutput, Anchor, Family, Reference
+from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec, chunk_rng
 
@@ -121,11 +122,16 @@ class Pipeline:
             reference = self.family.reference.encode(portrait, output)
         return Session(family=self.family, output=output, audio=audio, reference=reference)
 
-    def run_chunk(self, session: Session, chunk: ChunkRequest, sink: FrameSink) -> ChunkResult:
-        """Run every stage for `chunk`, writing its frames to `sink`; returns hashes and stage timings."""
-        state = ChunkState(chunk=chunk, rng=chunk_rng(chunk.seed, chunk.kind, chunk.index), sink=sink)
+    def run_chunk(
+        self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress
+    ) -> ChunkResult:
+        """Run every stage for `chunk`, writing its frames to `sink`; returns hashes and stage timings.
+        `progress` hears of each stage as it starts, and of the steps of long ones."""
+        rng = chunk_rng(chunk.seed, chunk.kind, chunk.index)
+        state = ChunkState(chunk=chunk, rng=rng, sink=sink, progress=progress)
         stage_ms: dict[str, float] = {}
         for stage in self.stages:
+            progress(stage.name)
             started = time.perf_counter()
             stage.run(session, state)
             stage_ms[stage.name] = (time.perf_counter() - started) * 1000

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from gpu_worker.pipeline.module import A2VOutput
+from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class ChunkState:
     chunk: ChunkRequest
     rng: np.random.Generator
     sink: FrameSink
+    progress: Progress = no_progress  # told each step of a long stage (the pipeline reports the stages)
     window: AudioWindow | None = None
     context: dict[str, Any] | None = None
     generated: A2VOutput | None = None
@@ -60,14 +62,23 @@ class AudioToVideoStage:
         if state.context is None:
             raise RuntimeError("audio_to_video needs the context stage to run first")
         model, chunk, anchors = session.family.audio_to_video, state.chunk, session.anchors
+        progress = state.progress
+
+        def step(done: int, steps: int) -> None:  # a diffusion family's denoising steps
+            progress(self.name, done, steps)
+
         if chunk.kind == "N":
             previous = anchors.get("N", chunk.index - 1, "tail") if chunk.index > 0 else None
-            state.generated = model.generate_n(session.reference, state.context, previous, chunk, state.rng)
+            state.generated = model.generate_n(
+                session.reference, state.context, previous, chunk, state.rng, progress=step
+            )
             anchors.put_n(chunk.index, state.generated)
         else:
             left = anchors.get("N", chunk.index, "tail")
             right = anchors.get("N", chunk.index + 1, "head")
-            state.generated = model.generate_i(session.reference, state.context, left, right, chunk, state.rng)
+            state.generated = model.generate_i(
+                session.reference, state.context, left, right, chunk, state.rng, progress=step
+            )
         state.context = None  # features and noise are not needed past this point
 
 

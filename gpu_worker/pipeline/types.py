@@ -9,6 +9,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from monologue.contracts import Chunk, ChunkKind
+
 Resolution = Literal["source", "512", "720p", "1080p"]
 # Short side in pixels for each named resolution; "source" keeps the portrait's own size.
 _SHORT_SIDE = {"512": 512, "720p": 720, "1080p": 1080}
@@ -53,22 +55,36 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
 
 @dataclass(frozen=True)
 class ChunkRequest:
-    """One chunk of the timeline: N chunks carry it, I chunks fill the seam between two N chunks."""
+    """A chunk to make: the timeline's `Chunk` (the one shape from the plan to here) and what the session adds
+    to every chunk, its seed and its optional text/scene prompt."""
 
-    kind: Literal["N", "I"]
-    index: int
-    first_frame: int
-    n_frames: int
+    chunk: Chunk
     seed: int = 0
-    prompt: str = ""  # the session's optional text/scene conditioning (families that read it)
+    prompt: str = ""
+
+    @property
+    def kind(self) -> ChunkKind:
+        return self.chunk.kind
+
+    @property
+    def index(self) -> int:
+        return self.chunk.index
+
+    @property
+    def first_frame(self) -> int:
+        return self.chunk.first_frame
+
+    @property
+    def n_frames(self) -> int:
+        return self.chunk.n_frames
 
     @property
     def end_frame(self) -> int:
-        return self.first_frame + self.n_frames
+        return self.chunk.end_frame
 
     @property
     def name(self) -> str:
-        return f"{self.kind}{self.index}"
+        return self.chunk.name
 
 
 def chunk_rng(seed: int, kind: str, index: int) -> np.random.Generator:

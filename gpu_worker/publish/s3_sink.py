@@ -12,34 +12,21 @@ profile, instance role): never from the request.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
-import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_worker.publish.playlist import playlist as hls_playlist
 from gpu_worker.publish.sinks import Sink, SinkError
+from monologue.s3_presign import s3_client
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024
 
 
 def segment_name(index: int) -> str:
     return f"seg-{index:06d}.m4s"
-
-
-@functools.lru_cache(maxsize=32)
-def s3_client(*, endpoint_url: str | None, region: str | None) -> Any:
-    """A boto3 S3 client with retries in adaptive mode (throttling backs off instead of failing). One per
-    endpoint and region, shared (boto3 clients are thread-safe; making one takes tens of milliseconds, too
-    much for every playlist a player refetches)."""
-    config = Config(
-        signature_version="s3v4", retries={"max_attempts": 5, "mode": "adaptive"}, s3={"addressing_style": "path"}
-    )
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
 class S3Sink(Sink):
@@ -134,25 +121,3 @@ class S3Sink(Sink):
             return getattr(self._client, method)(**kwargs)
         except (BotoCoreError, ClientError) as err:
             raise SinkError(f"s3 sink: {method} s3://{self._bucket}/{kwargs.get('Key')}: {err}") from err
-
-
-def presigned_playlist(client: Any, *, bucket: str, base_key: str, playlist_text: str, expires_s: int) -> str:
-    """A sink's playlist with every URI (the init segment and each segment) replaced by a presigned URL:
-    a presigned playlist alone does not play from a private bucket, as its relative segment links carry no
-    signature."""
-
-    def sign(name: str) -> str:
-        url: str = client.generate_presigned_url(
-            "get_object", Params={"Bucket": bucket, "Key": base_key + name}, ExpiresIn=expires_s
-        )
-        return url
-
-    lines = []
-    for line in playlist_text.splitlines():
-        if line.startswith("#EXT-X-MAP:URI="):
-            name = line.split('"')[1]
-            line = f'#EXT-X-MAP:URI="{sign(name)}"'
-        elif line and not line.startswith("#"):
-            line = sign(line)
-        lines.append(line)
-    return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import save
 from temporalio.exceptions import ApplicationError
 
-from activities.node import NodeActivities
+from activities.checkpoints import Checkpoints
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
@@ -17,7 +17,7 @@ from monologue.storage import LocalStore
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> tuple[NodeActivities, LocalStore, object]:
+def node(tmp_path: Path) -> tuple[Checkpoints, LocalStore, object]:
     url = f"sqlite:///{tmp_path}/db.sqlite"
     migrate(url)
     sessions = make_sessionmaker(make_engine(url))
@@ -26,7 +26,7 @@ def node(tmp_path: Path) -> tuple[NodeActivities, LocalStore, object]:
             db, session_id="s", tenant="local", options={}, workflow_id="w", audio_seconds=1.0, width=64, height=64
         )
     store = LocalStore(tmp_path / "objects")
-    return NodeActivities(store=store, sessions=sessions, node_id="n"), store, sessions
+    return Checkpoints(store=store, sessions=sessions), store, sessions
 
 
 def _checkpoint(store: LocalStore, sessions: object, index: int) -> bytes:
@@ -41,17 +41,17 @@ def _checkpoint(store: LocalStore, sessions: object, index: int) -> bytes:
     return data
 
 
-def test_an_intact_checkpoint_loads(node: tuple[NodeActivities, LocalStore, object]) -> None:
-    activities, store, sessions = node
+def test_an_intact_checkpoint_loads(node: tuple[Checkpoints, LocalStore, object]) -> None:
+    checkpoints, store, sessions = node
     _checkpoint(store, sessions, 3)
-    assert activities._read_checkpoint("s", 3)["tail.pose"].tolist() == [3.0, 3.0, 3.0]
+    assert checkpoints.read("s", 3)["tail.pose"].tolist() == [3.0, 3.0, 3.0]
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "deleted", "never written"])
 def test_a_damaged_checkpoint_is_reported_lost_with_its_index(
-    damage: str, node: tuple[NodeActivities, LocalStore, object]
+    damage: str, node: tuple[Checkpoints, LocalStore, object]
 ) -> None:
-    activities, store, sessions = node
+    checkpoints, store, sessions = node
     if damage != "never written":
         data = _checkpoint(store, sessions, 4)
         if damage == "corrupt":
@@ -59,12 +59,12 @@ def test_a_damaged_checkpoint_is_reported_lost_with_its_index(
         else:
             store.delete(keys.checkpoint("s", 4))
     with pytest.raises(ApplicationError) as lost:
-        activities._read_checkpoint("s", 4)
+        checkpoints.read("s", 4)
     assert lost.value.type == c.CHECKPOINT_LOST and lost.value.non_retryable and list(lost.value.details) == [4]
     assert ("corrupt" in str(lost.value)) == (damage == "corrupt")
 
 
-def test_only_the_last_two_checkpoints_are_kept(node: tuple[NodeActivities, LocalStore, object]) -> None:
+def test_only_the_last_two_checkpoints_are_kept(node: tuple[Checkpoints, LocalStore, object]) -> None:
     _, store, sessions = node
     for index in range(5):
         _checkpoint(store, sessions, index)

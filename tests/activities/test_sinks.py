@@ -17,11 +17,12 @@ from temporalio.testing import ActivityEnvironment
 from activities.sinks import SinkActivities, read_stream
 from gpu_worker.publish import StreamFormat, init_segment, playlist
 from gpu_worker.publish.kvs import KinesisVideoSink
-from gpu_worker.publish.s3_sink import S3Sink, presigned_playlist, segment_name
+from gpu_worker.publish.s3_sink import S3Sink, segment_name
 from gpu_worker.publish.sinks import Sink, SinkError
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.s3_presign import presigned_playlist
 from monologue.settings import SinkSettings
 from monologue.storage import LocalStore
 from tests.gpu_worker.test_kvs import FixedDataEndpoint
@@ -29,7 +30,7 @@ from tests.kvs_server import KvsServer
 from tests.s3_server import S3Server
 
 SID = "sess1"  # a session of tenant `local`
-RECORDING = c.SinkSpec(type="s3", name="rec", bucket="videos", prefix="local/live")
+RECORDING = c.S3Sink(name="rec", bucket="videos", prefix="local/live")
 ALLOWED = SinkSettings(s3_buckets=["videos/{tenant}"])
 
 
@@ -84,7 +85,7 @@ def _publish(store: LocalStore, count: int, *, ended: bool) -> None:
     store.put(keys.playlist(SID), text.encode())
 
 
-def _run(activities: SinkActivities, sink: c.SinkSpec = RECORDING) -> c.RunSinkResult:
+def _run(activities: SinkActivities, sink: c.Sink = RECORDING) -> c.RunSinkResult:
     request = c.RunSinkInput(session_id=SID, options=c.RenderOptions(), sink=sink)
     result: c.RunSinkResult = ActivityEnvironment().run(activities.run_sink, request)
     return result
@@ -149,7 +150,7 @@ def test_the_pump_refuses_a_sink_the_nodes_settings_no_longer_allow_and_writes_n
     bucket = s3_server.client()
     bucket.create_bucket(Bucket="pump-sink")
     endpoint = s3_server.endpoint_url
-    spec = c.SinkSpec(type="s3", name="archive", bucket="pump-sink", prefix="local/live", endpoint_url=endpoint)
+    spec = c.S3Sink(name="archive", bucket="pump-sink", prefix="local/live", endpoint_url=endpoint)
     store.put(keys.init_segment(SID), b"init")
     _publish(store, 2, ended=True)
     refusals = [
@@ -182,11 +183,11 @@ def test_a_kvs_data_endpoint_the_node_does_not_allow_fails_the_pump_for_good(pum
     store.put(keys.init_segment(SID), init_segment(StreamFormat(width=64, height=48, fps=25)))
     _publish(store, 1, ended=True)
     plane = "https://kvs-control.internal"
-    spec = c.SinkSpec(type="kvs", name="live", stream_name="avatar-local-1", endpoint_url=plane)
+    spec = c.KvsSink(name="live", stream_name="avatar-local-1", endpoint_url=plane)
     with KvsServer(stream_name="avatar-local-1") as elsewhere:
 
         def factory(
-            spec: c.SinkSpec, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings
+            spec: c.Sink, session_id: str, options: c.RenderOptions, origin_ms: int, allowed: SinkSettings
         ) -> KinesisVideoSink:  # build_sink's, but with a control plane that answers with `elsewhere`
             return KinesisVideoSink(
                 spec.stream_name,

@@ -24,6 +24,7 @@ from api.deps import Services, ops_access
 from api.routes import ops
 from api.routes.ops import STATIC
 from monologue import apikeys, keys, repo_nodes
+from monologue import contracts as c
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, make_engine, make_sessionmaker, migrate
 from monologue.settings import ApiSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
@@ -290,7 +291,7 @@ def test_every_ops_api_route_goes_through_the_access_hook(client: TestClient, se
     app.dependency_overrides[ops_access] = refuse
     routes = [(route.path, method) for route in ops.router.routes for method in route.methods]  # type: ignore[attr-defined]
     api = [(path, method) for path, method in routes if path.startswith("/ops/api/")]
-    assert len(api) == 8 and len(routes) == len(api) + 4  # the other four: three pages and the static files
+    assert len(api) == 8 and len(routes) == len(api) + 5  # the others: three pages, the enums module, static files
     for path, method in api:
         url = path.replace("{session_id}", "run").replace("{name}", "stream.m3u8")
         assert client.request(method, url).status_code == 403, (method, path)
@@ -405,3 +406,13 @@ def test_the_vendored_hls_js_is_the_published_file() -> None:
     recorded = re.search(r"SHA-256 of `hls.min.js`[^`]*`([0-9a-f]{64})`", (STATIC / "vendor" / "README.md").read_text())
     assert recorded is not None
     assert hashlib.sha256((STATIC / "vendor" / "hls.min.js").read_bytes()).hexdigest() == recorded.group(1)
+
+
+def test_the_pages_enums_are_generated_from_the_python_enums(client: TestClient) -> None:
+    """The ops pages list statuses and kinds from enums.js, which the API writes from `contracts`."""
+    module = client.get("/ops/static/enums.js")
+    assert module.status_code == 200 and module.headers["content-type"].startswith("text/javascript")
+    lines = dict(line.removeprefix("export const ").rstrip(";").split(" = ") for line in module.text.splitlines()[1:])
+    assert json.loads(lines["STATUSES"]) == [status.value for status in c.SessionStatus]
+    assert set(json.loads(lines["TERMINAL"])) == {status.value for status in c.TERMINAL}
+    assert json.loads(lines["KINDS"]) == [kind.value for kind in c.SessionKind]

@@ -1,8 +1,10 @@
 """The command line as users run it: `monologue up` stops everything it started, `monologue render`
-shows progress and writes a playable MP4, and every log line carries the ids it should."""
+shows progress and writes a playable MP4, `render` and `live` take every session option, `renders …` manages
+sessions over the API, and every log line carries the ids it should."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,12 +12,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Any
 
+import click
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from monologue import __version__
+from monologue import contracts as c
+from monologue import options as options_
+from monologue.cli import SESSION_OPTIONS, main
+from monologue.cli_options import given_options, model_options
 from monologue.stack import Stack, free_port, http_ok
 from tests.conftest import SAMPLES
-from tests.helpers import api_key, decode_video
+from tests.helpers import api_key, decode_video, submit, wav_bytes
 
 pytestmark = pytest.mark.slow
 MONOLOGUE = [sys.executable, "-m", "monologue"]
@@ -139,3 +150,82 @@ def test_log_lines_carry_session_workflow_and_chunk_ids(stack: Stack, api_url: s
     api_lines = [json.loads(line) for line in (stack.log_dir / "api.log").read_text().splitlines()]
     started = [line for line in api_lines if line["event"] == "render started"]
     assert started and all({"session_id", "workflow_id", "path"} <= line.keys() for line in started)
+
+
+def _cli(*args: str, api_url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A `monologue` command against the test stack's API, with its key."""
+    command = [*MONOLOGUE, *args, "--api", api_url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_with_key(api_url))
+
+
+def test_version_prints_the_package_version() -> None:
+    completed = subprocess.run([*MONOLOGUE, "--version"], capture_output=True, text=True, timeout=30)
+    assert completed.returncode == 0 and completed.stdout.strip() == f"monologue, version {__version__}"
+
+
+def test_an_option_added_to_the_session_model_reaches_render_and_live() -> None:
+    """Options are derived from the model's fields: a test-only field appears, typed and bounded, in both."""
+
+    @dataclasses.dataclass(frozen=True)
+    class WithExtra(c.RenderOptions):
+        mouth_scale: Annotated[float, c.Bounds("Test-only: how wide the mouth opens.", ge=0.5, le=2.0)] = 1.0
+
+    model = options_.request_model(WithExtra)
+
+    @click.command()
+    @model_options(model)
+    def command(**options: Any) -> None:
+        click.echo(json.dumps(given_options(options, model)))
+
+    runner = CliRunner()
+    given = runner.invoke(command, ["--mouth-scale", "1.5", "--fps", "30", "--no-preview", "--resolution", "512"])
+    assert json.loads(given.output) == {"mouth_scale": 1.5, "fps": 30, "preview": False, "resolution": "512"}
+    assert runner.invoke(command, ["--mouth-scale", "3"]).exit_code == 2  # out of the field's bounds
+    assert json.loads(runner.invoke(command, []).output) == {}  # nothing given: the server's defaults
+    for name in ("render", "live"):
+        help_text = runner.invoke(main, [name, "--help"]).output
+        assert all(f"--{field.replace('_', '-')}" in help_text for field in SESSION_OPTIONS.model_fields), name
+
+
+def test_render_command_sends_the_options_it_is_given(stack: Stack, api_url: str, tmp_path: Path) -> None:
+    output = tmp_path / "out.mp4"
+    given = ["--fps", "20", "--chunk-frames", "20", "--i-frames", "2", "--seed", "7", "--resolution", "512"]
+    audio, portrait = str(SAMPLES / "speech.wav"), str(SAMPLES / "portrait.jpg")
+    completed = _cli("render", portrait, audio, "-o", str(output), *given, api_url=api_url, timeout=240)
+    assert completed.returncode == 0, completed.stderr
+    session_id = completed.stdout.split()[1]  # "render <id> started (…)"
+    shown = json.loads(_cli("renders", "show", session_id, api_url=api_url).stdout)
+    assert {name: shown["options"][name] for name in ("fps", "chunk_frames", "i_frames", "seed", "resolution")} == {
+        "fps": 20,
+        "chunk_frames": 20,
+        "i_frames": 2,
+        "seed": 7,
+        "resolution": "512",
+    }
+    assert shown["status"] == "completed" and (shown["width"], shown["height"]) != (None, None)
+
+
+def test_renders_commands_list_cancel_watch_and_resume_a_session(
+    stack: Stack, api_url: str, sample_portrait: bytes
+) -> None:
+    """`watch` ends (status 1) once the session is cancelled instead of polling on; a second cancel is refused
+    with the API's message and no traceback."""
+    created = submit(api_url, sample_portrait, wav_bytes(np.zeros(16_000 * 120, dtype=np.float32)))
+    assert created.status_code == 201, created.text
+    session_id = created.json()["id"]
+    listed = _cli("renders", "list", api_url=api_url)
+    assert listed.returncode == 0 and session_id in listed.stdout
+    cancelled = _cli("renders", "cancel", session_id, api_url=api_url)
+    assert cancelled.returncode == 0 and "cancel requested" in cancelled.stdout, cancelled.stderr
+    watched = _cli("renders", "watch", session_id, "--poll", "0.2", api_url=api_url)
+    assert watched.returncode == 1 and "was cancelled" in watched.stderr and "Traceback" not in watched.stderr
+    again = _cli("renders", "cancel", session_id, api_url=api_url)
+    assert again.returncode == 1 and "409" in again.stderr and "already cancelled" in again.stderr
+    as_json = json.loads(_cli("renders", "list", "--status", "cancelled", "--json", api_url=api_url).stdout)
+    assert session_id in [render["id"] for render in as_json]
+    resumed = _cli("renders", "resume", session_id, api_url=api_url)
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stderr
+    assert _cli("renders", "cancel", session_id, api_url=api_url).returncode == 0
+    assert _cli("renders", "watch", session_id, "--poll", "0.2", api_url=api_url).returncode == 1
+    missing = _cli("renders", "show", "no-such-session", api_url=api_url)
+    assert missing.returncode == 1 and "404" in missing.stderr and "Traceback" not in missing.stderr

@@ -12,13 +12,14 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import pytest
 import pytest_asyncio
 from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from monologue import contracts as c
 from monologue.plan import AUDIO_RATE, frame_count
 from monologue.stack import search_attribute_flags, temporal_binary
-from tests.workflows.test_render_workflow import FakeNodes
+from tests.workflows.test_render_workflow import FakeNodes, orchestration
 from workflows.render import RenderWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -65,8 +66,12 @@ async def _feed_audio(handle: WorkflowHandle[RenderWorkflow, c.RenderResult]) ->
     result = asyncio.ensure_future(handle.result())
     while not result.done():
         samples += PIECE
-        await handle.signal(c.AUDIO_AVAILABLE, c.AudioAvailable(samples=samples))
+        try:
+            await handle.signal(c.AUDIO_AVAILABLE, c.AudioAvailable(samples=samples))
+        except RPCError:  # it closed between the check and the signal: as the API's late signal would find it
+            break
         await asyncio.wait([result], timeout=0.2)
+    await asyncio.wait([result])
     return samples
 
 
@@ -80,11 +85,9 @@ async def test_a_live_session_ends_at_its_lifetime_although_audio_keeps_coming(
     fake = FakeNodes(env, frames=0)
     request = c.RenderInput(
         session_id="s",
+        kind=c.SessionKind.LIVE,
         options=OPTIONS,
-        live=True,
-        idle_timeout_s=600.0,
-        max_live_s=3.0,
-        continue_as_new_every=continue_as_new_every,
+        orchestration=orchestration(idle_timeout_s=600.0, max_live_s=3.0, continue_as_new_every=continue_as_new_every),
     )
     async with workers(fake):
         handle = await env.client.start_workflow(
@@ -107,7 +110,12 @@ def _end_frame(chunk_call: str) -> int:
 async def test_a_live_session_without_a_lifetime_keeps_taking_audio(env: WorkflowEnvironment) -> None:
     """max_live_s 0 (sessions started before lifetimes existed): audio after 3 s still counts, until `end`."""
     fake = FakeNodes(env, frames=0)
-    request = c.RenderInput(session_id="s", options=OPTIONS, live=True, idle_timeout_s=600.0)
+    request = c.RenderInput(
+        session_id="s",
+        kind=c.SessionKind.LIVE,
+        options=OPTIONS,
+        orchestration=orchestration(idle_timeout_s=600.0, max_live_s=0.0),
+    )
     async with workers(fake):
         handle = await env.client.start_workflow(
             RenderWorkflow.run, request, id=f"wf-{uuid.uuid4().hex}", task_queue=fake.queue

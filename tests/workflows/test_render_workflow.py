@@ -4,11 +4,13 @@ names: the orchestration alone, in seconds, with fresh task queues per test."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -19,11 +21,18 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from monologue import contracts as c
+from monologue.orchestration import orchestration_config
+from monologue.settings import Settings
 from monologue.stack import search_attribute_flags, temporal_binary
 from workflows.render import RenderWorkflow
 
 # One dev server for the module; every test shares its event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def orchestration(**changes: Any) -> c.Orchestration:
+    """The default settings' orchestration, with `changes`."""
+    return dataclasses.replace(orchestration_config(Settings()), **changes)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -62,6 +71,7 @@ class FakeNodes:
         self.epoch = 0
         self.order = threading.Condition()
         self.queue = f"q-{uuid.uuid4().hex}"
+        self.workflow_id = f"wf-{uuid.uuid4().hex}"
 
     def shared(self) -> list[object]:
         @activity.defn(name=c.PREPARE)
@@ -110,17 +120,18 @@ class FakeNodes:
                     self.order.wait(0.05)
                 if request.epoch < self.epoch:
                     raise CancelledError("abandoned")
-            name = f"{request.kind}{request.index} {request.first_frame}+{request.n_frames}"
+            chunk = request.chunk
+            name = f"{chunk.kind}{chunk.index} {chunk.first_frame}+{chunk.n_frames}"
             self.calls.append(name)
-            if request.kind == "N" and request.index == self.fail_chunk:
+            if chunk.kind == "N" and chunk.index == self.fail_chunk:
                 raise ApplicationError("model: cannot render this", non_retryable=True)
-            if request.kind == "I" and request.index == self.lose_checkpoint:
+            if chunk.kind == "I" and chunk.index == self.lose_checkpoint:
                 self.lose_checkpoint = None
-                raise ApplicationError("checkpoint gone", request.index, type=c.CHECKPOINT_LOST, non_retryable=True)
+                raise ApplicationError("checkpoint gone", chunk.index, type=c.CHECKPOINT_LOST, non_retryable=True)
             with self.order:
                 self.done = (request.epoch, request.position)
                 self.order.notify_all()
-            return c.GenerateChunkResult(segment_key=name, frames=request.n_frames)
+            return c.GenerateChunkResult(segment_key=name, frames=chunk.n_frames)
 
         @activity.defn(name=c.FINALIZE)
         def finalize(request: c.FinalizeInput) -> c.FinalizeResult:
@@ -129,7 +140,9 @@ class FakeNodes:
 
         return [init_session, generate_chunk, finalize]
 
-    async def run(self, options: c.RenderOptions, **extra: int) -> c.RenderResult:
+    async def run(
+        self, options: c.RenderOptions, *, tenant: str = "local", **orchestration_changes: Any
+    ) -> c.RenderResult:
         node_id = f"n-{uuid.uuid4().hex[:8]}"
         with ThreadPoolExecutor(4) as executor:
             async with AsyncExitStack() as stack:
@@ -151,8 +164,13 @@ class FakeNodes:
                     )
                 result: c.RenderResult = await self.env.client.execute_workflow(
                     RenderWorkflow.run,
-                    c.RenderInput(session_id="s", options=options, **extra),  # type: ignore[arg-type]
-                    id=f"wf-{uuid.uuid4().hex}",
+                    c.RenderInput(
+                        session_id="s",
+                        tenant=tenant,
+                        options=options,
+                        orchestration=orchestration(**orchestration_changes),
+                    ),
+                    id=self.workflow_id,
                     task_queue=self.queue,
                 )
                 return result
@@ -211,3 +229,19 @@ async def test_continue_as_new_keeps_the_same_chunk_sequence(env: WorkflowEnviro
     assert [call for call in renewed.calls if call[0] in "NI"] == [call for call in plain.calls if call[0] in "NI"]
     assert result.frames == 300
     assert sum(call.startswith("lease") for call in renewed.calls) > 3  # one lease per run
+
+
+async def test_continue_as_new_carries_the_whole_input_but_the_resume_point(env: WorkflowEnvironment) -> None:
+    """Every field of the first run's input (identity, options, orchestration) reaches the last run unchanged:
+    continue-as-new replaces only the resume point, so a new field cannot be dropped on the way."""
+    fake = FakeNodes(env, frames=120)
+    options = c.RenderOptions(chunk_frames=20, i_frames=4, seed=7, prompt="a quiet room", preview=True)
+    changes = dict(continue_as_new_every=2, heartbeat_timeout_s=7.5, idle_timeout_s=11.0, window=2)
+    await fake.run(options, tenant="acme", **changes)
+    history = await env.client.get_workflow_handle(fake.workflow_id).fetch_history()  # the last run's
+    assert sum(call.startswith("lease") for call in fake.calls) > 2  # it did continue as new
+    started = history.events[0].workflow_execution_started_event_attributes
+    [last] = await env.client.data_converter.decode(started.input.payloads, [c.RenderInput])
+    assert last.resume.cursor > 0
+    first = c.RenderInput(session_id="s", tenant="acme", options=options, orchestration=orchestration(**changes))
+    assert dataclasses.replace(last, resume=first.resume) == first

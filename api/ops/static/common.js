@@ -221,4 +221,4 @@ export function shortId(id) {
   return id.length > 12 ? `${id.slice(0, 12)}…` : id;
 }
 
-export const TERMINAL = ["completed", "failed", "cancelled"];
+export { TERMINAL } from "./enums.js"; // generated from the Python enums (api/routes/ops.py)

@@ -5,6 +5,7 @@ import {
   TERMINAL, authorize, el, every, formatDuration, formatFactor, formatMs, formatTime, getJSON, postJSON,
   progressBar, readEvents, request,
 } from "./common.js";
+import { RESUMABLE } from "./enums.js";
 import { drawTimeline, setupTimeline } from "./timeline.js";
 
 const sessionId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
@@ -37,8 +38,8 @@ async function refresh() {
 function showFacts({ session, links, chunks, width, height, options }) {
   $("status").className = `badge status-${session.status}`; // updated in place: it is a live region
   $("status").textContent = session.status;
-  $("cancel").disabled = !["queued", "running"].includes(session.status);
-  $("resume").disabled = !["failed", "cancelled"].includes(session.status);
+  $("cancel").disabled = TERMINAL.includes(session.status);
+  $("resume").disabled = !RESUMABLE.includes(session.status);
   $("temporal-link").href = links.temporal;
   $("video-link").href = links.video;
   $("video-link").hidden = session.status !== "completed";

@@ -1,8 +1,8 @@
 """The dit family's context: the chunk's audio (with margins) → audio tokens, and the prompt → text tokens.
 
-The prompt is per session; until `RenderOptions.prompt` reaches the chunk request it is read from a
-`prompt` attribute of the ChunkRequest when there is one, else empty (no text tokens: the DiT then
-cross-attends to audio alone, exactly as a checkpoint trained with prompt dropout expects). The text
+The prompt is per session (`RenderOptions.prompt`, carried by every ChunkRequest); an empty one means no
+text tokens: the DiT then cross-attends to audio alone, exactly as a checkpoint trained with prompt dropout
+expects. The text
 encoder is its own model and file, owned by this module; its output is cached per prompt, since every
 chunk of a session asks for the same one.
 
@@ -27,9 +27,8 @@ from gpu_worker.pipeline.types import AudioWindow, ChunkRequest
 
 
 def chunk_prompt(chunk: ChunkRequest) -> str:
-    """The session's scene prompt if the request carries one (a later `RenderOptions.prompt`), else ""."""
-    prompt = getattr(chunk, "prompt", "")
-    return prompt if isinstance(prompt, str) else ""
+    """The session's scene prompt ("" for none)."""
+    return chunk.prompt
 
 
 class DiTContext(TorchModule, ContextGenerator):

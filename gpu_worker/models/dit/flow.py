@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpu_worker.pipeline.progress import StepProgress, no_steps
+
 # (x_t (B, ...), t (B,)) → velocity (B, ...)
 VelocityFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -43,11 +45,16 @@ def sampling_timesteps(steps: int, shift: float) -> list[float]:
     return [shift * t / (1.0 + (shift - 1.0) * t) for t in uniform]
 
 
-def euler_sample(velocity: VelocityFn, noise: Tensor, timesteps: list[float]) -> Tensor:
-    """Integrate from `noise` at timesteps[0] to timesteps[-1] with one Euler step per interval."""
+def euler_sample(
+    velocity: VelocityFn, noise: Tensor, timesteps: list[float], on_step: StepProgress = no_steps
+) -> Tensor:
+    """Integrate from `noise` at timesteps[0] to timesteps[-1] with one Euler step per interval; `on_step`
+    hears (steps done, steps in all) after each (the node heartbeats from it)."""
     x = noise
     batch = noise.shape[0]
-    for t, t_next in itertools.pairwise(timesteps):
+    steps = len(timesteps) - 1
+    for done, (t, t_next) in enumerate(itertools.pairwise(timesteps), start=1):
         t_tensor = torch.full((batch,), t, device=noise.device, dtype=torch.float32)
         x = x + (t_next - t) * velocity(x, t_tensor).to(x.dtype)
+        on_step(done, steps)
     return x

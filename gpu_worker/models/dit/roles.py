@@ -37,6 +37,7 @@ from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.models.dit.sr import SuperResolutionDiT
 from gpu_worker.models.dit.vae import VAEDecoder, fold
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
+from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
 
 
@@ -71,6 +72,8 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         previous: Anchor | None,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         """An N chunk continuing from the previous N chunk's tail (None for the first chunk)."""
         boundary_frames = self.config.a2v.boundary_frames
@@ -86,7 +89,7 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
             boundary = _last(latents, boundary_frames)
             times = np.arange(end - boundary.shape[1], end, dtype=np.float32) - chunk.first_frame
             decoder_context = self._decoder_context(latents)
-        frames = self._sample(reference, context, boundary, times, chunk, rng)  # (C, T, h, w)
+        frames = self._sample(reference, context, boundary, times, chunk, rng, progress)  # (C, T, h, w)
         keep = min(max(boundary_frames, self.config.vae.context_frames, 1), chunk.n_frames)
         return A2VOutput(
             latents=DiTLatents(frames, decoder_context),
@@ -102,6 +105,8 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         right: Anchor,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         """The frames between N(k)'s tail and N(k+1)'s head, conditioned on both."""
         boundary_frames = self.config.a2v.boundary_frames
@@ -118,7 +123,7 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         times = np.concatenate(
             [np.arange(left_end - before.shape[1], left_end), np.arange(right_first, right_first + after.shape[1])]
         ).astype(np.float32) - float(chunk.first_frame)
-        frames = self._sample(reference, context, boundary, times, chunk, rng)
+        frames = self._sample(reference, context, boundary, times, chunk, rng, progress)
         return A2VOutput(latents=DiTLatents(frames, self._decoder_context(left_latents)))
 
     def _decoder_context(self, latents: np.ndarray) -> Tensor | None:
@@ -134,9 +139,11 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         times: np.ndarray,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        progress: StepProgress,
     ) -> Tensor:
         """Latents (C, T, h, w) from the chunk's noise. The noise is drawn here, from the chunk's generator
-        in one fixed call, so the same (seed, chunk) gives the same latents on any node."""
+        in one fixed call, so the same (seed, chunk) gives the same latents on any node. Each denoising step
+        is reported to `progress`: sampling is the longest part of a chunk."""
         a2v = self.config.a2v
         reference_low = reference["reference_latents_low"]  # (C, h, w)
         noise = rng.standard_normal((1, reference_low.shape[0], chunk.n_frames, *reference_low.shape[1:]), np.float32)
@@ -155,7 +162,8 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
                 keep_audio=torch.ones(1, dtype=torch.bool, device=self.device),
             )
             velocity = guided_velocity(model, cond, a2v.guidance_scale)
-            latents = euler_sample(velocity, self.tensor(noise), sampling_timesteps(steps, a2v.timestep_shift))
+            timesteps = sampling_timesteps(steps, a2v.timestep_shift)
+            latents = euler_sample(velocity, self.tensor(noise), timesteps, on_step=progress)
         return latents[0].float()
 
 

@@ -19,6 +19,7 @@ from gpu_worker.models.warp.features import SpeechFeatures
 from gpu_worker.models.warp.idle import IdleMotion
 from gpu_worker.models.warp.lipsync import MouthFilter
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Reference
+from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
 
 
@@ -69,6 +70,8 @@ class WarpMotion(AudioToVideo):
         previous: Anchor | None,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,  # one quick pass: the pipeline's per-stage report is enough
     ) -> A2VOutput:
         """An N chunk continuing from `previous` (N(k-1)'s tail), carried over the I gap before this chunk."""
         features = SpeechFeatures.from_context(context)
@@ -128,6 +131,8 @@ class WarpMotion(AudioToVideo):
         right: Anchor,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,  # one quick pass: the pipeline's per-stage report is enough
     ) -> A2VOutput:
         """The frames strictly between two anchors: the pose on the cubic through both (matching their
         velocities), the mouth filtered on this chunk's audio from the left anchor and eased into the right

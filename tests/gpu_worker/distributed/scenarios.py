@@ -14,6 +14,7 @@ import numpy as np
 
 from gpu_worker.distributed import DistributedPipeline, RankContext, RankGroup
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
+from monologue.contracts import Chunk
 from tests.gpu_worker.distributed.toy import (
     DiTOutputs,
     Outputs,
@@ -28,11 +29,11 @@ from tests.gpu_worker.distributed.worlds import attempt
 
 # Generation order of a short timeline: N0 N1 I0 N2 I1.
 CHUNKS = [
-    ChunkRequest("N", 0, 0, 8, seed=3),
-    ChunkRequest("N", 1, 10, 8, seed=3),
-    ChunkRequest("I", 0, 8, 2, seed=3),
-    ChunkRequest("N", 2, 20, 8, seed=3),
-    ChunkRequest("I", 1, 18, 2, seed=3),
+    ChunkRequest(Chunk("N", 0, 0, 8), seed=3),
+    ChunkRequest(Chunk("N", 1, 10, 8), seed=3),
+    ChunkRequest(Chunk("I", 0, 8, 2), seed=3),
+    ChunkRequest(Chunk("N", 2, 20, 8), seed=3),
+    ChunkRequest(Chunk("I", 1, 18, 2), seed=3),
 ]
 
 
@@ -88,10 +89,13 @@ WARP_OUTPUT = OutputSpec(fps=25, resolution="512", preview=True)
 
 
 def node_activities_pipeline(group: RankGroup) -> str:
+    from temporalio.testing import ActivityEnvironment
+
     from gpu_worker.distributed.node_activities import DistributedNodeActivities
 
     activities = DistributedNodeActivities(group=group, store=None, sessions=None, node_id="test")  # type: ignore[arg-type]
-    return type(activities._pipeline("warp")).__name__
+    # Building a pipeline heartbeats (loading weights takes long): it runs inside an activity on a node.
+    return type(ActivityEnvironment().run(activities._pipelines.get, "warp")).__name__
 
 
 def drive(group: RankGroup) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from gpu_worker.pipeline import (
     frame_size,
 )
 from gpu_worker.pipeline.module import A2VOutput, Anchor, Reference
+from gpu_worker.pipeline.progress import StepProgress, no_steps
 
 IN_FEATURES, OUT_FEATURES = 8, 4
 
@@ -215,6 +216,8 @@ class Motion(AudioToVideo):
         previous: Anchor | None,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         start = 0.0 if previous is None else float(previous["value"][0, 0])
         values = self._forward(context, start)  # (T, 4)
@@ -228,6 +231,8 @@ class Motion(AudioToVideo):
         right: Anchor,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         blend = np.linspace(0, 1, chunk.n_frames + 2, dtype=np.float32)[1:-1, None]
         return A2VOutput((1 - blend) * left["value"] + blend * right["value"] + 0.1 * self._forward(context, 0.5))

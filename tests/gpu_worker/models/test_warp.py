@@ -20,6 +20,7 @@ from gpu_worker.models.warp.reference import cover_crop
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, SuperResolution, frame_size
 from gpu_worker.pipeline.module import Reference
 from gpu_worker.pipeline.pipeline import Session
+from monologue.contracts import Chunk
 from monologue.errors import NoFaceFound
 from monologue.media import decode_wav, normalise_audio
 
@@ -43,11 +44,11 @@ def _plan(total_frames: int, seed: int = 0, n_frames: int = 40, i_frames: int = 
     first, index = 0, 0
     while first < total_frames:
         size = min(n_frames, total_frames - first)
-        timeline.append(ChunkRequest("N", index, first, size, seed))
+        timeline.append(ChunkRequest(Chunk("N", index, first, size), seed))
         first += size
         gap = min(i_frames, total_frames - first - 1)  # leave at least one frame for the next N chunk
         if gap > 0:
-            timeline.append(ChunkRequest("I", index, first, gap, seed))
+            timeline.append(ChunkRequest(Chunk("I", index, first, gap), seed))
             first += gap
         index += 1
     n_chunks = [chunk for chunk in timeline if chunk.kind == "N"]
@@ -387,7 +388,7 @@ def test_any_portrait_size_colour_or_resolution_renders_talking_frames(
     pipeline = Pipeline(build_family())
     session = pipeline.start_session(image, output, ArrayAudio(speech))
     sink = _ListSink()
-    pipeline.run_chunk(session, ChunkRequest("N", 0, 15, 8), sink)  # frames 15-22: speech
+    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 8)), sink)  # frames 15-22: speech
 
     frames = np.concatenate(sink.frames)
     assert frames.shape == (8, expected_height, expected_width, 3)

@@ -22,6 +22,8 @@ from gpu_worker.pipeline import (
     frame_size,
 )
 from gpu_worker.pipeline.module import A2VOutput, Anchor, Reference
+from gpu_worker.pipeline.progress import StepProgress, no_steps
+from monologue.contracts import Chunk
 from monologue.plan import plan_chunks, timeline_order
 
 
@@ -50,9 +52,14 @@ class Walk(AudioToVideo):
         previous: Anchor | None,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         start = 0.0 if previous is None else float(previous["value"][0])
-        values = start + np.cumsum(context["noise"]) + 10 * context["loudness"]
+        steps = np.cumsum(context["noise"])
+        progress(1, 2)  # a two-step model, as far as its progress goes
+        values = start + steps + 10 * context["loudness"]
+        progress(2, 2)
         return A2VOutput(values, head={"value": values[:1]}, tail={"value": values[-1:]})
 
     def generate_i(
@@ -63,6 +70,8 @@ class Walk(AudioToVideo):
         right: Anchor,
         chunk: ChunkRequest,
         rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
     ) -> A2VOutput:
         inner = np.linspace(left["value"][0], right["value"][0], chunk.n_frames + 2)[1:-1]
         return A2VOutput(inner)
@@ -102,7 +111,7 @@ def _render(pipeline: Pipeline, portrait: np.ndarray, audio: ArrayAudio, seed: i
     out: dict[str, list[Any]] = {}
     for spec in plan_chunks(300, n_frames=40, i_frames=4):
         sink = ListSink()
-        chunk = ChunkRequest(spec.kind, spec.index, spec.first_frame, spec.n_frames, seed)  # type: ignore[arg-type]
+        chunk = ChunkRequest(spec, seed)
         result = pipeline.run_chunk(session, chunk, sink)
         assert len(sink.frames) == spec.n_frames == len(result.frame_hashes)
         assert set(result.stage_ms) == {"context", "audio_to_video", "super_resolution", "decode_publish"}
@@ -133,10 +142,10 @@ def test_a_chunk_regenerated_from_restored_anchors_is_identical(session_parts: A
     session = pipeline.start_session(portrait, OutputSpec(), audio)
     plan = plan_chunks(300, n_frames=40, i_frames=4)
     for spec in plan[:4]:  # N0 N1 I0 N2
-        pipeline.run_chunk(session, ChunkRequest(spec.kind, spec.index, spec.first_frame, spec.n_frames), ListSink())  # type: ignore[arg-type]
+        pipeline.run_chunk(session, ChunkRequest(spec), ListSink())
     saved = session.anchors.export()
     i1 = plan[4]
-    request = ChunkRequest("I", i1.index, i1.first_frame, i1.n_frames)
+    request = ChunkRequest(i1)
     original = pipeline.run_chunk(session, request, ListSink())
     # A fresh node: a new session from the same reference, anchors restored from the checkpoint.
     fresh = pipeline.start_session(portrait, OutputSpec(), audio, reference=session.reference)
@@ -148,7 +157,7 @@ def test_an_i_chunk_without_its_anchors_names_what_is_missing(session_parts: Any
     pipeline, portrait, audio = session_parts
     session = pipeline.start_session(portrait, OutputSpec(), audio)
     with pytest.raises(LookupError, match=r"N0\.tail"):
-        pipeline.run_chunk(session, ChunkRequest("I", 0, 40, 4), ListSink())
+        pipeline.run_chunk(session, ChunkRequest(Chunk("I", 0, 40, 4)), ListSink())
 
 
 def test_frame_size_presets_and_preview() -> None:
@@ -158,3 +167,38 @@ def test_frame_size_presets_and_preview() -> None:
     assert frame_size(1920, 1080, OutputSpec(resolution="1080p", preview=True)) == (960, 540)
     with pytest.raises(ValueError, match="too small"):
         frame_size(20, 20, OutputSpec(preview=True))
+
+
+class Reports:
+    """A Progress that writes down what it is told."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int]] = []
+
+    def __call__(self, stage: str, step: int = 0, steps: int = 0) -> None:
+        self.seen.append((stage, step, steps))
+
+
+def test_a_chunk_reports_each_stage_as_it_starts_and_the_steps_of_long_ones(session_parts: Any) -> None:
+    pipeline, portrait, audio = session_parts
+    session = pipeline.start_session(portrait, OutputSpec(), audio)
+    reports = Reports()
+    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 0, 40)), ListSink(), reports)
+    assert reports.seen == [
+        ("context", 0, 0),
+        ("audio_to_video", 0, 0),
+        ("audio_to_video", 1, 2),
+        ("audio_to_video", 2, 2),
+        ("super_resolution", 0, 0),
+        ("decode_publish", 0, 0),
+    ]
+
+
+def test_the_last_report_names_the_stage_a_chunk_stopped_in(session_parts: Any) -> None:
+    """What a hung or failed chunk's last heartbeat says: the stage it is in, reported before it runs."""
+    pipeline, portrait, audio = session_parts
+    session = pipeline.start_session(portrait, OutputSpec(), audio)
+    reports = Reports()
+    with pytest.raises(LookupError):
+        pipeline.run_chunk(session, ChunkRequest(Chunk("I", 0, 40, 4)), ListSink(), reports)  # no anchors yet
+    assert reports.seen[-1] == ("audio_to_video", 0, 0)

@@ -5,7 +5,6 @@ the anchors go through a checkpoint, and flat memory."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -21,17 +20,11 @@ from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session
+from monologue.contracts import Chunk
 from monologue.errors import InputError
 from monologue.plan import plan_chunks
 
 FPS = 25
-
-
-@dataclass(frozen=True)
-class PromptedChunk(ChunkRequest):
-    """A chunk request carrying the session's prompt, as one will once RenderOptions has it."""
-
-    prompt: str = ""
 
 
 class ListSink:
@@ -59,10 +52,7 @@ def portrait() -> np.ndarray:
 
 def _requests(frames: int, seed: int, n_frames: int = 8, i_frames: int = 2) -> list[ChunkRequest]:
     """Generation order: N0 N1 I0 N2 I1 …"""
-    return [
-        ChunkRequest(spec.kind, spec.index, spec.first_frame, spec.n_frames, seed)  # type: ignore[arg-type]
-        for spec in plan_chunks(frames, n_frames=n_frames, i_frames=i_frames)
-    ]
+    return [ChunkRequest(spec, seed) for spec in plan_chunks(frames, n_frames=n_frames, i_frames=i_frames)]
 
 
 def _render(pipeline: Pipeline, session: Session, requests: list[ChunkRequest]) -> dict[str, np.ndarray]:
@@ -137,7 +127,7 @@ def test_a_prompt_conditions_the_frames(pipeline: Pipeline, portrait: np.ndarray
     for prompt in ("", "smiling, warm studio light"):
         session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
         sink = ListSink()
-        pipeline.run_chunk(session, PromptedChunk("N", 0, 0, 8, 0, prompt=prompt), sink)
+        pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 0, 8), seed=0, prompt=prompt), sink)
         frames.append(sink.frames[0])
     assert not np.array_equal(frames[0], frames[1])
 
@@ -203,3 +193,24 @@ def _rss_mb() -> float:
     with open(f"/proc/{os.getpid()}/statm") as statm:
         pages = int(statm.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_sampling_reports_every_denoising_step(pipeline: Pipeline, portrait: np.ndarray, speech: np.ndarray) -> None:
+    """The node heartbeats from these reports: sampling, the longest stage, must report as it goes."""
+    reports: list[tuple[str, int, int]] = []
+    session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
+    pipeline.run_chunk(
+        session,
+        ChunkRequest(Chunk("N", 0, 0, 8)),
+        ListSink(),
+        lambda stage, step=0, steps=0: reports.append((stage, step, steps)),
+    )
+    steps = TINY.a2v.sampling_steps
+    sampling = [(step, total) for stage, step, total in reports if stage == "audio_to_video" and total]
+    assert sampling == [(step, steps) for step in range(1, steps + 1)]
+    assert [stage for stage, _, total in reports if not total] == [
+        "context",
+        "audio_to_video",
+        "super_resolution",
+        "decode_publish",
+    ]

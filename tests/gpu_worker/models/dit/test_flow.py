@@ -96,3 +96,18 @@ def test_velocity_has_the_shape_of_the_noisy_latents(boundary_frames: int) -> No
     with torch.inference_mode():
         velocity = model(torch.randn(1, TINY.latent_channels, 3, 4, 4), torch.ones(1), cond)
     assert velocity.shape == (1, TINY.latent_channels, 3, 4, 4)
+
+
+def test_the_sampler_reports_each_step_after_taking_it() -> None:
+    noise = torch.zeros(1, 2)
+    taken: list[int] = []
+
+    def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        taken.append(len(taken) + 1)
+        return torch.ones_like(x)
+
+    reported: list[tuple[int, int, int]] = []
+    euler_sample(
+        velocity, noise, sampling_timesteps(3, shift=1.0), on_step=lambda d, n: reported.append((d, n, taken[-1]))
+    )
+    assert reported == [(1, 3, 1), (2, 3, 2), (3, 3, 3)]

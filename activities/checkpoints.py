@@ -1,0 +1,85 @@
+"""Checkpoints: after each N chunk, its head and tail anchors go to object storage with their SHA-256 in the
+database, so any node can regenerate any later chunk with the same frames (the node restarted, or the
+session moved here). A checkpoint is trusted only when its bytes match the recorded SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
+from sqlalchemy.orm import sessionmaker
+from temporalio.exceptions import ApplicationError
+
+from gpu_worker.pipeline.pipeline import Session
+from monologue import contracts as c
+from monologue import keys, repo
+from monologue.errors import NotFound
+from monologue.storage import ObjectStore
+
+
+class Checkpoints:
+    def __init__(self, *, store: ObjectStore, sessions: sessionmaker[Any]) -> None:
+        self._store = store
+        self._sessions = sessions
+
+    def write(self, request: c.GenerateChunkInput, session: Session) -> str:
+        """After N chunk k: its head and tail anchors (and the cursor, as metadata) with their SHA-256 in the
+        database; the files of checkpoints older than the last two go. Returns the checkpoint's key."""
+        index = request.chunk.index
+        head, tail = session.anchors.get("N", index, "head"), session.anchors.get("N", index, "tail")
+        flat = {f"head.{k}": v for k, v in head.items()} | {f"tail.{k}": v for k, v in tail.items()}
+        cursor = {
+            "chunk": f"N{index}",
+            "first_frame": str(request.chunk.first_frame),
+            "n_frames": str(request.chunk.n_frames),
+            "seed": str(request.options.seed),
+        }
+        data = save_tensors(flat, metadata=cursor)
+        key = keys.checkpoint(request.session_id, index)
+        self._store.put(key, data)
+        with self._sessions() as db:
+            stale = repo.record_checkpoint(
+                db, session_id=request.session_id, index=index, key=key, sha256=hashlib.sha256(data).hexdigest()
+            )
+        for old in stale:
+            self._store.delete(old)
+        return key
+
+    def ensure_anchors(self, request: c.GenerateChunkInput, session: Session) -> None:
+        """Load from checkpoints the anchors this chunk needs but this node does not hold (the node restarted,
+        or the session moved here). A checkpoint whose bytes do not match its recorded SHA-256 (or is gone)
+        raises CheckpointLost, and the workflow regenerates that N chunk instead."""
+        chunk = request.chunk
+        needed = [(chunk.index - 1, "tail")] if chunk.kind == c.ChunkKind.N and chunk.index > 0 else []
+        if chunk.kind == c.ChunkKind.I:
+            needed = [(chunk.index, "tail"), (chunk.index + 1, "head")]
+        for index, end in needed:
+            if f"N{index}.{end}" in session.anchors.names():
+                continue
+            flat = self.read(request.session_id, index)
+            prefix = f"{end}."
+            session.anchors.put_one(
+                "N", index, end, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+            )
+
+    def read(self, session_id: str, index: int) -> dict[str, np.ndarray]:
+        """Checkpoint N`index`'s arrays, or CheckpointLost (non-retryable, the index in its details)."""
+        with self._sessions() as db:
+            row = repo.get_checkpoint(db, session_id=session_id, index=index)
+        try:
+            data = self._store.get(row.key) if row is not None else None
+        except NotFound:
+            data = None
+        if row is None or data is None or hashlib.sha256(data).hexdigest() != row.sha256:
+            problem = "missing" if row is None or data is None else "corrupt (SHA-256 mismatch)"
+            raise ApplicationError(
+                f"checkpoint N{index} of session {session_id} is {problem}",
+                index,
+                type=c.CHECKPOINT_LOST,
+                non_retryable=True,
+            )
+        return load_tensors(data)

@@ -1,0 +1,35 @@
+"""Faults the tests inject into a node (testing-only settings `node.chunk_delay_s` and `node.hang_chunk`):
+never set in production. Kept here, apart from the activities, so the activities read as they run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+log = structlog.get_logger("node")
+
+
+@dataclass(frozen=True)
+class Faults:
+    chunk_delay_s: float = 0.0  # every chunk takes this much longer, heartbeating (to kill a node mid-chunk)
+    hang_chunk: str = ""  # this chunk ("N1") hangs on this node without heartbeating, as a stuck GPU call would
+
+    def stretch(self, chunk: str) -> None:
+        """Sleep `chunk_delay_s`, heartbeating meanwhile: a slow chunk, not a hung one."""
+        deadline = time.monotonic() + self.chunk_delay_s
+        while time.monotonic() < deadline:
+            activity.heartbeat(f"{chunk} (test delay)")
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def hang(self, chunk: str) -> None:
+        """If `chunk` is the one to hang: block without a heartbeat until the worker shuts down (so the node
+        still stops cleanly), then fail. By then Temporal has timed the attempt out and moved the session."""
+        if chunk != self.hang_chunk:
+            return
+        log.warning("hanging on purpose (node.hang_chunk)", chunk=chunk)
+        activity.wait_for_worker_shutdown_sync()
+        raise ApplicationError(f"chunk {chunk} hung on purpose (node.hang_chunk)", non_retryable=True)

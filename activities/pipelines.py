@@ -1,0 +1,84 @@
+"""The node's pipelines, one per model family, each built (and its weights loaded) on first use, and the
+slot that lets one chunk at a time through each.
+
+A family's modules reuse buffers and a session's anchors change as chunks run, so one chunk at a time goes
+through a pipeline (rendering is compute-bound: threads would not speed it up anyway). The other chunks wait
+for the slot; they heartbeat only while the chunk holding it reports progress, so a hung chunk does not
+keep the chunks queued behind it looking alive: they time out with it and their sessions move too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from temporalio import activity
+from temporalio.exceptions import CancelledError
+
+from activities.heartbeat import beating
+from gpu_worker.pipeline import Pipeline
+
+WAIT_POLL_S = 0.2  # how often a waiting chunk looks for a cancellation
+
+
+class PipelineSlot:
+    """One chunk at a time through a family's pipeline; what waits for it heartbeats with the holder's life."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._holder: str | None = None
+        self._reports = 0  # the holder's progress reports, counted: a waiter beats when the count moves
+
+    def touch(self) -> None:
+        """The holder made progress (called from its heartbeat)."""
+        with self._changed:
+            self._reports += 1
+            self._changed.notify_all()
+
+    @contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """Wait for the slot (heartbeating while its holder advances), hold it for the block."""
+        with self._changed:
+            seen = -1
+            while self._holder is not None:
+                if self._reports != seen:
+                    seen = self._reports
+                    activity.heartbeat(f"{name}: waiting for {self._holder}")
+                if activity.is_cancelled():
+                    raise CancelledError(f"{name} cancelled while waiting for {self._holder}")
+                self._changed.wait(timeout=WAIT_POLL_S)
+            self._holder = name
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._holder = None
+                self._changed.notify_all()
+
+
+class Pipelines:
+    """Each family's pipeline and slot. `factory` builds a family's pipeline by name (a multi-GPU node's
+    runs on every rank)."""
+
+    def __init__(self, factory: Callable[[str], Pipeline]) -> None:
+        self._factory = factory
+        self._building = threading.Lock()  # one family's weights load at a time
+        self._pipelines: dict[str, Pipeline] = {}
+        self._slots: dict[str, PipelineSlot] = {}
+
+    def get(self, family: str) -> Pipeline:
+        """The family's pipeline, built on first use. Loading weights is one long call from disk with no
+        steps to report: a helper thread heartbeats meanwhile (for the chunks that wait for it, too)."""
+        built = self._pipelines.get(family)
+        if built is not None:
+            return built
+        with beating(f"loading the {family} family"), self._building:
+            if family not in self._pipelines:
+                self._pipelines[family] = self._factory(family)
+                self._slots[family] = PipelineSlot()
+            return self._pipelines[family]
+
+    def slot(self, family: str) -> PipelineSlot:
+        self.get(family)
+        return self._slots[family]

@@ -1,0 +1,77 @@
+"""The sessions a node keeps between chunks: each one's pipeline state (the reference conditioning and the
+anchors), least recently used out first.
+
+A session missing here (the node restarted, or the session moved to this node) is rebuilt from storage: the
+portrait, the audio, and the reference conditioning stored the first time it was encoded (it is encoded only
+once per session, on whichever node starts it). The anchors come back from checkpoints (`checkpoints.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+from safetensors.numpy import load as load_tensors
+from safetensors.numpy import save as save_tensors
+
+from activities.pipelines import Pipelines
+from gpu_worker.pipeline import OutputSpec, Progress
+from gpu_worker.pipeline.pipeline import Session
+from gpu_worker.pipeline.types import AudioSource
+from monologue import contracts as c
+from monologue import keys
+from monologue.errors import NotFound
+from monologue.live_audio import LiveAudio
+from monologue.media import StoredWav, decode_png
+from monologue.storage import ObjectStore
+
+CACHED_SESSIONS = 4
+
+
+def output_spec(options: c.RenderOptions) -> OutputSpec:
+    """The pipeline's view of a session's options."""
+    return OutputSpec(fps=options.fps, resolution=options.resolution, preview=options.preview)  # type: ignore[arg-type]
+
+
+class SessionCache:
+    def __init__(self, *, store: ObjectStore, pipelines: Pipelines, size: int = CACHED_SESSIONS) -> None:
+        self._store = store
+        self._pipelines = pipelines
+        self._size = size
+        self._lock = threading.Lock()  # the dict only: sessions of different families build at once
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+
+    def get(self, session_id: str, options: c.RenderOptions, *, live: bool, progress: Progress) -> Session:
+        """The session from the cache, or rebuilt from storage (told to `progress`). Call it holding the
+        family's pipeline slot: encoding the reference runs the family's modules."""
+        with self._lock:
+            if session_id in self._sessions:
+                self._sessions.move_to_end(session_id)
+                return self._sessions[session_id]
+        session = self._build(session_id, options, live=live, progress=progress)
+        with self._lock:
+            self._sessions[session_id] = session
+            while len(self._sessions) > self._size:
+                self._sessions.popitem(last=False)
+        return session
+
+    def drop(self, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    def _build(self, session_id: str, options: c.RenderOptions, *, live: bool, progress: Progress) -> Session:
+        portrait = decode_png(self._store.get(keys.portrait(session_id)))
+        audio: AudioSource
+        audio = LiveAudio(self._store, session_id) if live else StoredWav(self._store, keys.audio(session_id))
+        try:
+            reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
+        except NotFound:
+            reference = None
+        pipeline = self._pipelines.get(options.family)
+        # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
+        progress("encoding the reference" if reference is None else "restoring the session")
+        session = pipeline.start_session(portrait, output_spec(options), audio, reference)
+        if reference is None:
+            self._store.put(keys.reference(session_id), save_tensors(session.reference))
+        return session

@@ -1,0 +1,52 @@
+"""`validate_inputs`, on the shared queue: decode a new session's staged uploads, check them for the model
+family and store their normalised forms. The API waits for it (through ValidateInputsWorkflow) before it
+writes the session's row, so bad input is still a 4xx that starts nothing; it runs here, on a worker, because
+the API process has no media stack.
+
+Staged uploads are deleted once read: the raw files may carry metadata (a photo's location) that the
+normalised forms drop."""
+
+from __future__ import annotations
+
+import functools
+
+from temporalio import activity
+
+from activities.errors import activity_context
+from gpu_worker.models import build_family
+from gpu_worker.pipeline import Family
+from monologue import contracts as c
+from monologue import keys
+from monologue.media import decode_png, normalise_audio, normalise_portrait
+from monologue.storage import ObjectStore
+
+
+class ValidateActivities:
+    def __init__(self, *, store: ObjectStore) -> None:
+        self._store = store
+
+    @activity.defn(name=c.VALIDATE_INPUTS)
+    def validate_inputs(self, request: c.ValidateInputsInput) -> c.ValidateInputsResult:
+        """Normalise and check the staged portrait (and audio); an InputError (non-retryable) names the problem."""
+        session_id = request.session_id
+        with activity_context(session_id=session_id) as log:
+            staged = self._store.get(keys.staged_upload(session_id, "portrait"))
+            portrait = normalise_portrait(staged, max_side=request.max_portrait_side)
+            speech = None
+            if request.kind == c.SessionKind.RENDER:  # a live session's audio comes later, over its socket
+                staged = self._store.get(keys.staged_upload(session_id, "audio"))
+                speech = normalise_audio(staged, max_seconds=request.max_audio_seconds)
+            _family(request.family).reference.check(decode_png(portrait.png))  # e.g. no face: NoFaceFound
+            self._store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+            if speech is not None:
+                self._store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
+            self._store.delete_prefix(keys.staged_uploads(session_id))
+            samples = speech.samples if speech is not None else 0
+            log.info("inputs valid", width=portrait.width, height=portrait.height, audio_samples=samples)
+            return c.ValidateInputsResult(width=portrait.width, height=portrait.height, audio_samples=samples)
+
+
+@functools.cache
+def _family(name: str) -> Family:
+    """One family per process: building it constructs its modules (no weights), too slow for every upload."""
+    return build_family(name)

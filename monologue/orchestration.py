@@ -1,0 +1,22 @@
+"""How RenderWorkflow runs a session, from the settings: the one place an Orchestration is built.
+
+The API calls it when a session starts and when one resumes; the workflow only carries the result from run to
+run. Never imported by workflow code (settings bring pydantic)."""
+
+from __future__ import annotations
+
+from monologue import contracts as c
+from monologue.settings import Settings
+
+
+def orchestration_config(settings: Settings) -> c.Orchestration:
+    """The orchestration of a session started (or resumed) now, under these settings."""
+    return c.Orchestration(
+        window=c.CHUNK_WINDOW,
+        continue_as_new_every=settings.render.continue_as_new_every,
+        lease_timeout_s=settings.node.lease_timeout_s,
+        heartbeat_timeout_s=settings.node.heartbeat_timeout_s,
+        idle_timeout_s=settings.render.live_idle_timeout_s,
+        max_live_s=settings.limits.max_live_seconds,
+        search_attributes=settings.temporal.search_attributes,
+    )

@@ -1,0 +1,162 @@
+"""The node a session holds, inside RenderWorkflow: the lease race, and activities pinned to the held node.
+
+A `hold_node` activity on the lease queue is taken by a node with a free slot, which signals NODE_ACQUIRED and
+heartbeats until released; the session's pinned work then runs on that node's own queue. If the lease dies
+(node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned activity stops (it cannot start:
+schedule-to-start timeout; it went silent: heartbeat timeout), the node is lost and the caller takes another
+lease. Workflow code: standard library, temporalio and the stdlib-only contracts only."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
+
+from workflows.shared import RETRY
+
+# A pinned activity whose heartbeats stopped is not retried: its retry would wait on the same (hung) node's
+# queue, whose slot the hung attempt still holds, until schedule_to_start; failing at once moves the session
+# now. "TemporalTimeout:Heartbeat" is the server's name for that failure type.
+PINNED_RETRY = dataclasses.replace(
+    RETRY, non_retryable_error_types=[*(RETRY.non_retryable_error_types or []), "TemporalTimeout:Heartbeat"]
+)
+
+with workflow.unsafe.imports_passed_through():
+    from monologue import contracts as c
+
+Result = TypeVar("Result")
+
+
+class NodeLost(Exception):
+    """The node holding the session died, is draining, or stopped taking its work."""
+
+
+class NodeLease:
+    """Hold a node for the session and run activities on it, watching the lease while they run."""
+
+    def __init__(self, request: c.RenderInput, progress: c.Progress, on_acquired: Callable[[], None]) -> None:
+        self._request, self._progress, self._on_acquired = request, progress, on_acquired
+        self._orchestration = request.orchestration
+        self._handle: workflow.ActivityHandle[None] | None = None
+        self._number = 0  # the current lease's number: a stale lease's signal is ignored
+        self._offered: c.NodeAcquired | None = None
+        self.node_id: str | None = None
+
+    def offer(self, acquired: c.NodeAcquired) -> None:
+        """A node took the lease (the NODE_ACQUIRED signal)."""
+        if acquired.lease == self._number:
+            self._offered = acquired
+
+    async def hold(self) -> None:
+        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there."""
+        while self.node_id is None:
+            self._number += 1
+            self._offered = None
+            self._handle = workflow.start_activity(
+                c.HOLD_NODE,
+                c.HoldNodeInput(
+                    session_id=self._request.session_id,
+                    workflow_id=workflow.info().workflow_id,
+                    lease=self._number,
+                    heartbeat_s=min(1.0, self._orchestration.lease_timeout_s / 4),
+                ),
+                task_queue=c.lease_task_queue(workflow.info().task_queue),
+                # Waiting for a free slot can take as long as other sessions take; a held lease lasts the session.
+                schedule_to_close_timeout=timedelta(days=7),
+                heartbeat_timeout=timedelta(seconds=self._orchestration.lease_timeout_s),
+                retry_policy=RetryPolicy(maximum_attempts=1),  # this workflow decides what to do next
+            )
+            await workflow.wait_condition(self._offered_or_ended)
+            if self._offered is None:  # the lease ended before any node took it
+                self._handle = None
+                continue
+            self.node_id = self._offered.node_id
+            self._progress.node_id = self.node_id
+            self._on_acquired()
+            init = c.InitSessionInput(
+                session_id=self._request.session_id,
+                node_id=self.node_id,
+                options=self._request.options,
+                session_kind=self._request.kind,
+            )
+            try:
+                await self.run(c.INIT_SESSION, init, c.InitSessionResult)
+            except NodeLost:
+                self.lose()
+
+    def _offered_or_ended(self) -> bool:
+        return self._offered is not None or self._handle is None or self._handle.done()
+
+    async def run(self, name: str, arg: Any, result_type: type[Result]) -> Result:
+        """Run an activity on the held node, watching the lease: if the node goes, so does the activity."""
+        return await self.wait(self.start(name, arg, result_type), name)
+
+    def start(self, name: str, arg: Any, result_type: type[Result]) -> workflow.ActivityHandle[Result]:
+        if self.node_id is None:
+            raise NodeLost("no node held")
+        return workflow.start_activity(
+            name,
+            arg,
+            result_type=result_type,
+            task_queue=c.node_task_queue(self.node_id),
+            # A dead node's queue has no poller: only schedule_to_start notices that.
+            schedule_to_start_timeout=timedelta(seconds=3 * self._orchestration.lease_timeout_s),
+            start_to_close_timeout=timedelta(minutes=15),
+            # Nodes heartbeat during a chunk, so a hung one is noticed in seconds.
+            heartbeat_timeout=timedelta(seconds=self._orchestration.heartbeat_timeout_s),
+            retry_policy=PINNED_RETRY,
+        )
+
+    async def wait(self, handle: workflow.ActivityHandle[Result], name: str) -> Result:
+        """The activity's result, unless the lease ends first (node lost or draining)."""
+        lease = self._handle
+        if lease is None:
+            raise NodeLost("no node held")
+        await workflow.wait([handle, lease], return_when=asyncio.FIRST_COMPLETED)
+        if not handle.done():
+            if _draining(lease):
+                try:
+                    finished: Result = await handle  # a draining node finishes the activity it has
+                    return finished
+                except ActivityError as err:
+                    raise NodeLost(f"node {self.node_id} drained during {name}") from err
+            handle.cancel()
+            raise NodeLost(f"node {self.node_id} lost during {name}")
+        try:
+            result: Result = handle.result()
+            return result
+        except ActivityError as err:
+            if isinstance(err.cause, ActivityTimeout) and err.cause.type in (
+                TimeoutType.SCHEDULE_TO_START,
+                TimeoutType.HEARTBEAT,
+            ):
+                raise NodeLost(f"node {self.node_id} stopped taking work ({err.cause.type.name})") from err
+            raise
+
+    def lose(self) -> None:
+        """The node is gone: give up its lease; the next `hold` takes another node."""
+        workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})
+        self.release()
+        self._progress.node_changes += 1
+
+    def release(self) -> None:
+        """Give the node's slot back (the lease activity sees the cancellation at its next heartbeat)."""
+        if self._handle is not None and not self._handle.done():
+            self._handle.cancel()
+        self._handle, self.node_id = None, None
+
+
+def _draining(lease: workflow.ActivityHandle[None]) -> bool:
+    error = lease.exception() if lease.done() and not lease.cancelled() else None
+    return (
+        isinstance(error, ActivityError)
+        and isinstance(error.cause, ApplicationError)
+        and (error.cause.type == c.NODE_DRAINING)
+    )

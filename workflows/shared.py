@@ -1,0 +1,33 @@
+"""What every part of RenderWorkflow uses to call activities: the retry policy, and calls on the shared queue.
+
+Workflow code: standard library, temporalio and the stdlib-only contracts only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from monologue import contracts as c
+
+Result = TypeVar("Result")
+
+# Bad input is marked non-retryable by the activities themselves; everything else retries with backoff.
+RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=5,
+    non_retryable_error_types=[c.NODE_DRAINING, c.CHECKPOINT_LOST],
+)
+
+
+async def run_shared(name: str, arg: Any, result_type: type[Result]) -> Result:
+    """An activity on the shared queue (any node may run it)."""
+    result: Result = await workflow.execute_activity(
+        name, arg, result_type=result_type, start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY
+    )
+    return result
