@@ -166,14 +166,19 @@ class NodeActivities:
                 concat(init_path, segments(), final_path)
                 video_key, size = keys.final_video(sid), final_path.stat().st_size
                 self._store.put_file(video_key, final_path, content_type="video/mp4")
+            # Finalize is safe to repeat on another node: it only reads what the chunks stored and overwrites
+            # its outputs whole (atomic puts), so a node killed anywhere in here leaves nothing to clean up.
+            self._faults.pause_finalize(sid)
             self._store.put(
                 keys.frames_manifest(sid), ("\n".join(manifest) + "\n").encode(), content_type="application/x-ndjson"
             )
             write_playlist(self._store, sid, options, request.frames, request.frames, ended=True)
             with self._sessions() as db:
-                repo.mark_completed(
+                completed = repo.mark_completed(
                     db, session_id=sid, video_key=video_key, frames=request.frames, chunks=len(timeline)
                 )
+            if not completed:  # its workflow ended it first (a finalize outliving a lost lease): that stands
+                log.warning("session had already ended; the video is stored but not linked")
             self._cache.drop(sid)
             self._order.forget(sid)
             log.info("session completed", frames=request.frames, bytes=size)

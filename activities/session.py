@@ -76,5 +76,8 @@ class SessionActivities:
                     ended=True,
                 )
             with self._sessions() as db:
-                repo.mark_ended(db, session_id=request.session_id, status=request.status, error=request.error)
+                ended = repo.mark_ended(db, session_id=request.session_id, status=request.status, error=request.error)
+            if not ended:  # a terminal status is never overwritten: the first to end the session wins
+                log.warning("session had already ended", status=request.status, error=request.error)
+                return
             log.warning("session ended", status=request.status, error=request.error)

@@ -51,14 +51,21 @@ class TooManySessions(Exception):
 
 
 def check_tenant_limit(services: Services, tenant: str) -> None:
+    """TooManySessions if the tenant is at its limit now: a quick refusal before any upload is decoded. Not the
+    guard itself (another API process may take the last place meanwhile): `_start` records the session with
+    `repo.create_session_within_limit`, which counts again under a lock."""
     limit = services.settings.limits.max_sessions_per_tenant
     with services.sessions() as db:
         active = repo.active_sessions(db, tenant=tenant)
     if active >= limit:
-        raise TooManySessions(
-            f"tenant {tenant} has {active} sessions queued or running, the limit"
-            " (MONOLOGUE_LIMITS__MAX_SESSIONS_PER_TENANT); wait for one to end or cancel one"
-        )
+        raise _too_many(tenant, active)
+
+
+def _too_many(tenant: str, active: int) -> TooManySessions:
+    return TooManySessions(
+        f"tenant {tenant} has {active} sessions queued or running, the limit"
+        " (MONOLOGUE_LIMITS__MAX_SESSIONS_PER_TENANT); wait for one to end or cancel one"
+    )
 
 
 async def start_render(services: Services, *, uploads: Uploads, options: c.RenderOptions, tenant: str = "local") -> str:
@@ -84,9 +91,11 @@ async def _start(
             await asyncio.to_thread(_stage, services, session_id, uploads)
             checked = await _validate(services, session_id, kind, options.family)
             seconds = checked.audio_samples / AUDIO_RATE
+            limit = services.settings.limits.max_sessions_per_tenant
             with services.sessions() as db:
-                repo.create_session(
+                created = repo.create_session_within_limit(
                     db,
+                    limit=limit,
                     session_id=session_id,
                     tenant=tenant,
                     kind=kind,
@@ -96,6 +105,8 @@ async def _start(
                     width=checked.width,
                     height=checked.height,
                 )
+            if created is None:  # another request (perhaps in another API process) took the last place
+                raise _too_many(tenant, limit)
             await _start_workflow(
                 services.temporal,
                 services.settings,
@@ -105,8 +116,8 @@ async def _start(
                 tenant=tenant,
             )
         except BaseException as err:
-            if isinstance(err, InputError):
-                log.info("submit refused: bad input; removing what was written", error=str(err))
+            if isinstance(err, InputError | TooManySessions):
+                log.info("submit refused; removing what was written", error=str(err))
             else:
                 log.exception("submit failed; removing what was written")
             services.store.delete_prefix(keys.session_prefix(session_id))

@@ -62,7 +62,11 @@ async def run_node(
     shared = SessionActivities(store=store, sessions=sessions)
     validate = ValidateActivities(store=store)
     sinks = SinkActivities(store=store, sessions=sessions, allowed=settings.sinks)
-    faults = Faults(chunk_delay_s=settings.node.chunk_delay_s, hang_chunk=settings.node.hang_chunk)
+    faults = Faults(
+        chunk_delay_s=settings.node.chunk_delay_s,
+        hang_chunk=settings.node.hang_chunk,
+        finalize_delay_s=settings.node.finalize_delay_s,
+    )
     pinned = node_activities(store=store, sessions=sessions, node_id=node_id, faults=faults)
     lease = NodeLease(client=client, node_id=node_id)
     capacity = settings.node.capacity

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from monologue.contracts import ChunkKind, SessionKind, SessionStatus
 from monologue.localfs import private_file
@@ -201,12 +202,33 @@ def alembic_config(url: str) -> Any:
     return config
 
 
+MIGRATION_LOCK = 0x6D6F6E6F6C6F6775  # PostgreSQL advisory lock key held while migrating ("monologu")
+
+
 def migrate(url: str, revision: str = "head") -> None:
-    """Bring the schema at `url` up to `revision` (creating the SQLite folder if needed)."""
+    """Bring the schema at `url` up to `revision` (creating the SQLite folder if needed).
+
+    Safe to run from several processes at once (API processes starting together): on PostgreSQL each waits for
+    an advisory lock, so the first migrates and the others then find the schema already at `revision`.
+    SQLite's migrations take its write lock for their whole run (`migrations/env.py`), with the same effect."""
     from alembic import command
 
     _private_sqlite_file(url)
-    command.upgrade(alembic_config(url), revision)
+    if not url.startswith("postgresql"):
+        command.upgrade(alembic_config(url), revision)
+        return
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        # A session-level lock on a connection of its own: the migration runs on another connection (and
+        # commits there), so a transaction-level lock here would not cover it.
+        with engine.connect() as lock:
+            lock.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+            try:
+                command.upgrade(alembic_config(url), revision)
+            finally:
+                lock.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -3,13 +3,14 @@ by session id, or by (session, chunk kind, index)) so a retried activity rewrite
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
-from monologue.contracts import ChunkKind, SessionKind, SessionStatus
+from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, SinkRow, utcnow
 
 
@@ -40,6 +41,30 @@ def create_session(
     db.add(row)
     db.commit()
     return row
+
+
+def create_session_within_limit(db: Session, *, limit: int, **fields: Any) -> SessionRow | None:
+    """`create_session(db, **fields)` unless the tenant already has `limit` queued or running sessions (then
+    None, and nothing is written). The count and the insert hold a per-tenant write lock: two API processes on
+    one database would otherwise both count one place free and both take it."""
+    _lock_tenant(db, tenant=fields["tenant"])
+    if active_sessions(db, tenant=fields["tenant"]) >= limit:
+        db.rollback()  # releases the lock
+        return None
+    return create_session(db, **fields)  # its commit releases the lock
+
+
+def _lock_tenant(db: Session, *, tenant: str) -> None:
+    """Until this transaction ends, no other holds the tenant's lock. PostgreSQL: a transaction-level advisory
+    lock on the tenant's name (other tenants do not wait). SQLite: the database's write lock, taken before the
+    count (pysqlite would take it only at the INSERT, after both counts), waiting up to the busy timeout."""
+    dialect = db.get_bind().dialect.name
+    if dialect == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {"key": f"tenant:{tenant}"})
+    elif dialect == "sqlite":
+        db.execute(text("BEGIN IMMEDIATE"))
+    else:
+        raise ValueError(f"no tenant lock for the {dialect} database; Monologue supports PostgreSQL and SQLite")
 
 
 def delete_session(db: Session, *, session_id: str) -> None:
@@ -73,21 +98,28 @@ def active_sessions(db: Session, *, tenant: str) -> int:
 
 def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int) -> None:
     row = _require(db, session_id)
-    row.status = SessionStatus.RUNNING
     row.frames = frames
     row.chunks_total = chunks_total
     row.started_at = row.started_at or utcnow()
     db.commit()
+    _start(db, session_id, _GOING)  # a late retry of prepare does not revive an ended session
 
 
 def set_node(db: Session, *, session_id: str, node_id: str) -> None:
     """The node that holds the session now; a queued (or resumed) session is running from here on."""
     row = _require(db, session_id)
     row.node_id = node_id
-    if row.status == SessionStatus.QUEUED:
-        row.status = SessionStatus.RUNNING
-        if row.kind != SessionKind.LIVE:  # a live session's clock starts with its first audio (record_live_audio)
-            row.started_at = row.started_at or utcnow()
+    db.commit()
+    # a live session's clock starts with its first audio (record_live_audio)
+    started = {} if row.kind == SessionKind.LIVE else {"started_at": func.coalesce(SessionRow.started_at, utcnow())}
+    _start(db, session_id, {SessionStatus.QUEUED}, **started)
+
+
+def _start(db: Session, session_id: str, allowed: Iterable[SessionStatus], **values: Any) -> None:
+    """The session is running, if it is still in one of `allowed` (compare-and-set: a cancel that ended it
+    between our read and this write stands)."""
+    query = update(SessionRow).where(SessionRow.id == session_id, SessionRow.status.in_(allowed))
+    db.execute(query.values(status=SessionStatus.RUNNING, **values))
     db.commit()
 
 
@@ -156,24 +188,44 @@ def list_chunks(db: Session, *, session_id: str) -> list[ChunkRow]:
     return list(db.scalars(query))
 
 
-def mark_completed(db: Session, *, session_id: str, video_key: str, frames: int, chunks: int) -> None:
-    """The final video is stored (a live session learns its length here)."""
-    row = _require(db, session_id)
-    row.frames, row.chunks_total = frames, chunks
-    row.status = SessionStatus.COMPLETED
-    row.video_key = video_key
-    row.finished_at = utcnow()
-    row.error = None
-    db.commit()
+# Only a session still going may end: a terminal status is never overwritten, whichever write comes last.
+_GOING = frozenset(SessionStatus) - TERMINAL
 
 
-def mark_ended(db: Session, *, session_id: str, status: SessionStatus, error: str | None) -> None:
-    """The session ended without a video: `failed` (with the error) or `cancelled`."""
-    row = _require(db, session_id)
-    row.status = status
-    row.error = error
-    row.finished_at = utcnow()
+def mark_completed(db: Session, *, session_id: str, video_key: str, frames: int, chunks: int) -> bool:
+    """The final video is stored (a live session learns its length here). False if the session had already
+    ended otherwise (its workflow decided first); a retried finalize finds it completed and gets True."""
+    ended = _end(
+        db,
+        session_id,
+        SessionStatus.COMPLETED,
+        frames=frames,
+        chunks_total=chunks,
+        video_key=video_key,
+        error=None,
+    )
+    return ended or _status(db, session_id) == SessionStatus.COMPLETED
+
+
+def mark_ended(db: Session, *, session_id: str, status: SessionStatus, error: str | None) -> bool:
+    """The session ended without a video: `failed` (with the error) or `cancelled`. False (and nothing
+    written) if it had already ended: a completed video is never shown as cancelled."""
+    if status not in RESUMABLE:
+        raise ValueError(f"status {status!r}: a session ends without a video only as one of {sorted(RESUMABLE)}")
+    return _end(db, session_id, status, error=error)
+
+
+def _end(db: Session, session_id: str, status: SessionStatus, **values: Any) -> bool:
+    """Compare-and-set in one statement, so two writers racing (finalize and a cancel) cannot both win."""
+    _require(db, session_id)
+    query = update(SessionRow).where(SessionRow.id == session_id, SessionRow.status.in_(_GOING))
+    result = db.execute(query.values(status=status, finished_at=utcnow(), **values))
     db.commit()
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _status(db: Session, session_id: str) -> str | None:
+    return db.scalar(select(SessionRow.status).where(SessionRow.id == session_id))
 
 
 def record_checkpoint(db: Session, *, session_id: str, index: int, key: str, sha256: str, keep: int = 2) -> list[str]:

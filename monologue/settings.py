@@ -82,6 +82,9 @@ class NodeSettings(BaseModel):
         description="a session's pinned activity (a chunk) silent this long is declared lost and moves to another node",
     )
     chunk_delay_s: float = Field(default=0.0, ge=0, description="testing only: stretch every chunk by this long")
+    finalize_delay_s: float = Field(
+        default=0.0, ge=0, description="testing only: finalize pauses this long once the final MP4 is stored"
+    )
     hang_chunk: str = Field(
         default="",
         pattern=r"^([NI][0-9]+)?$",

@@ -181,11 +181,12 @@ class Stack:
         self.children.append(child)
         return child
 
-    def restart(self, name: str, timeout_s: float = 60.0) -> Child:
+    def restart(self, name: str, timeout_s: float = 60.0, *, crash: bool = False) -> Child:
         """Stop the child called `name` (SIGTERM, then SIGKILL) and start it again the same way: what an
-        operator's restart of one service looks like. Waits until it answers again."""
+        operator's restart of one service looks like. Waits until it answers again. `crash`: SIGKILL at once,
+        so the child runs none of its shutdown code (a crash, not a restart)."""
         old = next(child for child in self.children if child.name == name and child.process.poll() is None)
-        old.process.terminate()
+        old.process.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
         try:
             old.process.wait(timeout=20)
         except subprocess.TimeoutExpired:

@@ -57,6 +57,8 @@ class RenderWorkflow:
         self._publisher = Publisher(request, self._plan)
         self._lease = NodeLease(request, self._progress, on_acquired=lambda: self._set_status(c.SessionStatus.RUNNING))
         self._chunks = ChunkWindow(request, self._lease, self._plan, self._audio)
+        self._finalizing: workflow.ActivityHandle[c.FinalizeResult] | None = None  # the latest finalize started
+        self._final: c.FinalizeResult | None = None  # what finalize returned: the session is completed
 
     @workflow.query
     def progress(self) -> c.Progress:
@@ -92,6 +94,11 @@ class RenderWorkflow:
         try:
             return await self._render()
         except asyncio.CancelledError:
+            # A cancel that comes once finalize has begun loses to it: the session whose video finalize made
+            # (and recorded as completed) completes, so Temporal and the database agree.
+            final = await self._finalized_despite_cancel()
+            if final is not None:
+                return await self._complete(final, sink_timeout_s=SINK_DRAIN_S)
             # Cancelled by the API: close the stream so what was published stays playable, record it, and
             # release the node. Activities still run here because the cancellation was caught.
             await self._end(c.SessionStatus.CANCELLED, None)
@@ -114,13 +121,28 @@ class RenderWorkflow:
         self._progress.chunks_done = request.resume.cursor
         await self._generate()
         await self._publisher.flush()
-        final = await self._finalize()
+        self._final = await self._finalize()
+        return await self._complete(self._final)
+
+    async def _complete(self, final: c.FinalizeResult, sink_timeout_s: float | None = None) -> c.RenderResult:
         self._lease.release()
-        await self._publisher.wait_for_sinks()
+        await self._publisher.wait_for_sinks(timeout_s=sink_timeout_s)
         self._set_status(c.SessionStatus.COMPLETED)
+        request, plan = self._request, self._plan
         return c.RenderResult(
             session_id=request.session_id, video_key=final.video_key, frames=plan.frames, chunks=len(plan.chunks)
         )
+
+    async def _finalized_despite_cancel(self) -> c.FinalizeResult | None:
+        """The final video if finalize returned it, or returns it now: a cancel does not stop a finalize
+        under way (it only concatenates what is stored), so its outcome decides how the session ends."""
+        finalizing = self._finalizing
+        if self._final is not None or finalizing is None or finalizing.cancelled():
+            return self._final
+        try:
+            return await self._lease.wait(finalizing, c.FINALIZE)
+        except (ActivityError, NodeLost):
+            return None
 
     async def _generate(self) -> None:
         """Every chunk of the plan (a live session's plan grows while this runs), in generation order."""
@@ -199,7 +221,8 @@ class RenderWorkflow:
             try:
                 await lease.hold()
                 finalize.node_id = lease.node_id or ""
-                return await lease.run(c.FINALIZE, finalize, c.FinalizeResult)
+                self._finalizing = lease.start(c.FINALIZE, finalize, c.FinalizeResult)
+                return await lease.wait(self._finalizing, c.FINALIZE)
             except NodeLost:
                 lease.lose()
 

@@ -262,15 +262,25 @@ def test_nodes_report_heartbeat_age_rate_and_memory(client: TestClient, seeded: 
     assert node["memory_mb"] == 321.5
 
 
-@pytest.mark.parametrize("path", ["/ops", "/ops/sessions/run", "/ops/nodes"])
-def test_pages_are_html_loading_their_module_even_without_a_key(app: FastAPI, path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "assets"),
+    [
+        ("/ops", ["ops.css", "sessions.js"]),
+        ("/ops/sessions/run", ["ops.css", "vendor/hls.min.js", "session.js"]),
+        ("/ops/nodes", ["ops.css", "nodes.js"]),
+    ],
+)
+def test_pages_are_html_loading_their_module_even_without_a_key(app: FastAPI, path: str, assets: list[str]) -> None:
     """A browser sends no key when it navigates: the page loads, then asks for one (it holds no data itself)."""
     anonymous = TestClient(app)
     response = anonymous.get(path)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     assert 'id="sign-out"' in response.text
-    for asset in re.findall(r'(?:src|href)="(/ops/static/[^"]+)"', response.text):
-        assert anonymous.get(asset).status_code == 200, asset
+    linked = re.findall(r'(?:src|href)="/ops/static/([^"]+)"', response.text)
+    assert linked == assets  # the page's own assets, so the loop below cannot pass by running zero times
+    for asset in linked:
+        served = anonymous.get(f"/ops/static/{asset}")
+        assert served.status_code == 200 and served.content, asset
 
 
 def test_static_files_outside_the_folder_are_404(client: TestClient) -> None:

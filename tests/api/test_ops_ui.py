@@ -53,8 +53,10 @@ def url(ops_stack: Stack) -> str:
 
 @pytest.fixture(scope="module")
 def long_speech(sample_speech: bytes) -> bytes:
-    """The sample three times over: about 20 s, 25 chunks."""
-    return wav_bytes(np.tile(decode_wav(normalise_audio(sample_speech).wav), 3))
+    """The sample ten times over: about 70 s, 79 chunks, at least 30 s of rendering at 0.4 s a chunk. Far longer than
+    the tests that watch it take, so that it is still running when they assert that it is (and the cancel
+    test's session has not finished before the cancel)."""
+    return wav_bytes(np.tile(decode_wav(normalise_audio(sample_speech).wav), 10))
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +178,7 @@ def test_session_page_draws_the_timeline_and_plays_while_rendering(
     page.goto(f"{url}/ops/sessions/{watched}")
     total = _render(url, auth, watched)["progress"]["chunks_total"]
     page.wait_for_function(f"document.querySelectorAll('#timeline .chunk').length === {total}", timeout=20_000)
-    assert page.locator("#timeline .chunk.kind-I").count() == total // 2  # N0 I0 N1 … N12
+    assert page.locator("#timeline .chunk.kind-I").count() == total // 2  # N0 I0 N1 … N(last): one I between two Ns
     assert page.locator('#timeline .chunk[data-status="done"]').count() >= 1
     page.wait_for_function("document.getElementById('player').currentTime > 1", timeout=30_000)
     assert _render(url, auth, watched)["status"] == "running"  # it played before the render ended

@@ -11,8 +11,7 @@ Four implementations of the same function, chosen by `SRConfig.attention`:
 - `flex`: `torch.compile(flex_attention)` with a block mask. The production path on CUDA (Triton kernels;
   ../shared/GPU_NOTES.md measured 426 useful TFLOP/s on an H200 with 3584-token frames at ±1). On the
   CPU build of torch 2.13 it compiles too, through Inductor's C++ template, and matches `dense`, but the
-  first call per sequence length takes 13-20 s: not the CPU default (its test runs with
-  MONOLOGUE_TEST_COMPILE=1).
+  first call per sequence length takes 13-20 s: not the CPU default (one small test compiles it).
 - `flex_eager`: the same call without compilation. Torch runs an unfused reference implementation
   that materialises the whole score matrix (and warns; we silence that one warning on purpose). Slow,
   but it runs the real block mask on CPU: the tests compare it with `dense`.

@@ -1,8 +1,9 @@
 """The toy transformer gives the same output plain, sharded with FSDP2 over two CPU ranks, and offloaded
 by the ModelSwitcher (sharded or not), on both ranks, after switching back and forth.
 
-Tolerance: fp32, rtol 1e-5 (atol 1e-6 for outputs near zero). On CPU they are in fact bit-identical: an
-all-gather only copies, and the matmuls see the same shapes."""
+Tolerance: fp32, rtol 1e-5 (atol 1e-6 for outputs near zero); that is all these tests check. On CPU the
+outputs are expected to be bit-identical (an all-gather only copies, and the matmuls see the same shapes),
+but nothing here asserts it."""
 
 from __future__ import annotations
 
@@ -59,8 +60,6 @@ def test_the_tiny_dit_audio_to_video_model_matches_sharded_and_offloaded(results
     attempted = results["dit_outputs"]
     assert "error" not in attempted, attempted.get("traceback")
     per_rank: list[dict[str, Any]] = attempted["value"]
-    if "skipped" in per_rank[0]:
-        pytest.skip(per_rank[0]["skipped"])
     plain = per_rank[0]["plain"]
     assert np.abs(plain).max() > 1e-3, "a model whose output is all zeros would prove nothing"
     for rank, seen in enumerate(per_rank):

@@ -3,7 +3,6 @@ block layout never splits a frame, and the reported sparsity is what the kernel 
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
@@ -85,7 +84,7 @@ def test_super_resolution_dit_gives_the_same_latents_on_every_backend(backend: A
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.skipif(not os.environ.get("MONOLOGUE_TEST_COMPILE"), reason="compiling FlexAttention on CPU takes ~20 s")
+# Compiling FlexAttention on CPU takes ~20 s: worth it, as this is the only run of the compiled path in CI.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own use of torch.jit
 def test_compiled_flex_attention_on_cpu_equals_dense() -> None:
     layout = FrameWindow(frames=4, tokens_per_frame=32, window=1, block_size=16)
