@@ -1,5 +1,5 @@
-"""Activities on the shared queue: checking a session's stored inputs, handing it to a node, and
-recording failures. Any node process can run them."""
+"""Activities on the shared queue: checking a session's stored inputs, handing it to a node, ending a live
+session's stored audio, and recording failures. Any node process can run them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from activities.playlist import write_playlist
 from monologue import contracts as c
 from monologue import keys, repo
 from monologue.errors import InputError
+from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import AUDIO_RATE, StoredWav, decode_png
 from monologue.plan import chunk_sizes, frame_count, plan_chunks
 from monologue.storage import ObjectStore
@@ -81,3 +82,15 @@ class SessionActivities:
                 log.warning("session had already ended", status=request.status, error=request.error)
                 return
             log.warning("session ended", status=request.status, error=request.error)
+
+    @activity.defn(name=c.STORED_AUDIO)
+    def stored_audio(self, request: c.StoredAudioInput) -> c.StoredAudioResult:
+        """A live session's audio as storage holds it, ended there: the workflow ended it itself (idle timeout
+        or lifetime), so no API did, and one that comes back late must find it closed. Idempotent: a retry
+        finds the end marker and reports the same total."""
+        with activity_context(session_id=request.session_id) as log:
+            samples, ended = stored_live_audio(self._store, request.session_id)
+            if not ended:
+                LiveAudioWriter.mark_ended(self._store, request.session_id, samples)
+            log.info("live audio ended by the workflow", samples=samples, already_ended=ended)
+            return c.StoredAudioResult(samples=samples)

@@ -126,6 +126,13 @@ def _heartbeating(step: Callable[[], None], sink: Sink) -> None:
         raise failure[0]
 
 
+def _heartbeat(acknowledged: int) -> None:
+    """Heartbeat, and raise the workflow's cancel here, where the pump hands over (see `run_sink`)."""
+    activity.heartbeat(acknowledged)
+    if activity.is_cancelled():
+        raise CancelledError("the workflow cancelled the sink pump")
+
+
 class SinkActivities:
     def __init__(
         self,
@@ -145,14 +152,22 @@ class SinkActivities:
     @activity.defn(name=c.RUN_SINK)
     def run_sink(self, request: c.RunSinkInput) -> c.RunSinkResult:
         """Feed the sink until the stream ends (or the workflow cancels the pump to continue as new)."""
+        # Temporal cancels a thread activity by raising into it wherever it is; an `except Exception` in boto3,
+        # SQLAlchemy or a sink swallowed that now and then, the pump ran on and the workflow, waiting for it to
+        # hand over before continuing as new, hung. Shielded, the cancel is raised only where `_heartbeat` checks.
+        with activity.shield_thread_cancel_exception():
+            return self._pump(request)
+
+    def _pump(self, request: c.RunSinkInput) -> c.RunSinkResult:
         spec, sid = request.sink, request.session_id
         with activity_context(session_id=sid, sink=spec.label) as log:
             start, origin_ms, tenant = self._resume_point(sid, spec)
             allowed = self._tenant_allowed(sid, spec, tenant, start)
+            init_segment = self._wait_for(keys.init_segment(sid))  # cancelled here: no sink to hand over
             sink = self._factory(spec, sid, request.options, origin_ms, allowed)
             index = start
             try:
-                sink.start(self._wait_for(keys.init_segment(sid)), start)
+                sink.start(init_segment, start)
                 self._record(sid, spec, "streaming", sink.acknowledged())
                 shown: tuple[int, bool] | None = None
                 while True:
@@ -160,14 +175,14 @@ class SinkActivities:
                     while index < len(stream.names):
                         sink.put(index, self._store.get(keys.output(sid, stream.names[index])))
                         index += 1
-                        activity.heartbeat(sink.acknowledged())
+                        _heartbeat(sink.acknowledged())
                     if (index, stream.ended) != shown:
                         sink.playlist(stream.durations[:index], ended=stream.ended)
                         self._record(sid, spec, "streaming", sink.acknowledged())
                         shown = (index, stream.ended)
                     if stream.ended and index == len(stream.names):
                         break
-                    activity.heartbeat(sink.acknowledged())
+                    _heartbeat(sink.acknowledged())
                     time.sleep(self._poll_s)
                 self._put_final(sid, sink)
                 _heartbeating(lambda: sink.finish(ended=True), sink)
@@ -228,7 +243,7 @@ class SinkActivities:
             try:
                 return self._store.get(key)
             except NotFound:
-                activity.heartbeat(0)
+                _heartbeat(0)
                 time.sleep(self._poll_s)
 
     def _put_final(self, session_id: str, sink: Sink) -> None:

@@ -1,10 +1,10 @@
 """The node process: one worker machine that generates frames.
 
 It polls four Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
-`record_status`, and `validate_inputs` for the API's uploads), the lease queue (`hold_node`, with one slot
-per session the node can hold: this is how a node takes a session), its own queue `node-<id>` (the pinned
-per-session work) and the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video Streams from
-storage). Heavy work runs in sync activities on a thread pool so the event loop keeps heartbeating.
+`record_status`, `stored_audio`, and `validate_inputs` for the API's uploads), the lease queue (`hold_node`,
+with one slot per session the node can hold: this is how a node takes a session), its own queue `node-<id>`
+(the pinned per-session work) and the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video Streams
+from storage). Heavy work runs in sync activities on a thread pool so the event loop keeps heartbeating.
 SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
 chunks finish."""
 
@@ -88,7 +88,13 @@ async def run_node(
             client,
             task_queue=settings.temporal.task_queue,
             workflows=[RenderWorkflow, ValidateInputsWorkflow],
-            activities=[shared.prepare, shared.publish, shared.record_status, validate.validate_inputs],
+            activities=[
+                shared.prepare,
+                shared.publish,
+                shared.record_status,
+                shared.stored_audio,
+                validate.validate_inputs,
+            ],
             activity_executor=executor,
             max_concurrent_activities=4,
             graceful_shutdown_timeout=grace,

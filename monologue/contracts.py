@@ -541,3 +541,21 @@ class ValidateInputsResult:
     width: int  # the normalised portrait
     height: int
     audio_samples: int = 0  # 16 kHz; 0 without audio
+
+
+# A live session whose audio the workflow ends itself (idle timeout or lifetime, no `ended` signal: the API may
+# have crashed) asks storage how much there is: the API acknowledges audio to its client once stored, but
+# signals the workflow only about once a chunk, so the last signal may be short of what the client was promised.
+STORED_AUDIO = "stored_audio"
+
+
+@dataclass
+class StoredAudioInput:
+    """End a live session's stored audio where it stands (so a late API cannot add more) and report it."""
+
+    session_id: str
+
+
+@dataclass
+class StoredAudioResult:
+    samples: int  # 16 kHz, in storage and now marked ended there

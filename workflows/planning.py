@@ -1,8 +1,9 @@
 """A session's chunk plan inside RenderWorkflow: fixed for a render, growing with the audio for a live session.
 
 Live sessions learn about their audio from AUDIO_AVAILABLE signals (AudioFeed) and plan the chunks it makes
-possible; no audio for the idle timeout, or the end of the session's lifetime, ends the audio. Workflow code:
-no I/O or clocks but Temporal's, standard library, temporalio and the stdlib-only contracts and plan only."""
+possible; no audio for the idle timeout, or the end of the session's lifetime, ends the audio at what storage
+holds (the `stored_audio` activity: the API may have stored audio it never signalled). Workflow code: no I/O or
+clocks but Temporal's, standard library, temporalio and the stdlib-only contracts and plan only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
+
+from workflows.shared import run_shared
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -26,6 +29,9 @@ with workflow.unsafe.imports_passed_through():
 
 LIFETIME_OVER = "live session reached its lifetime: ending it"
 IDLE = "live session idle: ending it"
+# Sessions that ended their audio by timer before this patch planned from the signalled samples alone; their
+# histories have no `stored_audio` activity, so they must not get one on replay.
+STORED_AUDIO_PATCH = "stored-audio-at-idle-end"
 
 
 class AudioFeed:
@@ -104,10 +110,18 @@ class SessionPlan:
         self.timeline.extend(timeline_order(new))
         self._progress.chunks_total = len(self.chunks) if self.planned_all else 0
 
-    def end_audio(self, reason: str) -> None:
-        """No more audio: plan the session's last chunks from what is stored."""
-        workflow.logger.info(reason, extra={"session_id": self._request.session_id, "samples": self._feed.samples})
-        self._feed.ended = True
+    async def end_audio(self, reason: str) -> None:
+        """No more audio (idle timeout or lifetime, not an `ended` signal): plan the session's last chunks from
+        what is stored. The API acknowledges audio to its client once stored but signals only about once a
+        chunk, so after an API crash storage holds more than the last signal said: the larger counts."""
+        feed = self._feed
+        if workflow.patched(STORED_AUDIO_PATCH):
+            signalled = feed.samples  # a signal during the call is audio stored after the end marker: not counted
+            ask = c.StoredAudioInput(session_id=self._request.session_id)
+            stored = await run_shared(c.STORED_AUDIO, ask, c.StoredAudioResult)
+            feed.samples = max(signalled, stored.samples)
+        workflow.logger.info(reason, extra={"session_id": self._request.session_id, "samples": feed.samples})
+        feed.ended = True
         self.extend()
 
     async def wait_for_audio(self) -> None:
@@ -120,7 +134,7 @@ class SessionPlan:
         try:
             await workflow.wait_condition(lambda: self._feed.news, timeout=timedelta(seconds=timeout_s))
         except TimeoutError:  # the builtin: wait_condition's timeout
-            self.end_audio(LIFETIME_OVER if self.lifetime_over() else IDLE)
+            await self.end_audio(LIFETIME_OVER if self.lifetime_over() else IDLE)
 
     def lifetime_left_s(self) -> float | None:
         """Seconds a live session has left before its lifetime ends it; None without a lifetime (a render, a

@@ -150,7 +150,7 @@ class RenderWorkflow:
         cursor = started_at = self._request.resume.cursor
         while cursor < len(plan.chunks) or not plan.planned_all:
             if plan.lifetime_over():  # audio may still be coming: the session ends with what it has
-                plan.end_audio(LIFETIME_OVER)
+                await plan.end_audio(LIFETIME_OVER)
             if audio.news:  # a live session's audio grew (or ended) since we last looked: plan it
                 audio.news = False
                 plan.extend()

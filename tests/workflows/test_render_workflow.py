@@ -50,7 +50,8 @@ class FakeNodes:
     """Fake activities for a shared queue and any number of nodes; records every call.
 
     `fail_chunk` makes that N chunk fail like a model error does; `lose_checkpoint` makes the first
-    generation of that I chunk report the checkpoint of N(k) lost (once)."""
+    generation of that I chunk report the checkpoint of N(k) lost (once). `stored_samples` is the live audio
+    storage holds, as `stored_audio` reports it."""
 
     def __init__(
         self,
@@ -59,8 +60,10 @@ class FakeNodes:
         *,
         fail_chunk: int | None = None,
         lose_checkpoint: int | None = None,
+        stored_samples: int = 0,
     ) -> None:
         self.env = env
+        self.stored_samples = stored_samples
         self.frames = frames
         self.fail_chunk = fail_chunk
         self.lose_checkpoint = lose_checkpoint
@@ -89,7 +92,12 @@ class FakeNodes:
             self.calls.append(f"record {request.status}")
             self.ended = request
 
-        return [prepare, publish, record_status]
+        @activity.defn(name=c.STORED_AUDIO)
+        def stored_audio(request: c.StoredAudioInput) -> c.StoredAudioResult:
+            self.calls.append(f"stored audio {self.stored_samples}")
+            return c.StoredAudioResult(samples=self.stored_samples)
+
+        return [prepare, publish, record_status, stored_audio]
 
     def lease(self, node_id: str) -> list[object]:
         @activity.defn(name=c.HOLD_NODE)
@@ -141,7 +149,12 @@ class FakeNodes:
         return [init_session, generate_chunk, finalize]
 
     async def run(
-        self, options: c.RenderOptions, *, tenant: str = "local", **orchestration_changes: Any
+        self,
+        options: c.RenderOptions,
+        *,
+        tenant: str = "local",
+        kind: c.SessionKind = c.SessionKind.RENDER,
+        **orchestration_changes: Any,
     ) -> c.RenderResult:
         node_id = f"n-{uuid.uuid4().hex[:8]}"
         with ThreadPoolExecutor(4) as executor:
@@ -167,6 +180,7 @@ class FakeNodes:
                     c.RenderInput(
                         session_id="s",
                         tenant=tenant,
+                        kind=kind,
                         options=options,
                         orchestration=orchestration(**orchestration_changes),
                     ),
@@ -245,3 +259,13 @@ async def test_continue_as_new_carries_the_whole_input_but_the_resume_point(env:
     assert last.resume.cursor > 0
     first = c.RenderInput(session_id="s", tenant="acme", options=options, orchestration=orchestration(**changes))
     assert dataclasses.replace(last, resume=first.resume) == first
+
+
+async def test_a_live_session_that_idles_out_plans_from_the_audio_storage_holds(env: WorkflowEnvironment) -> None:
+    """No signal ever came (the API stored 2 s and crashed before telling the workflow): the idle timeout asks
+    storage, and the session completes with the frames of all 2 s instead of failing with no audio."""
+    fake = FakeNodes(env, frames=0, stored_samples=2 * 16_000)
+    options = c.RenderOptions(chunk_frames=20, first_chunk_frames=20, i_frames=4)
+    result = await fake.run(options, kind=c.SessionKind.LIVE, idle_timeout_s=1.0, max_live_s=0.0)
+    assert "stored audio 32000" in fake.calls
+    assert (result.frames, fake.calls[-1]) == (2 * options.fps, "finalize 50")
