@@ -1,6 +1,6 @@
 """Everything derived from `contracts.RenderOptions`, the one definition of a session's options.
 
-The dataclass in `monologue/contracts.py` (standard library only: it crosses Temporal and enters the workflow
+The dataclass in `monologue/contracts/session.py` (standard library only: it crosses Temporal and enters the workflow
 sandbox) holds each option's type, default and `Bounds` (limits and help text). From it, with nothing listed
 again by hand:
 - `request_model(cls)`: the pydantic model that validates a request (the HTTP schema, with OpenAPI's enums and

@@ -74,7 +74,7 @@ def enums_module() -> Response:
         "KINDS": [kind.value for kind in SessionKind],
         "CHUNK_KINDS": [kind.value for kind in ChunkKind],
     }
-    body = "// Generated from monologue/contracts.py by the API: do not edit.\n" + "".join(
+    body = "// Generated from monologue/contracts/session.py by the API: do not edit.\n" + "".join(
         f"export const {name} = {json.dumps(value)};\n" for name, value in values.items()
     )
     return Response(body, media_type="text/javascript", headers=_REVALIDATE)

@@ -1,0 +1,192 @@
+"""A session's model: its kinds, statuses and chunks, and its options (`RenderOptions`, THE definition of
+every option), all of which cross Temporal inside the activity and workflow inputs (`monologue.contracts`
+re-exports every name here).
+
+Standard library only: workflow code imports it inside the sandbox."""
+
+# No `from __future__ import annotations` here: Temporal's converter resolves these field types at
+# run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Literal
+
+
+class SessionKind(StrEnum):
+    """A render has all its audio up front; a live session's audio streams in while it runs."""
+
+    RENDER = "render"
+    LIVE = "live"
+
+
+class SessionStatus(StrEnum):
+    """Where a session is; the workflow decides, the database follows (StrEnum: equal to the stored strings)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED})
+RESUMABLE = frozenset({SessionStatus.FAILED, SessionStatus.CANCELLED})  # resume starts these again
+
+
+class ChunkKind(StrEnum):
+    """N chunks carry the timeline; an I chunk interpolates the seam after N(index)."""
+
+    N = "N"
+    I = "I"  # noqa: E741 (the name the whole design uses)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of the timeline, the one shape from the plan to the pipeline: N chunks carry the timeline, an
+    I chunk fills the seam after N(index). A plain "N"/"I" given as `kind` becomes the enum."""
+
+    kind: ChunkKind
+    index: int
+    first_frame: int
+    n_frames: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ChunkKind(self.kind))  # ValueError naming anything but N or I
+
+    @property
+    def end_frame(self) -> int:
+        return self.first_frame + self.n_frames
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value}{self.index}"
+
+    @property
+    def depends_on(self) -> tuple[tuple[ChunkKind, int], ...]:
+        """Chunks that must be generated first: N(k) needs N(k-1); I(k) needs N(k) and N(k+1)."""
+        if self.kind is ChunkKind.N:
+            return ((ChunkKind.N, self.index - 1),) if self.index > 0 else ()
+        return ((ChunkKind.N, self.index), (ChunkKind.N, self.index + 1))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What an option accepts, kept with its definition (`Annotated[int, Bounds(...)]`): the API's schema, the
+    settings and the CLI read it from here (`monologue/options.py`), so a limit is written once."""
+
+    doc: str
+    ge: float | None = None
+    le: float | None = None
+    pattern: str | None = None
+    max_length: int | None = None
+
+
+class Family(StrEnum):
+    """Model family: warp (CPU, real time) or dit (the diffusion-transformer family)."""
+
+    WARP = "warp"
+    DIT = "dit"
+
+
+class Resolution(StrEnum):
+    """Output size: the portrait's own, 512x512, 1280x720 or 1920x1080 (tall portraits get the tall variant)."""
+
+    SOURCE = "source"
+    SQUARE_512 = "512"
+    HD_720 = "720p"
+    HD_1080 = "1080p"
+
+
+_SINK_NAME = Bounds("Unique per session; default: type.", pattern=r"^[a-z0-9-]{0,32}$")
+_ENDPOINT = Bounds("Endpoint (default AWS's own).", pattern=r"^https?://[^\s/]+(/\S*)?$")
+_REGION = Bounds("AWS region.", pattern=r"^[a-z0-9-]{1,32}$")
+
+
+@dataclass(frozen=True)
+class S3Sink:
+    """Publish the stream to an S3-compatible bucket: keys under <prefix>/<session id>/. Credentials are the
+    nodes' (boto3's usual chain)."""
+
+    bucket: Annotated[str, Bounds("Bucket.", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")]
+    type: Literal["s3"] = "s3"
+    name: Annotated[str, _SINK_NAME] = ""
+    prefix: Annotated[str, Bounds("Keys go under <prefix>/<session id>/.", pattern=r"^[A-Za-z0-9/_.-]{0,200}$")] = ""
+    endpoint_url: Annotated[str | None, _ENDPOINT] = None
+    region: Annotated[str | None, _REGION] = None
+
+    def __post_init__(self) -> None:
+        if ".." in self.prefix.split("/"):
+            raise ValueError(f"an s3 prefix may not contain '..' (got {self.prefix!r})")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+@dataclass(frozen=True)
+class KvsSink:
+    """Publish the stream to a Kinesis Video stream (PutMedia). Credentials are the nodes'."""
+
+    stream_name: Annotated[str, Bounds("Kinesis Video stream name.", pattern=r"^[a-zA-Z0-9_.-]{1,256}$")]
+    type: Literal["kvs"] = "kvs"
+    name: Annotated[str, _SINK_NAME] = ""
+    endpoint_url: Annotated[str | None, _ENDPOINT] = None
+    region: Annotated[str | None, _REGION] = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+
+# A sink, told apart by `type` (S3 first: Temporal's converter tries a union's members in order, and the
+# `type` literal refuses the wrong one).
+Sink = S3Sink | KvsSink
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """A session's options: THE definition. The HTTP schema, the settings' per-render defaults
+    (`MONOLOGUE_RENDER__*`), the CLI's options and the pipeline's view are all derived from these fields
+    (`monologue/options.py`); add an option here and it appears everywhere."""
+
+    fps: Annotated[int, Bounds("Frames per second of the output video.", ge=1, le=60)] = 25
+    chunk_frames: Annotated[int, Bounds("Frames per N chunk (about 1-2 s).", ge=2, le=250)] = 40
+    first_chunk_frames: Annotated[
+        int, Bounds("Frames in the first chunk (0: chunk_frames); fewer: faster first frame.", ge=0, le=250)
+    ] = 0
+    i_frames: Annotated[int, Bounds("Frames per I chunk, the seam between two N chunks (0: none).", ge=0, le=32)] = 4
+    seed: Annotated[int, Bounds("Seed: the same inputs and seed give the same frames.", ge=0, le=2**63 - 1)] = 0
+    resolution: Annotated[Resolution, Bounds(Resolution.__doc__ or "")] = Resolution.SOURCE
+    preview: Annotated[bool, Bounds("Render fast at half resolution; the same seed gives the same motion.")] = False
+    family: Annotated[Family, Bounds(Family.__doc__ or "")] = Family.WARP
+    sinks: Annotated[
+        tuple[Sink, ...], Bounds("Publishers besides the HLS stream (S3, Kinesis Video); at most 4.", max_length=4)
+    ] = ()
+    prompt: Annotated[str, Bounds("Optional scene/text conditioning (dit family).", max_length=500)] = ""
+
+    def __post_init__(self) -> None:
+        labels = [sink.label for sink in self.sinks]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")
+
+
+def render_options(values: dict[str, object]) -> RenderOptions:
+    """RenderOptions from plain values already validated (a stored session's options, a model_dump)."""
+    sinks = tuple(_sink(spec) for spec in values.get("sinks") or ())  # type: ignore[attr-defined]
+    enums = {
+        "resolution": Resolution(str(values.get("resolution", Resolution.SOURCE))),
+        "family": Family(str(values.get("family", Family.WARP))),
+    }
+    return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]
+
+
+def _sink(spec: object) -> Sink:
+    if isinstance(spec, S3Sink | KvsSink):
+        return spec
+    fields = {key: value for key, value in dict(spec).items() if value not in ("", None)}  # type: ignore[call-overload]
+    if fields.get("type") == "kvs":
+        return KvsSink(**{k: v for k, v in fields.items() if k in _KVS_FIELDS})
+    return S3Sink(**{k: v for k, v in fields.items() if k in _S3_FIELDS})
+
+
+_S3_FIELDS = frozenset(S3Sink.__dataclass_fields__)
+_KVS_FIELDS = frozenset(KvsSink.__dataclass_fields__)
