@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
-import pytest_asyncio
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -18,23 +17,12 @@ from temporalio.worker import Worker
 
 from monologue import contracts as c
 from monologue.plan import AUDIO_RATE, frame_count
-from monologue.stack import search_attribute_flags, temporal_binary
 from tests.workflows.test_render_workflow import FakeNodes, orchestration
 from workflows.render import RenderWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 OPTIONS = c.RenderOptions(chunk_frames=10, first_chunk_frames=10, i_frames=2)  # a chunk per 0.4 s of audio
 PIECE = AUDIO_RATE // 5  # the audio "API" stores 0.2 s every 0.2 s
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        dev_server_extra_args=["--log-level", "error", *search_attribute_flags()],
-    )
-    yield environment
-    await environment.shutdown()
 
 
 @asynccontextmanager

