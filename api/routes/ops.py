@@ -23,6 +23,7 @@ from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo_nodes import aware
 
 from ..deps import DbDep, OpsAccess, ServicesDep
+from ..inputs import enum_filter
 from ..ops.schemas import (
     OpsCheckpoint,
     OpsChunk,
@@ -105,10 +106,10 @@ def list_sessions(
 ) -> OpsSessionPage:
     """Sessions, newest first, with progress, realtime factor and time to first frame."""
     where = repo_ops.SessionFilter(
-        status=renders.enum_filter(SessionStatus, status, "status"),
+        status=enum_filter(SessionStatus, status, "status"),
         tenant=tenant or None,
         node=node or None,
-        kind=renders.enum_filter(SessionKind, kind, "kind"),
+        kind=enum_filter(SessionKind, kind, "kind"),
     )
     rows, total = repo_ops.list_sessions(db, where=where, limit=limit, offset=offset)
     totals = repo_ops.chunk_totals(db, session_ids=[row.id for row in rows])

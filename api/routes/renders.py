@@ -4,17 +4,14 @@ side effects live in `api.submit` and `monologue.repo`."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
-from collections.abc import AsyncIterator, Callable
-from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Annotated
 from urllib.parse import quote
 
 from botocore.exceptions import ClientError
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Query, Request, UploadFile, status
+from fastapi import APIRouter, File, HTTPException, Query, Request, UploadFile, status
 from fastapi.responses import FileResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
@@ -27,7 +24,8 @@ from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.storage import LocalStore
 
 from .. import streams
-from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep
+from ..deps import DbDep, Principal, ServicesDep, TenantDep
+from ..inputs import OptionFields, enum_filter, validated_options
 from ..origin import public_base, public_ws_base
 from ..schemas import (
     Latency,
@@ -42,61 +40,7 @@ from ..submit import TERMINAL, Uploads, cancel_workflow, resume_workflow, start_
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"])
 PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
-E = TypeVar("E", bound=StrEnum)
 MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
-
-
-def option_form(cls: Any = c.RenderOptions) -> Callable[..., dict[str, Any]]:
-    """A dependency taking every session option as an optional form field, derived from `contracts.RenderOptions`
-    (its types, so OpenAPI lists them, and its help text); the sinks come as a JSON string."""
-    parameters = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation=Annotated[(str if name == options_.SINKS else base) | None, Form(description=bounds.doc)],
-        )
-        for name, base, bounds, _default in options_.option_fields(cls)
-    ]
-
-    def option_fields(**fields: Any) -> dict[str, Any]:
-        """The option form fields renders and live sessions share (those left out are not in the dict)."""
-        given = {name: value for name, value in fields.items() if value is not None}
-        if options_.SINKS in given:
-            given[options_.SINKS] = parse_sinks(given[options_.SINKS])
-        return {name: value for name, value in given.items() if value is not None}
-
-    option_fields.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    return option_fields
-
-
-OptionFields = Annotated[dict[str, Any], Depends(option_form())]
-
-
-def enum_filter(enum: type[E], value: str | None, name: str) -> E | None:
-    """A query filter's value as its enum (empty: no filter); 422 naming the allowed values otherwise. Kept a
-    string in the route's signature so an empty `?status=` (a form's "any") stays valid."""
-    if not value:
-        return None
-    try:
-        return enum(value)
-    except ValueError:
-        allowed = ", ".join(member.value for member in enum)
-        raise HTTPException(422, f"{name}: {value!r} is not one of {allowed}") from None
-
-
-def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> c.RenderOptions:
-    """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad,
-    or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`)."""
-    try:
-        options: c.RenderOptions = options_.merge(services.settings.render, given)
-    except ValidationError as err:
-        raise HTTPException(422, _describe(err)) from err
-    for sink in options.sinks:
-        problem = sink_policy.refusal(sink, tenant=tenant, allowed=services.settings.sinks)
-        if problem is not None:
-            raise HTTPException(422, f"sinks: {problem}")
-    return options
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={422: {"model": Problem}})
@@ -311,19 +255,6 @@ def stream_file(services: ServicesDep, session_id: str, name: str) -> Response:
     return Response(data, media_type=media_type, headers={"Cache-Control": cache})
 
 
-def parse_sinks(text: str | None) -> list[Any] | None:
-    """The `sinks` form field: a JSON list (validated with the other options)."""
-    if text is None or not text.strip():
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise HTTPException(422, f"sinks: not valid JSON ({err.msg} at character {err.pos})") from None
-    if not isinstance(value, list):
-        raise HTTPException(422, 'sinks: expected a JSON list, e.g. [{"type": "s3", "bucket": "videos"}]')
-    return value
-
-
 @router.get(
     "/{session_id}/sinks/{sink}/stream.m3u8",
     response_class=Response,
@@ -412,7 +343,3 @@ async def _read_limited(upload: UploadFile, field: str, limit: int) -> bytes:
     if not data:
         raise HTTPException(422, f"{field}: the uploaded file is empty")
     return data
-
-
-def _describe(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())

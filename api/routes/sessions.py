@@ -47,10 +47,11 @@ from monologue.repo_nodes import aware
 
 from .. import streams
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
+from ..inputs import OptionFields, validated_options
 from ..live_resample import PcmResampler, ResamplerMissing
 from ..schemas import Problem, RenderPublic
 from ..submit import TERMINAL, start_live
-from .renders import OptionFields, _find, _public, _read_limited, validated_options
+from .renders import _find, _public, _read_limited
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"])
 log = structlog.get_logger("api.sessions")

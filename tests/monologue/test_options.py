@@ -14,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from api.app import create_app
-from api.routes.renders import option_form
+from api.inputs import option_form
 from monologue import contracts as c
 from monologue import options as options_
 from monologue.cli_options import model_options

@@ -1,0 +1,92 @@
+"""What a session request carries besides its uploads: the option form fields (derived from
+`contracts.RenderOptions`), their validation over the server's defaults and the operator's sink allow-lists,
+and query filters that name an enum. Shared by the renders, live sessions and ops routes."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Form, HTTPException
+from pydantic import ValidationError
+
+from monologue import contracts as c
+from monologue import options as options_
+from monologue import sink_policy
+
+from .deps import Services
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def option_form(cls: Any = c.RenderOptions) -> Callable[..., dict[str, Any]]:
+    """A dependency taking every session option as an optional form field, derived from `contracts.RenderOptions`
+    (its types, so OpenAPI lists them, and its help text); the sinks come as a JSON string."""
+    parameters = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[(str if name == options_.SINKS else base) | None, Form(description=bounds.doc)],
+        )
+        for name, base, bounds, _default in options_.option_fields(cls)
+    ]
+
+    def option_fields(**fields: Any) -> dict[str, Any]:
+        """The option form fields renders and live sessions share (those left out are not in the dict)."""
+        given = {name: value for name, value in fields.items() if value is not None}
+        if options_.SINKS in given:
+            given[options_.SINKS] = parse_sinks(given[options_.SINKS])
+        return {name: value for name, value in given.items() if value is not None}
+
+    option_fields.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return option_fields
+
+
+OptionFields = Annotated[dict[str, Any], Depends(option_form())]
+
+
+def enum_filter(enum: type[E], value: str | None, name: str) -> E | None:
+    """A query filter's value as its enum (empty: no filter); 422 naming the allowed values otherwise. Kept a
+    string in the route's signature so an empty `?status=` (a form's "any") stays valid."""
+    if not value:
+        return None
+    try:
+        return enum(value)
+    except ValueError:
+        allowed = ", ".join(member.value for member in enum)
+        raise HTTPException(422, f"{name}: {value!r} is not one of {allowed}") from None
+
+
+def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> c.RenderOptions:
+    """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad,
+    or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`)."""
+    try:
+        options: c.RenderOptions = options_.merge(services.settings.render, given)
+    except ValidationError as err:
+        raise HTTPException(422, describe(err)) from err
+    for sink in options.sinks:
+        problem = sink_policy.refusal(sink, tenant=tenant, allowed=services.settings.sinks)
+        if problem is not None:
+            raise HTTPException(422, f"sinks: {problem}")
+    return options
+
+
+def parse_sinks(text: str | None) -> list[Any] | None:
+    """The `sinks` form field: a JSON list (validated with the other options)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise HTTPException(422, f"sinks: not valid JSON ({err.msg} at character {err.pos})") from None
+    if not isinstance(value, list):
+        raise HTTPException(422, 'sinks: expected a JSON list, e.g. [{"type": "s3", "bucket": "videos"}]')
+    return value
+
+
+def describe(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
