@@ -11,7 +11,9 @@ chunks finish."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -35,6 +37,7 @@ from workflows.render import RenderWorkflow
 from workflows.validate import ValidateInputsWorkflow
 
 SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
+SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
 
 log = structlog.get_logger("node")
 
@@ -147,6 +150,7 @@ async def run_node(
             # Hand the sessions back first (their workflows move them at once instead of waiting for a
             # heartbeat timeout); the chunk in progress still finishes while the workers shut down.
             log.info("node draining", node_id=node_id)
+            _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
             lease.draining.set()
             reporter.set_status("draining")
             await asyncio.sleep(0.5)
@@ -155,3 +159,16 @@ async def run_node(
     engine.dispose()
     engine.dispose()
     log.info("node stopped", node_id=node_id)
+
+
+def _exit_after(seconds: float) -> None:
+    """A stopping node exits within `seconds` even if a worker's shutdown never returns (Temporal's workers
+    retry RPCs to a server that is gone when the whole stack stops at once, e.g. after its parent's SIGKILL)."""
+
+    def exit_now() -> None:
+        log.warning("node shutdown overran; exiting", after_s=seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,9 @@ def up() -> None:
     click.echo("stopped")
 
 
+API_SHUTDOWN_S = 10  # a stopping API closes the connections still open after this long
+
+
 @main.command()
 def api() -> None:
     """Run the API server (uvicorn) in the foreground."""
@@ -70,6 +76,8 @@ def api() -> None:
         # request.client must be the socket's peer: /ops open on loopback is decided from it (api/deps.py), and
         # uvicorn would otherwise take it from X-Forwarded-For, which any client sends through a local proxy.
         proxy_headers=False,
+        # Open event streams and audio sockets end with the server instead of holding its shutdown forever.
+        timeout_graceful_shutdown=API_SHUTDOWN_S,
     )
 
 
@@ -78,7 +86,22 @@ def node() -> None:
     """Run one node: poll the shared queue and this node's own queue."""
     from gpu_worker.node import run_node
 
-    asyncio.run(run_node(_configured()))
+    _exit_when_done(lambda: asyncio.run(run_node(_configured())))
+
+
+def _exit_when_done(run: Callable[[], None]) -> None:
+    """Run a server process's main function, then exit at once with its status: the interpreter's own teardown
+    can wait forever on Temporal's native threads retrying a server that is gone."""
+    code = 0
+    try:
+        run()
+    except BaseException:  # reported, then the process exits non-zero
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 @main.command()

@@ -69,6 +69,8 @@ def _up(tmp_path: Path) -> subprocess.Popen[bytes]:
         "MONOLOGUE_TEMPORAL__ADDRESS": f"127.0.0.1:{free_port()}",
         "MONOLOGUE_TEMPORAL__UI_PORT": str(free_port()),
         "MONOLOGUE_API__PORT": str(api_port),
+        # A stopping node exits within this plus gpu_worker.node.SHUTDOWN_MARGIN_S, whatever its workers do.
+        "MONOLOGUE_NODE__GRACEFUL_SHUTDOWN_S": "5",
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "monologue", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -88,7 +90,7 @@ def test_up_leaves_no_orphans_when_stopped(tmp_path: Path, stop_signal: signal.S
     assert len(children) >= 3, "temporal, the API and a node"
     process.send_signal(stop_signal)
     process.wait(timeout=60)
-    deadline = time.monotonic() + 30  # SIGKILL: the children get SIGTERM from the kernel and shut down
+    deadline = time.monotonic() + 30  # SIGKILL: the children get SIGTERM from the kernel and shut down (≤ 15 s)
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [pid for pid in children if _alive(pid)]
