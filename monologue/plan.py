@@ -9,7 +9,9 @@ order is `N0 N1 I0 N2 I1 N3 I2 …`. Every frame belongs to exactly one chunk; t
 samples [f*rate/fps, (f+1)*rate/fps).
 
 Near the end an I chunk shrinks so that at least one frame is left for the N chunk after it; a seam
-with no room for an I frame has no I chunk. The incremental planner (live sessions, audio still
+with no room for an I frame has no I chunk. With a `stride` (the dit family's 4: its VAE makes one latent
+of every 4 frames) every size is a multiple of it and a shortened I chunk stays one, so every chunk starts
+on a multiple of the stride and only the last chunk can end off it. The incremental planner (live sessions, audio still
 arriving) emits exactly the chunks the finite plan would, as soon as their frames exist.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monologue.contracts import Chunk, ChunkKind
+from monologue.contracts import Chunk, ChunkKind, Family
 
 
 def frame_count(samples: int, *, rate: int, fps: int) -> int:
@@ -54,11 +56,20 @@ def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tupl
     return first_frame * rate // fps, (first_frame + n_frames) * rate // fps
 
 
-def _check_sizes(n_frames: int, i_frames: int) -> None:
+def _check_sizes(n_frames: int, i_frames: int, first_frames: int, stride: int) -> None:
     if n_frames < 1:
         raise ValueError(f"N chunks need at least one frame, got n_frames={n_frames}")
     if i_frames < 0:
         raise ValueError(f"i_frames must be 0 or more, got {i_frames}")
+    if stride < 1:
+        raise ValueError(f"the stride must be 1 or more, got {stride}")
+    off_grid = {
+        name: size
+        for name, size in (("n_frames", n_frames), ("i_frames", i_frames), ("first_frames", first_frames))
+        if size % stride
+    }
+    if off_grid:
+        raise ValueError(f"chunk sizes must be multiples of the stride {stride}, got {off_grid}")
 
 
 def chunk_sizes(options: Any) -> dict[str, int]:
@@ -70,22 +81,27 @@ def chunk_sizes(options: Any) -> dict[str, int]:
         "n_frames": n_frames,
         "i_frames": values["i_frames"],
         "first_frames": values.get("first_chunk_frames") or n_frames,
+        "stride": Family(str(values.get("family", Family.WARP))).temporal_stride,
     }
 
 
-def plan_timeline(total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None) -> list[Chunk]:
+def plan_timeline(
+    total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None, stride: int = 1
+) -> list[Chunk]:
     """All chunks in timeline order for a video of `total_frames` frames."""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames)
+    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride)
     return sorted(planner.advance(total_frames, final=True), key=lambda spec: spec.first_frame)
 
 
-def plan_chunks(total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None) -> list[Chunk]:
+def plan_chunks(
+    total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None, stride: int = 1
+) -> list[Chunk]:
     """All chunks in generation order: N0 N1 I0 N2 I1 …"""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames)
+    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride)
     return list(planner.advance(total_frames, final=True))
 
 
@@ -102,14 +118,22 @@ class IncrementalPlanner:
     """
 
     def __init__(
-        self, *, n_frames: int, i_frames: int, first_frames: int | None = None, next_frame: int = 0, next_index: int = 0
+        self,
+        *,
+        n_frames: int,
+        i_frames: int,
+        first_frames: int | None = None,
+        stride: int = 1,
+        next_frame: int = 0,
+        next_index: int = 0,
     ) -> None:
-        _check_sizes(n_frames, i_frames)
+        _check_sizes(n_frames, i_frames, first_frames or n_frames, stride)
         self.first_frames = first_frames or n_frames  # N0 may be shorter: a faster first frame
         if self.first_frames < 1:
             raise ValueError(f"the first chunk needs at least one frame, got first_frames={first_frames}")
         self.n_frames = n_frames
         self.i_frames = i_frames
+        self.stride = stride  # chunk boundaries (all but the last frame's) fall on multiples of it
         self.next_frame = next_frame  # first frame not yet in any chunk
         self.next_index = next_index  # index of the next N chunk
         self.finished = False
@@ -130,8 +154,9 @@ class IncrementalPlanner:
                 if final:
                     self.finished = True
                 return
-            # The seam after N(k-1): an I chunk, then N(k). Both go out together, N first.
-            gap = min(self.i_frames, remaining - 1)
+            # The seam after N(k-1): an I chunk, then N(k). Both go out together, N first. A shortened seam
+            # stays a whole number of strides and leaves at least one frame for the N chunk.
+            gap = min(self.i_frames, (remaining - 1) // self.stride * self.stride)
             size = min(self.n_frames, remaining - gap)
             if (gap < self.i_frames or size < self.n_frames) and not final:
                 return  # a shortened seam or N chunk is only right once the total is known

@@ -86,6 +86,22 @@ class Family(StrEnum):
     WARP = "warp"
     DIT = "dit"
 
+    @property
+    def temporal_stride(self) -> int:
+        """Video frames per latent frame: every chunk boundary but a session's end falls on a multiple of it.
+        The dit family's video VAE compresses 4 frames into one latent (gpu_worker/models/dit/vae.py checks
+        its checkpoint agrees); warp works frame by frame."""
+        return 4 if self is Family.DIT else 1
+
+
+class Residency(StrEnum):
+    """Where a node keeps the models of a render that it is not running: RESIDENT keeps every model on the
+    accelerator (fastest, needs memory for all of them); SWITCH keeps only the running stage's models there
+    and parks the others in pinned host memory, streaming each in block by block when its stage starts."""
+
+    RESIDENT = "resident"
+    SWITCH = "switch"
+
 
 class Resolution(StrEnum):
     """Output size: the portrait's own, 512x512, 1280x720 or 1920x1080 (tall portraits get the tall variant)."""
@@ -167,6 +183,15 @@ class RenderOptions:
         labels = [sink.label for sink in self.sinks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")
+        stride = self.family.temporal_stride
+        sizes = {name: getattr(self, name) for name in ("chunk_frames", "first_chunk_frames", "i_frames")}
+        off_grid = {name: size for name, size in sizes.items() if size % stride}
+        if off_grid:
+            given = ", ".join(f"{name}={size}" for name, size in off_grid.items())
+            raise ValueError(
+                f"the {self.family} family makes one latent frame of every {stride} video frames, so chunk_frames, "
+                f"first_chunk_frames and i_frames must be multiples of {stride} (got {given})"
+            )
 
 
 def render_options(values: dict[str, object]) -> RenderOptions:

@@ -84,3 +84,11 @@ def test_stored_options_round_trip_and_old_rows_with_every_sink_field_still_read
     }
     assert c.render_options(old_row).sinks == (c.KvsSink(stream_name="live"),)
     assert c.render_options(old_row).resolution is c.Resolution.HD_720
+
+
+def test_dit_chunk_sizes_off_its_latent_grid_are_refused_naming_the_options() -> None:
+    defaults = Settings().render
+    assert options_.merge(defaults, {"family": "dit", "chunk_frames": 48, "i_frames": 8}).chunk_frames == 48
+    with pytest.raises(ValidationError, match=r"multiples of 4 \(got chunk_frames=42, i_frames=3\)"):
+        options_.merge(defaults, {"family": "dit", "chunk_frames": 42, "i_frames": 3})
+    assert options_.merge(defaults, {"family": "warp", "chunk_frames": 42, "i_frames": 3}).i_frames == 3

@@ -103,3 +103,37 @@ def test_plan_rejects_bad_sizes_with_the_value() -> None:
         plan_chunks(10, n_frames=0)
     with pytest.raises(ValueError, match="-1"):
         plan_chunks(10, n_frames=5, i_frames=-1)
+
+
+@given(
+    total=totals,
+    n=st.integers(1, 30),
+    i=st.integers(0, 3),
+    first=st.none() | st.integers(1, 30),
+    stride=st.sampled_from([2, 4]),
+    steps=st.lists(st.integers(0, 400), max_size=20),
+)
+def test_a_strided_plan_puts_every_boundary_but_the_end_on_the_grid(
+    total: int, n: int, i: int, first: int | None, stride: int, steps: list[int]
+) -> None:
+    """The dit family's latent grid: every chunk starts on a multiple of the stride, only the last ends off it,
+    every frame is in one chunk, and audio arriving in pieces plans the same chunks."""
+    sizes = {"n_frames": n * stride, "i_frames": i * stride, "first_frames": first and first * stride}
+    timeline = plan_timeline(total, **sizes, stride=stride)
+    assert [f for s in timeline for f in range(s.first_frame, s.end_frame)] == list(range(total))
+    assert all(spec.first_frame % stride == 0 for spec in timeline)
+    assert all(spec.n_frames % stride == 0 for spec in timeline[:-1])
+    planner = IncrementalPlanner(**sizes, stride=stride)
+    emitted, available = [], 0
+    for step in steps:
+        available = min(total, available + step)
+        emitted.extend(planner.advance(available, final=False))
+    emitted.extend(planner.advance(total, final=True))
+    assert emitted == plan_chunks(total, **sizes, stride=stride)
+
+
+def test_a_strided_plan_refuses_sizes_off_the_grid() -> None:
+    with pytest.raises(ValueError, match="multiples of the stride 4"):
+        plan_chunks(100, n_frames=40, i_frames=3, stride=4)
+    with pytest.raises(ValueError, match="first_frames"):
+        plan_chunks(100, n_frames=40, i_frames=4, first_frames=10, stride=4)
