@@ -31,10 +31,9 @@ from activities.chunk_order import ChunkOrder
 from activities.errors import activity_context
 from activities.fault_injection import Faults
 from activities.heartbeat import ChunkHeartbeat
-from activities.pipelines import Pipelines
+from activities.pipelines import Pipelines, node_pipeline
 from activities.playlist import write_playlist
 from activities.session_cache import SessionCache
-from gpu_worker.models import build_family
 from gpu_worker.pipeline import ChunkRequest, Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
@@ -79,7 +78,7 @@ class NodeActivities:
         self._store = store
         self._sessions = sessions
         self._node_id = node_id
-        self._pipelines = Pipelines(pipeline_factory or (lambda family: Pipeline(build_family(family))))
+        self._pipelines = Pipelines(pipeline_factory or node_pipeline)
         self._cache = SessionCache(store=store, pipelines=self._pipelines)
         self._checkpoints = Checkpoints(store=store, sessions=sessions)
         self._order = ChunkOrder()

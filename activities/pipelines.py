@@ -17,9 +17,17 @@ from temporalio import activity
 from temporalio.exceptions import CancelledError
 
 from activities.heartbeat import beating
+from gpu_worker.models import build_family
 from gpu_worker.pipeline import Pipeline
+from monologue.settings import get_settings
 
 WAIT_POLL_S = 0.2  # how often a waiting chunk looks for a cancellation
+
+
+def node_pipeline(family: str) -> Pipeline:
+    """A one-process node's pipeline for `family`, its models resident on the GPU or switched in per stage
+    as the node's `residency` setting says (MONOLOGUE_NODE__RESIDENCY)."""
+    return Pipeline(build_family(family), residency=get_settings().node.residency)
 
 
 class PipelineSlot:

@@ -1,14 +1,22 @@
 """`monologue bench gpu` (or `python -m gpu_worker.bench_gpu`): the dit family on one accelerator, measured.
 
-Prints, for a stated configuration (preset, resolution, parameter counts):
-- time to first frame (reference encode + the first chunk), frames/s and realtime factor;
-- per-stage ms per chunk (p50);
-- peak accelerator memory after 10 and after `chunks` chunks (equal when memory is flat);
-- the A2V DiT step's achieved TFLOP/s (FLOPs counted by torch's FlopCounterMode on the step's real
-  inputs), against the card's measured bf16 rate (GPU_NOTES.md: 751 TFLOP/s on the H200);
+Prints, for a stated configuration (preset, resolution, weight dtype, residency, parameter counts):
+- load time, then time to first frame twice: *cold* (the first session after loading: reference encode +
+  first chunk, including compiles and first-use allocations) and *warm* (a second session, after a warm-up
+  session of N0 N1 I0 has run every chunk shape once);
+- frames/s and realtime factor over the warm session's chunks only, and per-stage ms (p50 per chunk kind),
+  each stage ended by a device sync so its time is its own (bench_gpu_parts.py says why);
+- peak accelerator memory after the warm-up, after 10 and after all warm chunks (equal when memory is
+  flat), and memory still allocated at those points (a leak shows there);
+- the A2V DiT step's achieved TFLOP/s (FLOPs counted by FlopCounterMode on a real N chunk's inputs, the
+  model in its own dtype: bf16 weights on CUDA) against the card's measured bf16 rate (GPU_NOTES.md:
+  751 TFLOP/s on the H200);
 - the SR DiT's frame-window sparse attention: useful TFLOP/s against dense attention of the same size;
-- the visible cost of switching the device from the A2V model to the SR model and back, with the
-  ModelSwitcher (weights in pinned host memory, per-block prefetch).
+- the visible cost of switching the device from the A2V model to the SR model and back (ModelSwitcher:
+  pinned host copies, per-block prefetch) on an N and an I chunk's inputs; with `--residency switch`, the
+  switch time each chunk of a real render saw (stage_ms["switch"]);
+- the FLOP budget: TFLOP per output frame by stage (gpu_worker.models.dit.flops) and what the render's
+  frames/s make of it in TFLOP/s.
 
 Without CUDA it runs the `tiny` preset on the CPU at 256x256 and says so: the figures then check that the
 script works, not the card. A benchmark, not a test: nothing here asserts speed. Importable with torch,
@@ -20,61 +28,39 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
-import wave
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from gpu_worker.distributed.measure import measure_switches, peak_memory, reset_peak_memory
-from gpu_worker.distributed.offload import ModelSwitcher
+from gpu_worker.bench_gpu_parts import (
+    Capture,
+    CountingSink,
+    a2v_step,
+    compile_sr,
+    flops_figures,
+    sr_attention,
+    stopwatch,
+    switches,
+    torch_modules,
+    weight_dtype,
+)
+from gpu_worker.distributed.measure import allocated_memory, peak_memory, reset_peak_memory
 from gpu_worker.models.dit import build_family
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import preset
+from gpu_worker.models.dit.flops import H200_BF16_TFLOPS
 from gpu_worker.models.dit.layers import parameter_count
-from gpu_worker.models.dit.runtime import TorchModule, default_device
-from gpu_worker.models.dit.sparse_attention import FrameWindow, window_attention, window_stats
-from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.models.dit.runtime import default_device
+from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.samples import SPEECH_RATE, sample_portrait, sample_speech
+from monologue.contracts import Residency
 from monologue.plan import plan_chunks
-
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
-H200_BF16_TFLOPS = 751.0  # ../shared/GPU_NOTES.md, bf16 matmul 8192³
-
-
-class SampleSpeech:
-    """The bundled speech sample (16 kHz mono WAV, read with the standard library), looped to any length."""
-
-    rate = 16_000
-
-    def __init__(self, total_samples: int) -> None:
-        with wave.open(str(SAMPLES / "speech.wav")) as source:
-            pcm = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
-        self.speech = pcm.astype(np.float32) / 32768.0
-        self.total_samples: int | None = total_samples
-
-    def read(self, start: int, end: int) -> np.ndarray:
-        out = np.zeros(max(0, end - start), dtype=np.float32)
-        lo, hi = max(start, 0), min(end, self.total_samples or 0)
-        if hi > lo:
-            out[lo - start : hi - start] = self.speech[np.arange(lo, hi) % len(self.speech)]
-        return out
-
-
-class CountingSink:
-    """Takes the decoded frames and drops them (encoding is the CPU's job, measured by `bench pipeline`)."""
-
-    def __init__(self) -> None:
-        self.frames = 0
-
-    def write(self, frames: np.ndarray) -> None:
-        self.frames += len(frames)
 
 
 @dataclass
@@ -83,228 +69,280 @@ class GpuReport:
     note: str
     preset: str
     resolution: str
+    residency: str = Residency.RESIDENT.value
     width: int = 0
     height: int = 0
     fps: int = 25
+    chunk_frames: int = 40
+    i_frames: int = 4
+    weights_dtype: str = ""
     parameters: dict[str, int] = field(default_factory=dict)
-    chunks: int = 0
+    load_s: float = 0.0
+    compile_s: float = 0.0  # the SR attention's compile buckets, before the first session
+    compiled_buckets: list[int] = field(default_factory=list)
+    warmup_chunks: int = 0
+    cold_ttff_ms: float = 0.0  # first session after load: compiles and first-use allocations included
+    warmup_s: float = 0.0  # the whole warm-up session
+    warm_ttff_ms: float = 0.0  # a session after the warm-up: reference encode + first chunk
+    chunks: int = 0  # of the warm session, over which the figures below are taken
     frames: int = 0
-    ttff_ms: float = 0.0
     frames_per_s: float = 0.0
     realtime_factor: float = 0.0
-    stage_ms_p50: dict[str, float] = field(default_factory=dict)
+    chunk_ms_p50: dict[str, float] = field(default_factory=dict)  # by chunk kind
+    stage_ms_p50: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> stage -> ms
+    switch_in_render_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> p50/max
+    peak_mb_warmup: float = 0.0
     peak_mb_after_10: float = 0.0
     peak_mb_after_all: float = 0.0
-    a2v_step_tflops: float | None = None
-    a2v_share_of_peak: float | None = None
+    allocated_mb_after_10: float = 0.0
+    allocated_mb_after_all: float = 0.0
+    a2v_step: dict[str, Any] = field(default_factory=dict)
     sr_attention: dict[str, float] = field(default_factory=dict)
-    switch_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    switch_ms: dict[str, Any] = field(default_factory=dict)  # "dtype", and kind -> model -> figures
+    tflop_per_frame: dict[str, float] = field(default_factory=dict)
+    render_tflops: float | None = None  # tflop_per_frame["total"] x frames/s (full-size output only)
+    flops_text: str = ""
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def bench_gpu(*, chunks: int = 50, preset_name: str | None = None, resolution: str | None = None) -> GpuReport:
+@dataclass
+class Rendered:
+    """One session's figures: device-synced seconds to first frame and per chunk, stage ms by kind."""
+
+    ttff_s: float = 0.0
+    chunk_s: dict[str, list[float]] = field(default_factory=dict)
+    stage_ms: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    frames: int = 0
+    size: tuple[int, int] = (0, 0)
+
+
+def bench_gpu(
+    *,
+    chunks: int = 50,
+    preset_name: str | None = None,
+    resolution: str | None = None,
+    residency: Residency | str = Residency.RESIDENT,
+    warmup_chunks: int = 3,
+    chunk_frames: int = 40,
+    i_frames: int = 4,
+    switch_rounds: int = 4,
+    flops: bool = True,
+    note: Callable[[GpuReport, str], None] = lambda report, phase: None,
+) -> GpuReport:
+    """Render a warm-up session and a measured one, then the isolated measurements; `note` hears of each
+    phase and chunk as it ends (progress lines, the report so far written out)."""
     device = default_device()
     on_gpu = device.startswith("cuda")
     preset_name = preset_name or ("h200" if on_gpu else "tiny")
     resolution = resolution or ("720p" if on_gpu else "512")
-    note = (
-        f"{torch.cuda.get_device_name()} (bf16)"
+    card = (
+        torch.cuda.get_device_name()
         if on_gpu
         else "no CUDA here: the tiny preset on the CPU at half size, to check the script, not a card"
     )
-    report = GpuReport(device=device, note=note, preset=preset_name, resolution=resolution)
-    weights = Weights(preset(preset_name), seed=1)
-    family = build_family(weights)
+    report = GpuReport(device, card, preset_name, resolution, Residency(residency).value)
+    report.chunk_frames, report.i_frames = chunk_frames, i_frames
+    config = preset(preset_name)
     reset_peak_memory(device)
-    pipeline = Pipeline(family)  # loads every model onto the device
-    report.parameters = {
-        name: parameter_count(model)
-        for module in family.modules()
-        if isinstance(module, TorchModule)
-        for name, model in module.models.items()
-    }
-    captured = _capture_inputs(family)
-    output = OutputSpec(fps=report.fps, resolution=resolution, preview=not on_gpu)  # type: ignore[arg-type]
-    n_frames, i_frames = 40, 4
-    plan = plan_chunks((chunks // 2 + 2) * (n_frames + i_frames), n_frames=n_frames, i_frames=i_frames)[:chunks]
-    audio = SampleSpeech(plan[-1].end_frame * SampleSpeech.rate // report.fps + SampleSpeech.rate)
-    portrait = np.asarray(Image.open(SAMPLES / "portrait.jpg").convert("RGB"))
+    loading: list[float] = []
+    with stopwatch(device, loading):
+        family = build_family(Weights(config, seed=1))
+        pipeline = Pipeline(family, residency=Residency(residency))  # stage times synced on CUDA
+    report.load_s = loading[0]
+    models = {name: module.models[name] for name, module in torch_modules(family).items() if name in module.models}
+    report.parameters = {name: parameter_count(model) for name, model in models.items()}
+    report.weights_dtype = weight_dtype(models["a2v"])
+    note(report, f"loaded in {report.load_s:.1f} s")
+    capture = _sessions(report, pipeline, config, device, chunks, warmup_chunks, note)
 
-    sink = CountingSink()
-    stage_ms: dict[str, list[float]] = {}
-    started = time.perf_counter()
-    session = pipeline.start_session(portrait, output, audio)
-    report.width, report.height = session.frame_width, session.frame_height
-    for position, spec in enumerate(plan):
-        chunk = ChunkRequest(spec, seed=7)
-        result = pipeline.run_chunk(session, chunk, sink)
-        _synchronize(device)
-        for stage, ms in result.stage_ms.items():
-            stage_ms.setdefault(stage, []).append(ms)
-        if position == 0:
-            report.ttff_ms = (time.perf_counter() - started) * 1000
-        if position + 1 == min(10, len(plan)):
-            report.peak_mb_after_10 = peak_memory(device).peak_mb
-    wall = time.perf_counter() - started
-    report.peak_mb_after_all = peak_memory(device).peak_mb
-    report.chunks, report.frames = len(plan), sink.frames
-    report.frames_per_s = sink.frames / wall
-    report.realtime_factor = (sink.frames / report.fps) / wall
-    report.stage_ms_p50 = {stage: round(statistics.median(values), 2) for stage, values in stage_ms.items()}
-
-    measurements: tuple[tuple[str, Callable[[], None]], ...] = (
-        ("a2v_step", lambda: _a2v_step(report, family, captured, device, on_gpu)),
-        ("sr_attention", lambda: _sr_attention(report, device, on_gpu)),
-        ("switch", lambda: _switches(report, weights, captured, device)),
-    )
+    # The A2V step first and the switch next (it takes the family's models over); the SR attention last:
+    # it compiles a shape of its own.
+    measurements: list[tuple[str, Callable[[], None]]] = []
+    if report.residency == Residency.RESIDENT:  # the models stay put: they can be re-run alone
+        measurements += [
+            ("a2v_step", lambda: report.a2v_step.update(a2v_step(family, capture.calls["N"]["a2v"], device))),
+            ("switch", lambda: report.switch_ms.update(switches(family, capture.calls, device, switch_rounds))),
+        ]
+    if flops:
+        measurements.append(("flops", lambda: _flops(report, config, on_gpu)))
+    if report.residency == Residency.RESIDENT:
+        measurements.append(("sr_attention", lambda: report.sr_attention.update(sr_attention(device))))
     for part, measure in measurements:
         try:
             measure()
         except Exception as err:  # one failed measurement must not lose the others (one GPU run)
             report.errors[part] = f"{type(err).__name__}: {err}"
+        note(report, f"{part} done")
     return report
 
 
-def _capture_inputs(family: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
-    """The arguments of the A2V and SR models' first calls with a boundary (N1 onwards), for re-timing."""
-    captured: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-    for module in family.modules():
-        if not isinstance(module, TorchModule):
-            continue
-        for name, model in module.models.items():
-            if name not in ("a2v", "sr"):
-                continue
+def _sessions(
+    report: GpuReport,
+    pipeline: Pipeline,
+    config: Any,
+    device: str,
+    chunks: int,
+    warmup_chunks: int,
+    note: Callable[[GpuReport, str], None],
+) -> Capture:
+    """The SR compile buckets, the cold warm-up session (N0 N1 I0: every chunk shape once), then the measured
+    warm one; returns the models' inputs captured in the first N chunk with a boundary and the first I chunk,
+    of either session."""
+    preview = not device.startswith("cuda")  # the CPU run: half size
+    output = OutputSpec(fps=report.fps, resolution=report.resolution, preview=preview)  # type: ignore[arg-type]
+    stride = int(getattr(config.vae, "temporal_stride", 1))
+    total = (max(chunks, warmup_chunks) // 2 + 2) * (report.chunk_frames + report.i_frames)
+    plan = plan_chunks(total, n_frames=report.chunk_frames, i_frames=report.i_frames, stride=stride)
+    audio = sample_speech(plan[-1].end_frame * SPEECH_RATE // report.fps + SPEECH_RATE)
+    portrait = sample_portrait()
+    compiling: list[float] = []
+    with stopwatch(device, compiling):
+        report.compiled_buckets = list(compile_sr(pipeline.family, portrait, output))
+    report.compile_s = compiling[0]
+    note(report, f"compiled {report.compiled_buckets} in {report.compile_s:.1f} s")
+    capture = Capture(pipeline.family)
+    started = time.perf_counter()
+    warm_up = _render(
+        pipeline, portrait, output, audio, plan[:warmup_chunks], device, capture, lambda _, m: note(report, m)
+    )
+    report.warmup_s, report.warmup_chunks = time.perf_counter() - started, min(warmup_chunks, len(plan))
+    report.cold_ttff_ms = warm_up.ttff_s * 1000
+    report.peak_mb_warmup = peak_memory(device).peak_mb
+    note(report, f"warm-up session done in {report.warmup_s:.1f} s (cold TTFF {report.cold_ttff_ms:.0f} ms)")
 
-            def hook(_model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], name: str = name) -> None:
-                conditioning = args[2] if name == "a2v" and len(args) > 2 else None
-                has_boundary = conditioning is None or conditioning.boundary.shape[2] > 0
-                if has_boundary and name not in captured:
-                    captured[name] = (args, kwargs)
+    reset_peak_memory(device)  # every figure below is over the warm session
 
-            model.register_forward_pre_hook(hook, with_kwargs=True)
-    return captured
+    def after_chunk(position: int, message: str) -> None:
+        note(report, message)
+        if position + 1 == min(10, chunks):
+            report.peak_mb_after_10 = peak_memory(device).peak_mb
+            report.allocated_mb_after_10 = allocated_memory(device)
 
-
-def _a2v_step(report: GpuReport, family: Any, captured: dict[str, Any], device: str, on_gpu: bool) -> None:
-    """One Euler step of the A2V DiT on a real chunk's inputs: FLOPs counted, time measured."""
-    model = next(m.models["a2v"] for m in family.modules() if isinstance(m, TorchModule) and "a2v" in m.models)
-    args, kwargs = captured["a2v"]
-    with torch.inference_mode(), _autocast(on_gpu):
-        with FlopCounterMode(display=False) as counter:
-            model(*args, **kwargs)
-        flops = counter.get_total_flops()
-        seconds = _time(lambda: model(*args, **kwargs), device)
-    report.a2v_step_tflops = flops / seconds / 1e12
-    report.a2v_share_of_peak = report.a2v_step_tflops / H200_BF16_TFLOPS if on_gpu else None
+    rendered = _render(pipeline, portrait, output, audio, plan[:chunks], device, capture, after_chunk)
+    capture.remove()
+    report.peak_mb_after_all = peak_memory(device).peak_mb
+    report.allocated_mb_after_all = allocated_memory(device)
+    _summarise(report, rendered)
+    note(report, f"warm session done: {report.frames_per_s:.1f} frames/s")
+    return capture
 
 
-def _sr_attention(report: GpuReport, device: str, on_gpu: bool) -> None:
-    """The frame-window sparse attention against dense attention of the same size (GPU_NOTES' layout on a
-    GPU: 9 frames of 3584 tokens plus the reference frame, 24 heads of 128, window ±1)."""
-    frames, tokens, heads, block = (9, 3584, 24, 128) if on_gpu else (5, 64, 2, 16)
-    layout = FrameWindow(frames + 1, tokens, 1, block)
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    shape = (1, heads, layout.length, 128)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-    backend: Literal["auto"] = "auto"
-    window_attention(q, k, v, layout, backend)  # compile and warm up
-    sparse_s = _time(lambda: window_attention(q, k, v, layout, backend), device)
-    dense_s = _time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), device)
-    stats = window_stats(layout, 1, heads, 128)
-    report.sr_attention = {
-        "tokens": float(layout.length),
-        "skipped_blocks": round(stats.skipped_fraction, 3),
-        "sparse_ms": round(sparse_s * 1000, 3),
-        "dense_ms": round(dense_s * 1000, 3),
-        "sparse_useful_tflops": stats.useful_flops / sparse_s / 1e12,
-        "dense_tflops": stats.dense_flops / dense_s / 1e12,
-        "useful_vs_dense": (stats.useful_flops / sparse_s) / (stats.dense_flops / dense_s),
+def _render(
+    pipeline: Pipeline,
+    portrait: np.ndarray,
+    output: OutputSpec,
+    audio: ArrayAudio,
+    plan: list[Any],
+    device: str,
+    capture: Capture,
+    after_chunk: Callable[[int, str], None],
+) -> Rendered:
+    """One session over `plan`, every time taken after the device finished; `after_chunk` hears of each
+    chunk (its position and a line about it)."""
+    rendered, sink, first = Rendered(), CountingSink(), list[float]()
+    with stopwatch(device, first):
+        session = pipeline.start_session(portrait, output, audio)
+    rendered.size = (session.frame_width, session.frame_height)
+    for position, spec in enumerate(plan):
+        kind = str(spec.kind)
+        capture.kind = kind if (kind == "I" or spec.index >= 1) else None  # N0 has no boundary
+        spent: list[float] = []
+        with stopwatch(device, spent):
+            result = pipeline.run_chunk(session, ChunkRequest(spec, seed=7), sink)
+        if position == 0:
+            rendered.ttff_s = first[0] + spent[0]
+        rendered.chunk_s.setdefault(kind, []).append(spent[0])
+        for stage, ms in result.stage_ms.items():
+            rendered.stage_ms.setdefault(kind, {}).setdefault(stage, []).append(ms)
+        stages = ", ".join(f"{stage} {ms:.0f}" for stage, ms in result.stage_ms.items())
+        message = f"chunk {kind}{spec.index} ({spec.n_frames} frames): {spent[0] * 1000:.0f} ms [{stages} ms]"
+        after_chunk(position, message)
+    capture.kind = None
+    rendered.frames = sink.frames
+    return rendered
+
+
+def _summarise(report: GpuReport, rendered: Rendered) -> None:
+    report.width, report.height = rendered.size
+    wall = sum(sum(times) for times in rendered.chunk_s.values())
+    report.chunks = sum(len(times) for times in rendered.chunk_s.values())
+    report.frames = rendered.frames
+    report.frames_per_s = rendered.frames / wall if wall else 0.0
+    report.realtime_factor = report.frames_per_s / report.fps
+    report.warm_ttff_ms = rendered.ttff_s * 1000
+    report.chunk_ms_p50 = {kind: round(statistics.median(s) * 1000, 2) for kind, s in rendered.chunk_s.items()}
+    report.stage_ms_p50 = {
+        kind: {stage: round(statistics.median(values), 2) for stage, values in stages.items()}
+        for kind, stages in rendered.stage_ms.items()
     }
+    for kind, stages in rendered.stage_ms.items():
+        if "switch" in stages:
+            report.switch_in_render_ms[kind] = {
+                "p50": round(statistics.median(stages["switch"]), 3),
+                "max": round(max(stages["switch"]), 3),
+            }
 
 
-def _switches(report: GpuReport, weights: Weights, captured: dict[str, Any], device: str) -> None:
-    """Visible time to hand the device from the A2V model to the SR model and back (weights parked in pinned
-    host memory, restored block by block ahead of the forward that needs them)."""
-    switcher = ModelSwitcher(device)
-    models = {}
-    for name in ("a2v", "sr"):
-        model = weights.build(name).to(device)
-        switcher.register(model, name=name)
-        models[name] = model
-    schedule = [
-        (models[name], _caller(models[name], *captured[name]))
-        for name in ("a2v", "sr")  # the order a chunk runs them
-    ]
-    for timing in measure_switches(switcher, schedule, rounds=6):
-        report.switch_ms[timing.model] = {
-            "median": round(timing.median_ms, 3),
-            "worst_after_first": round(max(timing.visible_ms[1:]), 3),
-            "first": round(timing.visible_ms[0], 3),
-        }
-
-
-def _caller(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    return lambda: model(*args, **kwargs)
-
-
-def _time(call: Callable[[], Any], device: str, repeats: int = 5) -> float:
-    """Median seconds per call, after one warm-up (CUDA events on a GPU)."""
-    call()
-    _synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            begin.record()
-            call()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end) / 1000)
-        else:
-            started = time.perf_counter()
-            call()
-            samples.append(time.perf_counter() - started)
-    return float(statistics.median(samples))
-
-
-def _autocast(on_gpu: bool) -> Any:
-    return torch.autocast("cuda", dtype=torch.bfloat16) if on_gpu else torch.autocast("cpu", enabled=False)
-
-
-def _synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def _flops(report: GpuReport, config: Any, on_gpu: bool) -> None:
+    report.tflop_per_frame, report.flops_text = flops_figures(config, report.resolution)
+    if on_gpu and "total" in report.tflop_per_frame:  # on the CPU the output is half size (preview)
+        report.render_tflops = report.tflop_per_frame["total"] * report.frames_per_s
 
 
 def describe(report: GpuReport) -> str:
+    kinds = sorted(report.stage_ms_p50)
     lines = [
         f"device       {report.device}: {report.note}",
         f"config       preset {report.preset}, {report.width}x{report.height} at {report.fps} fps"
-        f" ({report.resolution}), chunks of 40 + 4 frames",
+        f" ({report.resolution}), chunks of {report.chunk_frames} + {report.i_frames} frames,"
+        f" weights {report.weights_dtype}, {report.residency}",
         "parameters   "
         + ", ".join(f"{name} {_count(count)}" for name, count in report.parameters.items())
         + f"; total {_count(sum(report.parameters.values()))}",
-        f"TTFF         {report.ttff_ms:.0f} ms (reference encode + first chunk)",
+        f"load         {report.load_s:.1f} s (build, weights to the device); compile {report.compile_s:.1f} s"
+        f" (SR attention buckets {report.compiled_buckets or 'none: not compiled here'})",
+        f"TTFF cold    {report.cold_ttff_ms:.0f} ms (first session after load: compiles included);"
+        f" warm-up session of {report.warmup_chunks} chunks {report.warmup_s:.1f} s",
+        f"TTFF warm    {report.warm_ttff_ms:.0f} ms (reference encode + first chunk, after the warm-up)",
         f"throughput   {report.frames_per_s:.1f} frames/s, realtime factor {report.realtime_factor:.2f}"
-        f" ({report.frames} frames in {report.chunks} chunks)",
-        "stage p50    " + ", ".join(f"{k} {v:.1f} ms" for k, v in report.stage_ms_p50.items()),
-        f"peak memory  {report.peak_mb_after_10:.0f} MB after 10 chunks, {report.peak_mb_after_all:.0f} MB"
-        f" after {report.chunks}",
+        f" ({report.frames} frames in {report.chunks} warm chunks)",
+        "chunk p50    " + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in sorted(report.chunk_ms_p50.items())),
     ]
-    if report.a2v_step_tflops is not None:
-        share = f" = {report.a2v_share_of_peak:.0%} of 751" if report.a2v_share_of_peak is not None else ""
-        lines.append(f"A2V step     {report.a2v_step_tflops:.3g} TFLOP/s{share}")
+    for kind in kinds:
+        stages = report.stage_ms_p50[kind]
+        lines.append(f"stage p50 {kind}  " + ", ".join(f"{k} {v:.1f} ms" for k, v in stages.items()))
+    lines.append(
+        f"peak memory  {report.peak_mb_warmup:.0f} MB in the warm-up; {report.peak_mb_after_10:.0f} MB after 10"
+        f" warm chunks, {report.peak_mb_after_all:.0f} MB after {report.chunks} (allocated"
+        f" {report.allocated_mb_after_10:.0f} / {report.allocated_mb_after_all:.0f} MB)"
+    )
+    if report.a2v_step:
+        step = report.a2v_step
+        share = f" = {step['share_of_peak']:.0%} of {H200_BF16_TFLOPS:g}" if step["share_of_peak"] is not None else ""
+        lines.append(
+            f"A2V step     {step['tflops']:.3g} TFLOP/s{share} ({step['tflop']:.3g} TFLOP in {step['ms']:.2f} ms,"
+            f" {step['dtype']})"
+        )
     if report.sr_attention:
         sr = report.sr_attention
         lines.append(
             f"SR attention {sr['sparse_useful_tflops']:.3g} useful TFLOP/s sparse vs {sr['dense_tflops']:.3g} dense"
             f" = {sr['useful_vs_dense']:.0%} ({sr['skipped_blocks']:.0%} of blocks skipped, {sr['tokens']:.0f} tokens)"
         )
-    for model, ms in report.switch_ms.items():
+    for kind, models in sorted((k, v) for k, v in report.switch_ms.items() if k != "dtype"):
+        for model, ms in models.items():
+            lines.append(
+                f"switch {kind}→{model:<4} visible {ms['median']:.2f} ms median, {ms['worst_after_first']:.2f} ms"
+                f" worst (first, cold: {ms['first']:.2f} ms; {report.switch_ms['dtype']})"
+            )
+    for kind, ms in sorted(report.switch_in_render_ms.items()):
+        lines.append(f"switch in {kind}  {ms['p50']:.2f} ms p50, {ms['max']:.2f} ms max per chunk (in the render)")
+    if report.flops_text:
+        lines.append(report.flops_text)
+    if report.render_tflops is not None:
         lines.append(
-            f"switch→{model:<5} visible {ms['median']:.2f} ms median, {ms['worst_after_first']:.2f} ms worst"
-            f" (first, cold: {ms['first']:.2f} ms)"
+            f"render       {report.render_tflops:.1f} TFLOP/s at {report.frames_per_s:.1f} frames/s"
+            f" = {report.render_tflops / H200_BF16_TFLOPS:.0%} of {H200_BF16_TFLOPS:g}"
         )
     lines += [f"error        {part}: {message}" for part, message in report.errors.items()]
     return "\n".join(lines)
@@ -316,12 +354,40 @@ def _count(parameters: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--chunks", type=int, default=50)
+    parser.add_argument("--chunks", type=int, default=50, help="warm chunks to measure (after the warm-up)")
+    parser.add_argument("--warmup-chunks", type=int, default=3, help="chunks of the cold warm-up session")
+    parser.add_argument("--chunk-frames", type=int, default=40, help="frames per N chunk")
+    parser.add_argument("--i-frames", type=int, default=4, help="frames per I chunk")
+    parser.add_argument("--switch-rounds", type=int, default=4, help="rounds of the isolated switch measurement")
+    parser.add_argument("--no-flops", action="store_true", help="skip counting the FLOP budget (seconds on a CPU)")
     parser.add_argument("--preset", default=None, help="h200 on a GPU, tiny on the CPU (default)")
     parser.add_argument("--resolution", default=None, help="720p on a GPU, 512 on the CPU (default)")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--residency", default=Residency.RESIDENT.value, choices=[r.value for r in Residency])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    parser.add_argument("--json-out", type=Path, help="also write the JSON here, rewritten after every phase")
+    parser.add_argument("--progress", action="store_true", help="a line on stderr per chunk and phase")
     args = parser.parse_args(argv)
-    report = bench_gpu(chunks=args.chunks, preset_name=args.preset, resolution=args.resolution)
+    started = time.perf_counter()
+
+    def note(report: GpuReport, phase: str) -> None:
+        if args.progress:
+            print(f"[bench_gpu {time.perf_counter() - started:7.1f} s] {phase}", file=sys.stderr, flush=True)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(asdict(report)))
+
+    report = bench_gpu(
+        chunks=args.chunks,
+        preset_name=args.preset,
+        resolution=args.resolution,
+        residency=args.residency,
+        warmup_chunks=args.warmup_chunks,
+        chunk_frames=args.chunk_frames,
+        i_frames=args.i_frames,
+        switch_rounds=args.switch_rounds,
+        flops=not args.no_flops,
+        note=note,
+    )
+    note(report, "done")
     print(json.dumps(asdict(report)) if args.json else describe(report))
 
 

@@ -18,6 +18,7 @@ from monologue import __version__
 from monologue import options as options_
 from monologue.cli_options import given_options, model_options
 from monologue.cli_renders import api_target, renders
+from monologue.contracts import Residency
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -235,16 +236,24 @@ def bench_pipeline_command(minutes: float, resolution: str, preview: bool, famil
 @click.option("--chunks", type=int, default=50, show_default=True, help="Chunks to render (40 + 4 frames).")
 @click.option("--preset", default=None, help="Model size: h200 on a GPU, tiny on the CPU (default).")
 @click.option("--resolution", default=None, help="720p on a GPU, 512 at half size on the CPU (default).")
+@click.option(
+    "--residency",
+    type=click.Choice([r.value for r in Residency]),
+    default=Residency.RESIDENT.value,
+    show_default=True,
+    help="resident: every model stays on the device; switch: only the running stage's.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
-def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, as_json: bool) -> None:
-    """The dit family on one accelerator: TTFF, frames/s, per-stage ms, peak memory after 10 and all chunks,
-    the A2V step's TFLOP/s, sparse vs dense SR attention, model-switch overhead (CPU: a tiny smoke run)."""
+def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, residency: str, as_json: bool) -> None:
+    """The dit family on one accelerator: load and compile time, cold and warm TTFF, frames/s and per-stage ms
+    over warm chunks, peak memory after 10 and all chunks, the A2V step's TFLOP/s, the visible model switch,
+    sparse vs dense SR attention and the FLOPs per frame by stage (CPU: a tiny smoke run)."""
     import json
     from dataclasses import asdict
 
     from gpu_worker.bench_gpu import bench_gpu, describe
 
-    report = bench_gpu(chunks=chunks, preset_name=preset, resolution=resolution)
+    report = bench_gpu(chunks=chunks, preset_name=preset, resolution=resolution, residency=Residency(residency))
     click.echo(json.dumps(asdict(report)) if as_json else describe(report))
 
 
@@ -304,6 +313,18 @@ def _render(api_url: str | None, portrait: Path, audio: Path, output: Path, opti
         f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
         f" first frame after {render['ttff_ms']:.0f} ms)"
     )
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}, add_help_option=False
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def gate(args: tuple[str, ...]) -> None:
+    """Does CANDIDATE match BASELINE? Render records or MP4s: bit-identical, or within a PSNR/SSIM band.
+    Exit 0 pass, 1 fail, 2 bad input (`monologue gate --help` for the options)."""
+    from monologue.gate import main as gate_main  # its options are defined once, there (argparse)
+
+    sys.exit(gate_main(list(args)))
 
 
 @main.group()

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from monologue.contracts.session import Residency
 from monologue.options import defaults_model
 
 
@@ -89,6 +90,11 @@ class NodeSettings(BaseModel):
         default="",
         pattern=r"^([NI][0-9]+)?$",
         description="testing only: this chunk (e.g. N1) hangs on this node without heartbeating, as on a stuck GPU",
+    )
+    residency: Residency = Field(
+        default=Residency.RESIDENT,
+        description="resident: every model of a family stays on the GPU; switch: only the running stage's models "
+        "do, the others wait in pinned host memory (for models that do not fit together)",
     )
 
 

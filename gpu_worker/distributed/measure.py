@@ -1,5 +1,5 @@
 """Measurements the GPU benchmark (`monologue bench gpu`) reports: how much a model switch costs in
-visible time, and how much memory a run peaked at.
+visible time, and how much memory a run peaked at and still holds.
 
 Figures only, no assertions and no printing: the benchmark decides what to compare them with
 (GPU_NOTES' ceilings, the 10 ms switch target).
@@ -51,14 +51,28 @@ def peak_memory(device: torch.device | str) -> MemoryPeak:
     return MemoryPeak(str(device), _peak_rss_kb() / 1024, "rss")
 
 
+def allocated_memory(device: torch.device | str) -> float:
+    """MB this process holds on `device` now: allocated tensor memory on a GPU, the resident set on CPU
+    (where /proc is not readable, the peak instead). Compared over a run, growth means a leak."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) / 2**20
+    return (_status_kb("VmRSS:") or _peak_rss_kb()) / 1024
+
+
 def _peak_rss_kb() -> float:
+    return _status_kb("VmHWM:") or float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KB on Linux
+
+
+def _status_kb(key: str) -> float | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key):
                 return float(line.split()[1])
     except OSError:
         pass
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KB on Linux
+    return None
 
 
 @dataclass(frozen=True)

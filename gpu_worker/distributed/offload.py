@@ -1,18 +1,23 @@
-"""ModelSwitcher: one GPU, several models (audio encoder, A2V DiT, SR DiT, VAE decoder), one at a time.
+"""ModelSwitcher: one GPU, several models (audio encoder, A2V DiT, SR DiT, VAE decoder), one stage's at a time.
 
-Each stage runs one model; the models together need more GPU memory than the stage does. The models that
-are not running live in pinned host memory, and switching the GPU from one to the next must cost under
-10 ms of *visible* time (time the compute stream spends waiting), however long the copies take:
+Each stage runs one model (or a few small ones); the models together need more GPU memory than the stage
+does. The models that are not running live in pinned host memory, and switching the GPU from one to the
+next must cost under 10 ms of *visible* time (time the compute stream spends waiting), however long the
+copies take:
 
-- **activate(model)** offloads the outgoing model and arms the incoming one. Nothing large is copied up
-  front: each block comes in just before its forward, from a pre-forward hook, and while block n
+- **activate(models)** offloads the outgoing models and arms the incoming ones. Nothing large is copied
+  up front: each block comes in just before its forward, from a pre-forward hook, and while block n
   computes, the host-to-device copies of blocks n+1…n+lookahead run on a side stream. The compute stream
   waits on a block's copy event only when that block is about to run. Only the root's own weights (the
-  embeddings and heads outside `.blocks`, small) are awaited at once.
-- **offload** copies the outgoing model's weights back to their pinned host buffers (optional: frozen
-  weights need not be written back) with non-blocking copies on a second side stream, and frees the
-  device memory without waiting: `record_stream` keeps the allocator from reusing it before those
-  copies and the last forward are done.
+  embeddings and heads outside `.blocks`, small; the whole model for one without `.blocks`) are awaited
+  at once.
+- **prefetch(models)** (CUDA only) starts the copies of the next stage's root and first blocks on the
+  side stream while the current stage still computes, so its `activate` finds them landed or landing.
+- **offload** frees the outgoing model's device memory without waiting: `record_stream` keeps the
+  allocator from reusing it before the last forward is done. Inference weights are frozen, so nothing
+  is copied back: the host copy taken at `register` stays the truth and an offload moves no bytes
+  device-to-host. (`write_back=True` copies them back on a second side stream first, for weights that
+  change while active; nothing in inference uses it.)
 - Sharded models (`register(model, mesh=...)`) are sharded with FSDP2 and host offload instead
   (see `sharding.py`): FSDP copies each rank's shard in per block and all-gathers it on its own
   streams, with forward prefetch overlapping the next block. The shards never leave pinned host memory,
@@ -31,6 +36,7 @@ wall time of both on CPU, where nothing overlaps.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -42,16 +48,18 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.hooks import RemovableHandle
 
 from gpu_worker.distributed.sharding import shard_model, transformer_blocks
+from gpu_worker.distributed.storages import HostStorage, as_bytes, new_storage, tensors_of, view_over
 
 
 class SwitchReport:
     """The cost of one `activate`: `issue_ms` (CPU time inside the call) and `visible_ms` (what the compute
     stream saw). Spans are recorded until the model's first complete forward."""
 
-    def __init__(self, model: str, *, cuda: bool) -> None:
+    def __init__(self, model: str, *, cuda: bool, members: int = 1) -> None:
         self.model = model
         self.issue_ms = 0.0
         self.open = True
+        self._members = members  # models whose first forward is still to finish
         self._cuda = cuda
         self._cpu_ms: list[float] = []
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -87,24 +95,21 @@ class SwitchReport:
         end.record(torch.cuda.current_stream(device))
         self._events.append((started, end))
 
+    def member_finished(self) -> None:
+        """One of the activated models finished its first forward; the report closes with the last."""
+        self._members -= 1
+        if self._members <= 0:
+            self.open = False
+
     def __repr__(self) -> str:
         return f"SwitchReport(model={self.model!r}, issue_ms={self.issue_ms:.3f}, open={self.open})"
-
-
-@dataclass
-class _Storage:
-    """One device storage the model's tensors view, and its host copy (pinned with CUDA)."""
-
-    storage: torch.UntypedStorage
-    host: torch.Tensor  # (nbytes,) uint8
-    nbytes: int
 
 
 @dataclass
 class _Unit:
     """The weights that move together: one block's, or the root's own (everything outside `.blocks`)."""
 
-    storages: list[_Storage]
+    storages: list[HostStorage]
     resident: bool = False
     waited: bool = False  # the compute stream already waits for `ready`
     ready: torch.cuda.Event | None = None  # host-to-device copy done
@@ -123,15 +128,21 @@ class _Managed:
 
 
 class ModelSwitcher:
-    """Keeps registered models in host memory and gives the device to one of them at a time."""
+    """Keeps registered models in host memory and gives the device to one stage's models at a time."""
 
     def __init__(
-        self, device: torch.device | str, *, lookahead: int = 2, write_back: bool = True, pin_memory: bool | None = None
+        self,
+        device: torch.device | str,
+        *,
+        lookahead: int = 2,
+        write_back: bool = False,
+        pin_memory: bool | None = None,
     ) -> None:
         """lookahead: blocks whose copies run ahead of the block computing (2: the next block's copy has a
         whole block of compute to hide behind even when the one after is issued late).
-        write_back: copy the outgoing model's weights back to the host (off for frozen weights saves the
-        device-to-host traffic; on, nothing changed on the device is ever lost).
+        write_back: copy the outgoing model's weights back to the host on offload. Off (the default) for
+        frozen inference weights: an offload then moves nothing device-to-host. On, nothing changed on the
+        device is ever lost.
         pin_memory: pin host copies; None pins exactly when CUDA is available."""
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
@@ -145,19 +156,21 @@ class ModelSwitcher:
         self._copy_stream = _stream(self.device) if self._cuda else None
         self._offload_stream = _stream(self.device) if self._cuda else None
         self._models: dict[int, _Managed] = {}
-        self._active: _Managed | None = None
+        self._active: tuple[_Managed, ...] = ()
 
     @property
     def active(self) -> nn.Module | None:
-        return self._active.model if self._active is not None else None
+        """The active model (the first of them when several are active), or None."""
+        return self._active[0].model if self._active else None
 
     def register(
         self, model: nn.Module, *, name: str | None = None, mesh: DeviceMesh | None = None, prefetch: int = 1
     ) -> None:
         """Take `model` under management, inactive: its weights go to host memory and leave the device.
 
-        With `mesh`, shard it first (FSDP2 per block, host offload, `prefetch` blocks ahead). Register a
-        model after its weights are loaded: the host copy is taken now."""
+        With `mesh`, shard it first (FSDP2 per block, host offload, `prefetch` blocks ahead; the model needs
+        `.blocks`). A model without `.blocks` moves whole, as its root. Register a model after its weights
+        are loaded: the host copy is taken now."""
         if id(model) in self._models:
             raise ValueError(f"{name or type(model).__name__} is already registered")
         if isinstance(model, FSDPModule):
@@ -165,16 +178,16 @@ class ModelSwitcher:
                 f"{type(model).__name__} is already sharded: register the unsharded model with mesh=... so the "
                 "switcher shards it with host offload"
             )
-        blocks = transformer_blocks(model)
+        blocks = transformer_blocks(model) if mesh is not None else _blocks_or_none(model)
         managed_name = name or type(model).__name__
         if mesh is not None:
             shard_model(model, mesh, host_offload=True, prefetch=prefetch)
             managed = _Managed(model, managed_name, streamed=True, root=_Unit([]), blocks=[])
         else:
-            block_tensors = [_tensors(block) for block in blocks]
+            block_tensors = [tensors_of(block) for block in blocks]
             claimed = {id(tensor) for tensors in block_tensors for tensor in tensors}
-            captured: dict[int, _Storage] = {}  # by source data pointer: tied weights move once
-            root = self._capture([t for t in _tensors(model) if id(t) not in claimed], captured, managed_name)
+            captured: dict[int, HostStorage] = {}  # by source data pointer: tied weights move once
+            root = self._capture([t for t in tensors_of(model) if id(t) not in claimed], captured, managed_name)
             units = [self._capture(tensors, captured, managed_name) for tensors in block_tensors]
             for entry in captured.values():  # freed only now: a tied tensor may still have needed the storage
                 entry.storage.resize_(0)
@@ -182,32 +195,43 @@ class ModelSwitcher:
         self._install_hooks(managed, blocks)
         self._models[id(model)] = managed
 
-    def activate(self, model: nn.Module) -> SwitchReport:
-        """Give the device to `model`: offload the active model, arm this one's per-block restore."""
-        managed = self._managed(model)
-        report = SwitchReport(managed.name, cuda=self._cuda)
-        if self._active is managed:
+    def activate(self, models: nn.Module | Sequence[nn.Module]) -> SwitchReport:
+        """Give the device to `models` (one, or a stage's few): offload every other model that holds device
+        memory, arm these ones' per-block restore. The report stays open until each has run a forward."""
+        group = tuple(self._managed(model) for model in ([models] if isinstance(models, nn.Module) else models))
+        report = SwitchReport("+".join(managed.name for managed in group), cuda=self._cuda, members=len(group))
+        if set(map(id, group)) == set(map(id, self._active)):
             report.open = False
             return report
         started = time.perf_counter()
         report.start_span(self.device)
-        if self._active is not None:
-            self._offload(self._active)
-        self._active = managed
-        if not managed.streamed:
-            self._restore(managed.root, wait=True)
-            for unit in managed.blocks[: self.lookahead]:
-                self._restore(unit, wait=False)
+        self._offload_all_but(group)
+        self._active = group
+        for managed in group:
+            if not managed.streamed:
+                self._restore(managed.root, wait=True)
+                for unit in managed.blocks[: self.lookahead]:
+                    self._restore(unit, wait=False)
+            managed.report = report
         report.stop_span(self.device)
         report.issue_ms = (time.perf_counter() - started) * 1000
-        managed.report = report
         return report
 
+    def prefetch(self, models: Sequence[nn.Module]) -> None:
+        """Start copying `models`' roots and first `lookahead` blocks to the device on the side stream, to
+        overlap the current stage's compute; their `activate` then waits only for what has not landed.
+        A no-op on CPU, where nothing overlaps (and idle models keep holding no memory)."""
+        if self._copy_stream is None:
+            return
+        for managed in map(self._managed, models):
+            if not managed.streamed:
+                for unit in (managed.root, *managed.blocks[: self.lookahead]):
+                    self._restore(unit, wait=False)
+
     def deactivate(self) -> None:
-        """Offload the active model (asynchronously on GPU); no model is active afterwards."""
-        if self._active is not None:
-            self._offload(self._active)
-            self._active = None
+        """Offload every model (asynchronously on GPU); none is active afterwards."""
+        self._offload_all_but(())
+        self._active = ()
 
     def name_of(self, model: nn.Module) -> str:
         """The name `model` was registered under."""
@@ -227,6 +251,15 @@ class ModelSwitcher:
 
     # Restore and offload.
 
+    def _offload_all_but(self, keep: tuple[_Managed, ...]) -> None:
+        """Offload the active models and any prefetched one, except `keep`."""
+        for managed in self._models.values():
+            if any(managed is kept for kept in keep):
+                continue
+            holding = any(unit.resident for unit in (managed.root, *managed.blocks))
+            if holding or any(managed is active for active in self._active):
+                self._offload(managed)
+
     def _restore(self, unit: _Unit, *, wait: bool) -> None:
         if not unit.resident:
             if self._copy_stream is not None:
@@ -235,13 +268,13 @@ class ModelSwitcher:
                         self._copy_stream.wait_event(unit.written)
                     for entry in unit.storages:
                         entry.storage.resize_(entry.nbytes)  # allocated on the copy stream
-                        _as_bytes(entry.storage).copy_(entry.host, non_blocking=True)
+                        as_bytes(entry.storage).copy_(entry.host, non_blocking=True)
                     unit.ready = _event()
                     unit.ready.record(self._copy_stream)
             else:
                 for entry in unit.storages:
                     entry.storage.resize_(entry.nbytes)
-                    _as_bytes(entry.storage).copy_(entry.host)
+                    as_bytes(entry.storage).copy_(entry.host)
             unit.resident, unit.waited, unit.written = True, False, None
         if wait and not unit.waited:
             if unit.ready is not None:
@@ -263,7 +296,7 @@ class ModelSwitcher:
                     if unit.ready is not None:
                         self._offload_stream.wait_event(unit.ready)  # a look-ahead copy may still be landing
                     for entry in unit.storages:
-                        device_bytes = _as_bytes(entry.storage)
+                        device_bytes = as_bytes(entry.storage)
                         if self.write_back:
                             entry.host.copy_(device_bytes, non_blocking=True)
                         # Freed now, reused only once both streams are past their uses of it.
@@ -277,14 +310,14 @@ class ModelSwitcher:
             for unit in units:
                 for entry in unit.storages:
                     if self.write_back:
-                        entry.host.copy_(_as_bytes(entry.storage))
+                        entry.host.copy_(as_bytes(entry.storage))
                     entry.storage.resize_(0)
         for unit in units:
             unit.resident, unit.waited, unit.ready = False, False, None
 
     # Registration.
 
-    def _capture(self, tensors: list[torch.Tensor], captured: dict[int, _Storage], name: str) -> _Unit:
+    def _capture(self, tensors: list[torch.Tensor], captured: dict[int, HostStorage], name: str) -> _Unit:
         """Take a host copy of each storage behind `tensors` and point the tensors at device storage."""
         unit = _Unit([])
         for tensor in tensors:
@@ -294,28 +327,28 @@ class ModelSwitcher:
             key = source.data_ptr()
             if key in captured:  # tied to a tensor another unit (or this one) already moved
                 if tensor.device != self.device:
-                    tensor.data = _view(tensor, captured[key].storage, self.device)
+                    tensor.data = view_over(tensor, captured[key].storage, self.device)
                 continue
             if source.device.type == "cpu" and self.device.type != "cpu":
                 host = self._host_copy(source)
-                storage = _storage(source.nbytes(), self.device)
+                storage = new_storage(source.nbytes(), self.device)
             elif source.device == self.device:
                 host, storage = self._host_copy(source), source
             else:
                 raise ValueError(f"{name}: a tensor is on {source.device}; this switcher manages {self.device}")
-            entry = _Storage(storage, host, source.nbytes())
+            entry = HostStorage(storage, host, source.nbytes())
             captured[key] = entry
             unit.storages.append(entry)
             if storage is not source:
                 # Every tensor on this storage moves with it (views keep their offsets and strides).
                 for other in tensors:
                     if other.untyped_storage().data_ptr() == key:
-                        other.data = _view(other, storage, self.device)
+                        other.data = view_over(other, storage, self.device)
         return unit
 
     def _host_copy(self, storage: torch.UntypedStorage) -> torch.Tensor:
         host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=self._pin)
-        host.copy_(_as_bytes(storage))
+        host.copy_(as_bytes(storage))
         return host
 
     def _install_hooks(self, managed: _Managed, blocks: nn.ModuleList) -> None:
@@ -330,7 +363,7 @@ class ModelSwitcher:
             managed.hooks.append(block.register_forward_pre_hook(partial(self._entered, managed)))
 
     def _enter(self, managed: _Managed, index: int | None, module: nn.Module, args: Any) -> None:
-        if self._active is not managed:
+        if not any(managed is active for active in self._active):
             raise RuntimeError(f"{managed.name} is not active: call ModelSwitcher.activate(model) before running it")
         if managed.report is not None:
             managed.report.start_span(self.device)
@@ -345,7 +378,7 @@ class ModelSwitcher:
 
     def _finished(self, managed: _Managed, module: nn.Module, args: Any, output: Any) -> None:
         if managed.report is not None:
-            managed.report.open = False
+            managed.report.member_finished()
             managed.report = None
 
     def _managed(self, model: nn.Module) -> _Managed:
@@ -355,20 +388,10 @@ class ModelSwitcher:
             raise ValueError(f"{type(model).__name__} is not registered with this ModelSwitcher") from None
 
 
-def _tensors(module: nn.Module) -> list[torch.Tensor]:
-    return [*module.parameters(), *module.buffers()]
-
-
-def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A (nbytes,) uint8 tensor over the whole storage."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-
-
-def _view(tensor: torch.Tensor, storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
-    """`tensor`'s layout (offset, sizes, strides) over another storage."""
-    return torch.empty(0, dtype=tensor.dtype, device=device).set_(
-        storage, tensor.storage_offset(), tensor.size(), tensor.stride()
-    )
+def _blocks_or_none(model: nn.Module) -> nn.ModuleList:
+    """The model's `.blocks`, or an empty list for a model that moves whole (a VAE)."""
+    blocks = getattr(model, "blocks", None)
+    return blocks if isinstance(blocks, nn.ModuleList) else nn.ModuleList()
 
 
 # torch's CUDA stream, event and storage constructors are untyped; these give mypy their types.
@@ -380,7 +403,3 @@ def _event(*, timing: bool = False) -> torch.cuda.Event:
 
 def _stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-
-
-def _storage(nbytes: int, device: torch.device) -> torch.UntypedStorage:
-    return torch.UntypedStorage(nbytes, device=device)  # type: ignore[no-untyped-call]

@@ -12,6 +12,11 @@ then costs no GPU memory and switching to it costs almost nothing. Unsharded (on
 takes 6.7 ms and hides only behind long sequences; `offload.ModelSwitcher` keeps such models resident
 while they run instead.
 
+Precision: FSDP gathers and computes in `param_dtype` (by default the dtype the parameters are stored in:
+bf16 on CUDA for the dit family, see `gpu_worker.models.dit.runtime.Precision`, so nothing is cast) and
+would reduce gradients in fp32. Sharded inference runs under `torch.no_grad()`: FSDP2 cannot unshard
+parameters under `torch.inference_mode()` (torch 2.11).
+
 Models must expose their transformer blocks as `.blocks: nn.ModuleList`; anything else is sharded with
 the root. Works on CPU meshes with gloo (tests), where streams and pinning are no-ops.
 """
@@ -45,19 +50,20 @@ def shard_model(
     *,
     host_offload: bool = False,
     prefetch: int = 1,
-    mp_policy: MixedPrecisionPolicy | None = None,
+    param_dtype: torch.dtype | None = None,
 ) -> ModelT:
     """Shard `model` in place over `mesh`: each block, then the root. Returns the model (now also an
     FSDPModule).
 
     host_offload: keep the shards in (pinned, with CUDA) host memory and copy them in per block.
     prefetch: how many following blocks each block's forward starts gathering (0: none).
+    param_dtype: the dtype FSDP gathers and computes in (None: the parameters' own dtype).
     """
     if prefetch < 0:
         raise ValueError(f"prefetch must be >= 0, got {prefetch}")
     blocks = transformer_blocks(model)
     offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if host_offload else OffloadPolicy()
-    precision = mp_policy or MixedPrecisionPolicy()
+    precision = mixed_precision(param_dtype or _stored_dtype(model))
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=True, offload_policy=offload, mp_policy=precision)
     fully_shard(model, mesh=mesh, offload_policy=offload, mp_policy=precision)
@@ -71,6 +77,19 @@ def shard_model(
             if following:
                 current.set_modules_to_forward_prefetch(following)
     return model
+
+
+def mixed_precision(param_dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """FSDP2's policy: gather and compute in `param_dtype`, reduce in fp32."""
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def _stored_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters (fp32 when it has none)."""
+    dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
+    if len(dtypes) > 1:
+        raise ValueError(f"{type(model).__name__} mixes parameter dtypes {sorted(map(str, dtypes))}: pass param_dtype")
+    return dtypes.pop() if dtypes else torch.float32
 
 
 def reset_after_failure(model: nn.Module) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -22,11 +23,22 @@ Anchor = dict[str, np.ndarray]
 Reference = dict[str, np.ndarray]
 
 
+class Role(StrEnum):
+    """A family's five modules, by the name of their field in `Family` (and their `Module.name`)."""
+
+    REFERENCE = "reference"
+    CONTEXT = "context"
+    AUDIO_TO_VIDEO = "audio_to_video"
+    SUPER_RESOLUTION = "super_resolution"
+    DECODER = "decoder"
+
+
 class Module:
     """One model and its weights, with its device placement.
 
     CPU families inherit the no-op defaults; GPU families override `load` (read safetensors), `to`
-    (move weights) and `offload`/`restore` (park weights in pinned host memory between stages).
+    (move weights), `offload`/`restore` (free the device between stages) and `device_models` (what the
+    pipeline's switch residency moves on and off the accelerator).
     """
 
     name: str = "module"
@@ -48,6 +60,11 @@ class Module:
 
     def restore(self, device: str) -> None:
         self.to(device)
+
+    def device_models(self) -> list[Any]:
+        """The torch models (nn.Modules) this module runs on its device; none for a CPU family. With
+        `Residency.SWITCH` the pipeline keeps them on the accelerator only while this module's stage runs."""
+        return []
 
 
 class ReferenceEncoder(Module, ABC):
@@ -152,6 +169,10 @@ class Family:
 
     def modules(self) -> list[Module]:
         return [self.reference, self.context, self.audio_to_video, self.super_resolution, self.decoder]
+
+    def module(self, role: Role) -> Module:
+        found: Module = getattr(self, role.value)
+        return found
 
     def load(self) -> None:
         for module in self.modules():

@@ -4,19 +4,41 @@ Only two things survive a chunk: the static reference conditioning (computed onc
 the anchors (a few named arrays at each N chunk's first and last frame). Audio features, noise,
 latents and frames are released before `run_chunk` returns, so peak memory depends on the chunk
 size and never on the session length.
+
+Residency (`monologue.contracts.Residency`, the node's `residency` setting). RESIDENT keeps every model
+of the family on the accelerator. SWITCH keeps there only the models of the stage that is running (the
+reference encoder's while a session starts): before each stage, `ModelSwitcher.activate` frees the
+previous stage's weights (nothing is copied back: the host copy taken at load is the truth) and arms the
+stage's own, which then stream in block by block, each block's copy overlapping the block before's
+compute; after each stage, the next stage's root and first blocks start copying on a side stream (CUDA
+only). Frames are bit-identical in both modes: the same weights run the same kernels. Families whose
+modules have no torch models (warp) switch nothing.
+
+Stage timings (`ChunkResult.stage_ms`, ms per stage name) include the device's work: when the family runs
+on CUDA the compute stream is synchronised at every stage boundary, so a stage's kernels are charged to
+it and not to the next stage that happens to wait for them. In SWITCH mode one more key, "switch", is the
+visible cost of the chunk's switches (the compute stream's stalls for weights, `SwitchReport.visible_ms`,
+summed); it is part of the stage times, not added to them. RESIDENT results have no "switch" key.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpu_worker.pipeline.module import A2VOutput, Anchor, Family, Reference
+from gpu_worker.pipeline.module import A2VOutput, Anchor, Family, Reference, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec, chunk_rng
+from monologue.contracts.session import Residency
+
+if TYPE_CHECKING:
+    from gpu_worker.distributed.offload import ModelSwitcher, SwitchReport
+
+SWITCH_KEY = "switch"  # the stage_ms entry with a chunk's visible switch time (SWITCH residency)
 
 
 class AnchorStore:
@@ -99,6 +121,79 @@ class Session:
         return self.family.reference.frame_size(self.reference)[1]
 
 
+class StageTimer:
+    """Milliseconds between `start` and `stop`, the device's queued work included: on CUDA both ends wait
+    for the compute stream (not the copy streams, whose prefetches may keep running); on CPU perf_counter."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._cuda = cuda
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._sync()
+        self._started = time.perf_counter()
+
+    def stop(self) -> float:
+        self._sync()
+        return (time.perf_counter() - self._started) * 1000
+
+    def _sync(self) -> None:
+        if self._cuda:
+            import torch  # only families on CUDA get here
+
+            torch.cuda.current_stream().synchronize()
+
+
+class StageSwitcher:
+    """SWITCH residency: gives the accelerator to one role's models at a time through a ModelSwitcher, and
+    keeps the reports of the switches made since `take_visible_ms` last ran.
+
+    It loads the family itself, one module at a time, registering each module's models (which takes their
+    host copy and frees their device memory) before the next loads: the device never holds more than one
+    module's weights, even at load."""
+
+    def __init__(self, family: Family) -> None:
+        self._models: dict[Role, list[Any]] = {}
+        self._switcher: ModelSwitcher | None = None
+        self._reports: list[SwitchReport] = []
+        for role in Role:
+            module = family.module(role)
+            if not module.loaded:
+                module.load()
+            self._models[role] = models = module.device_models()
+            if not models:
+                continue
+            if self._switcher is None:
+                from gpu_worker.distributed.offload import ModelSwitcher  # torch: only families with torch models
+
+                self._switcher, device = ModelSwitcher(module.device), module.device
+            elif module.device != device:
+                raise ValueError(f"{family.name}: switch residency needs one device, got {device} and {module.device}")
+            for index, model in enumerate(models):
+                self._switcher.register(model, name=f"{role.value}.{index}.{type(model).__name__}")
+
+    def enter(self, role: Role) -> None:
+        """Give the device to `role`'s models (and free everyone else's)."""
+        if self._switcher is None:
+            return
+        models = self._models[role]
+        if models:
+            self._reports.append(self._switcher.activate(models))
+        else:
+            self._switcher.deactivate()
+
+    def prefetch(self, role: Role) -> None:
+        """Start copying `role`'s first blocks while the current stage's work finishes (CUDA only)."""
+        if self._switcher is not None:
+            self._switcher.prefetch(self._models[role])
+
+    def take_visible_ms(self) -> float:
+        """The visible ms of the switches since the last call (reading them waits for their events)."""
+        total = sum(report.visible_ms for report in self._reports)
+        self._reports.clear()
+        return total
+
+
 @dataclass
 class ChunkResult:
     chunk: ChunkRequest
@@ -107,18 +202,30 @@ class ChunkResult:
 
 
 class Pipeline:
-    """Runs a family's modules, stage by stage, for one chunk at a time."""
+    """Runs a family's modules, stage by stage, for one chunk at a time, with its models resident on the
+    accelerator or switched in per stage (`residency`, see the module docstring)."""
 
-    def __init__(self, family: Family, stages: tuple[type[Stage], ...] = DEFAULT_STAGES) -> None:
+    def __init__(
+        self,
+        family: Family,
+        stages: tuple[type[Stage], ...] = DEFAULT_STAGES,
+        *,
+        residency: Residency = Residency.RESIDENT,
+    ) -> None:
         self.family = family
         self.stages: list[Stage] = [stage() for stage in stages]
+        self.residency = residency
+        self._switch = StageSwitcher(family) if residency is Residency.SWITCH else None  # loads the family
         family.load()
+        self._timer = StageTimer(cuda=any(module.device.startswith("cuda") for module in family.modules()))
 
     def start_session(
         self, portrait: np.ndarray, output: OutputSpec, audio: AudioSource, reference: Reference | None = None
     ) -> Session:
         """Encode the reference once (or reuse a stored one, e.g. after moving to another node)."""
         if reference is None:
+            if self._switch is not None:
+                self._switch.enter(Role.REFERENCE)
             reference = self.family.reference.encode(portrait, output)
         return Session(family=self.family, output=output, audio=audio, reference=reference)
 
@@ -130,11 +237,20 @@ class Pipeline:
         rng = chunk_rng(chunk.seed, chunk.kind, chunk.index)
         state = ChunkState(chunk=chunk, rng=rng, sink=sink, progress=progress)
         stage_ms: dict[str, float] = {}
-        for stage in self.stages:
+        switch = self._switch
+        if switch is not None:
+            switch.take_visible_ms()  # the reference encoder's switch, or an aborted chunk's: not this chunk's
+        for position, stage in enumerate(self.stages):
             progress(stage.name)
-            started = time.perf_counter()
+            self._timer.start()
+            if switch is not None:
+                switch.enter(stage.role)
             stage.run(session, state)
-            stage_ms[stage.name] = (time.perf_counter() - started) * 1000
+            if switch is not None:  # the next stage's (or the next chunk's first) blocks start coming in
+                switch.prefetch(self.stages[(position + 1) % len(self.stages)].role)
+            stage_ms[stage.name] = self._timer.stop()
+        if switch is not None:
+            stage_ms[SWITCH_KEY] = switch.take_visible_ms()
         if chunk.kind == "I":
             session.anchors.release_seam(chunk.index)
         return ChunkResult(chunk=chunk, frame_hashes=state.frame_hashes, stage_ms=stage_ms)

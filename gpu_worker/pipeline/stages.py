@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from gpu_worker.pipeline.module import A2VOutput
+from gpu_worker.pipeline.module import A2VOutput, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink
 
@@ -34,6 +34,7 @@ class ChunkState:
 
 class Stage(Protocol):
     name: str
+    role: Role  # the family module it runs (the pipeline's switch residency gives it the device)
 
     def run(self, session: Session, state: ChunkState) -> None: ...
 
@@ -42,6 +43,7 @@ class ContextStage:
     """Audio slice (with the family's margins) → features and noise."""
 
     name = "context"
+    role = Role.CONTEXT
 
     def run(self, session: Session, state: ChunkState) -> None:
         module = session.family.context
@@ -57,6 +59,7 @@ class AudioToVideoStage:
     """Context + anchors → the chunk's motion/latents, and the anchors it leaves behind."""
 
     name = "audio_to_video"
+    role = Role.AUDIO_TO_VIDEO
 
     def run(self, session: Session, state: ChunkState) -> None:
         if state.context is None:
@@ -86,6 +89,7 @@ class SuperResolutionStage:
     """Low-resolution latents → output resolution."""
 
     name = "super_resolution"
+    role = Role.SUPER_RESOLUTION
 
     def run(self, session: Session, state: ChunkState) -> None:
         if state.generated is None:
@@ -98,6 +102,7 @@ class DecodePublishStage:
     """Latents → RGB frames → per-frame SHA-256 → the sink (the segment encoder)."""
 
     name = "decode_publish"
+    role = Role.DECODER
 
     def run(self, session: Session, state: ChunkState) -> None:
         frames = session.family.decoder.decode(session.reference, state.upscaled)  # (T, H, W, 3) uint8

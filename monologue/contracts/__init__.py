@@ -34,6 +34,9 @@ from monologue.contracts.session import (
     RenderOptions as RenderOptions,
 )
 from monologue.contracts.session import (
+    Residency as Residency,
+)
+from monologue.contracts.session import (
     Resolution as Resolution,
 )
 from monologue.contracts.session import (

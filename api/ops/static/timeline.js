@@ -5,6 +5,7 @@ import { el, formatMs } from "./common.js";
 
 const MIN_PX_PER_FRAME = 0.6; // long sessions scroll sideways rather than squeeze chunks below a pixel
 const TICK_STEPS_S = [0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600];
+const NOT_IN_TOTAL = new Set(["idle_before", "switch"]);
 
 export function describeChunk(chunk, fps) {
   const last = chunk.first_frame + chunk.frames;
@@ -17,7 +18,8 @@ export function describeChunk(chunk, fps) {
   if (chunk.node_id) parts.push(`node ${chunk.node_id}${chunk.moved ? " (moved here)" : ""}`);
   const stages = Object.entries(chunk.stage_ms);
   if (stages.length) {
-    const total = stages.reduce((sum, [name, ms]) => sum + (name === "idle_before" ? 0 : ms), 0);
+    // Not part of the total: idle_before (waiting, before the chunk ran) and switch (already inside the stages).
+    const total = stages.reduce((sum, [name, ms]) => sum + (NOT_IN_TOTAL.has(name) ? 0 : ms), 0);
     parts.push(`${stages.map(([name, ms]) => `${name} ${formatMs(ms)}`).join(", ")}; total ${formatMs(total)}`);
   }
   return parts.join(" · ");

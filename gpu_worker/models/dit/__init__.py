@@ -17,7 +17,8 @@ Where the weights come from when the family is built by name: the environment va
 GPU machine has no pydantic-settings; the variable follows the MONOLOGUE_ naming of the Settings). When
 it is unset, the family is the `tiny` preset with weights drawn from a fixed seed: a smoke-test model
 that runs the real architecture and streaming on any CPU and renders deterministic, meaningless frames.
-Nothing is ever downloaded.
+Nothing is ever downloaded. `MONOLOGUE_DIT_WARM_RESOLUTIONS` (default 720p) names the output resolutions
+whose compiled attention kernels are built at load.
 
 Importable with torch, numpy and safetensors alone (no service stack), like everything under models/.
 """
@@ -31,9 +32,12 @@ from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.context import DiTContext
 from gpu_worker.models.dit.reference import DiTReference
 from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
+from gpu_worker.models.dit.runtime import Precision, TorchModule
 from gpu_worker.pipeline.module import Family
 
 WEIGHTS_ENV = "MONOLOGUE_DIT_WEIGHTS"
+# Output resolutions whose compiled attention kernels are built when the node loads the family (comma-separated).
+WARM_ENV = "MONOLOGUE_DIT_WARM_RESOLUTIONS"
 SMOKE_SEED = 20_261_130
 
 
@@ -45,15 +49,28 @@ def default_weights() -> Weights:
     return Weights(TINY, seed=SMOKE_SEED)
 
 
-def build_family(weights: Weights | None = None) -> Family:
-    """The dit family's five modules over `weights` (default: `default_weights()`); they load when a
-    Pipeline starts."""
+def warm_resolutions() -> tuple[str, ...]:
+    """The output resolutions `MONOLOGUE_DIT_WARM_RESOLUTIONS` names (default 720p): their SR attention kernels
+    compile when the family loads, so no chunk of a render at one of them compiles (a no-op on CPU)."""
+    names = os.environ.get(WARM_ENV, "720p").split(",")
+    return tuple(name.strip() for name in names if name.strip())
+
+
+def build_family(weights: Weights | None = None, precision: Precision = Precision.AUTO) -> Family:
+    """The dit family's five modules over `weights` (default: `default_weights()`), storing their parameters
+    in `precision` (AUTO: bf16 on CUDA, fp32 on CPU); they load when a Pipeline starts."""
     weights = weights or default_weights()
-    return Family(
+    super_resolution = DiTSuperResolution(weights)
+    super_resolution.warm_resolutions = warm_resolutions()
+    family = Family(
         name="dit",
         reference=DiTReference(weights),
         context=DiTContext(weights),
         audio_to_video=DiTAudioToVideo(weights),
-        super_resolution=DiTSuperResolution(weights),
+        super_resolution=super_resolution,
         decoder=DiTDecoder(weights),
     )
+    for module in family.modules():
+        if isinstance(module, TorchModule):
+            module.precision = precision
+    return family

@@ -1,5 +1,8 @@
 """The audio-to-video DiT: a chunk's low-resolution latents from noise, trained with flow matching.
 
+It works on the VAE's latent grid: one latent frame per `VAEConfig.temporal_stride` (4) video frames, so
+time positions (RoPE, boundary offsets) count latents; only the audio keeps the video frame rate.
+
 One token sequence per chunk, `[noisy chunk frames | clean boundary frames | reference frame]`:
 - the chunk's noisy latents, patchified (what the model denoises; only these produce output);
 - clean boundary latents of the neighbouring chunks: for an N chunk the previous N chunk's last frames,
@@ -9,7 +12,8 @@ One token sequence per chunk, `[noisy chunk frames | clean boundary frames | ref
   pooled vector), at a fixed time (`A2VConfig.reference_position`).
 Self-attention is dense over the whole sequence. Clean tokens are modulated as t = 0 (per-segment
 adaLN), noisy ones at the sampling time. Audio and text enter by cross-attention from the noisy tokens
-only: a frame's tokens see the audio tokens of frames within ± `audio_window`, and every text token.
+only: latent j's tokens see the audio tokens of its video frames [4 j, 4 j + 4) widened by `audio_window`
+video frames either side, and every text token.
 Classifier-free guidance swaps the audio for learned null tokens and drops the text.
 """
 
@@ -45,9 +49,9 @@ class A2VConditioning:
 
     reference: Tensor  # (B, C, h, w) the portrait's low-resolution latents
     boundary: Tensor  # (B, C, Tb, h, w) clean latents of neighbouring chunks; Tb may be 0
-    boundary_times: Tensor  # (Tb,) their frames relative to the chunk's first frame (negative: before it)
-    audio: Tensor  # (B, Ta, K, Da) K audio tokens per frame of the audio window
-    audio_times: Tensor  # (Ta,) those frames relative to the chunk's first frame
+    boundary_times: Tensor  # (Tb,) their latent frames relative to the chunk's first latent (negative: before it)
+    audio: Tensor  # (B, Ta, K, Da) K audio tokens per *video* frame of the audio window
+    audio_times: Tensor  # (Ta,) those video frames relative to the chunk's first video frame
     text: Tensor  # (B, Lt, Dt) prompt tokens; Lt may be 0
     text_mask: Tensor  # (B, Lt) bool, True for real tokens
     keep_audio: Tensor  # (B,) bool; False: the unconditional branch (null audio, no text)
@@ -109,6 +113,7 @@ class AudioToVideoDiT(nn.Module):
         a2v, channels = config.a2v, config.latent_channels
         self.config = a2v
         self.channels = channels
+        self.stride = config.vae.temporal_stride  # video frames per latent frame
         self.embed = nn.Linear(channels * a2v.patch**2, a2v.dim)
         self.token_type = nn.Parameter(torch.zeros(3, a2v.dim))  # noisy, boundary, reference
         self.time_mlp = nn.Sequential(nn.Linear(_TIME_FEATURES, a2v.dim), nn.SiLU(), nn.Linear(a2v.dim, a2v.dim))
@@ -125,7 +130,7 @@ class AudioToVideoDiT(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, noisy: Tensor, t: Tensor, cond: A2VConditioning) -> Tensor:
-        """noisy (B, C, T, h, w) at flow time t (B,) → velocity (B, C, T, h, w)."""
+        """noisy (B, C, T, h, w) latents at flow time t (B,) → velocity (B, C, T, h, w)."""
         a2v = self.config
         batch, _, frames, height, width = noisy.shape
         rows, columns = height // a2v.patch, width // a2v.patch
@@ -166,9 +171,11 @@ class AudioToVideoDiT(nn.Module):
         audio = torch.where(keep, audio, self.null_audio.to(audio.dtype).expand_as(audio)).flatten(1, 2)
         text = self.text_proj(cond.text)  # (B, Lt, D)
 
-        chunk_times = torch.arange(frames, device=audio.device, dtype=torch.float32)
-        audio_times = cond.audio_times.float().repeat_interleave(per_audio_frame)  # (Ta K,)
-        near = (chunk_times[:, None] - audio_times[None, :]).abs() <= self.config.audio_window  # (T, Ta K)
+        # Latent j covers video frames [stride j, stride j + stride): it hears them, ± audio_window frames.
+        first = torch.arange(frames, device=audio.device, dtype=torch.float32)[:, None] * self.stride  # (T, 1)
+        audio_times = cond.audio_times.float().repeat_interleave(per_audio_frame)[None]  # (1, Ta K)
+        window = self.config.audio_window
+        near = (audio_times >= first - window) & (audio_times <= first + self.stride - 1 + window)  # (T, Ta K)
         near = near.repeat_interleave(per_frame, dim=0)  # (T N, Ta K)
         text_mask = cond.text_mask & cond.keep_audio[:, None]  # (B, Lt): the unconditional branch drops text
         mask = torch.cat(

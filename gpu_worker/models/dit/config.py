@@ -10,6 +10,9 @@ Presets:
 - `h200`: sized for one H200 at 720p25: a ~1B-parameter audio-to-video DiT (d=1536, head dim 128) and a
   ~150M super-resolution DiT whose frames are padded to a multiple of 128 tokens (720p: 80x46 = 3680
   tokens + 32 registers = 3712 = 29 x 128), so FlexAttention's 128-blocks never straddle a frame edge.
+  With 4 sampling steps and the 4x temporal VAE it makes a 720p frame in 6.8 TFLOP, within the 15 TFLOP
+  budget that tests/gpu_worker/models/dit/test_flop_budget.py holds it to (`python -m
+  gpu_worker.models.dit.flops` prints the breakdown).
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ AttentionBackend = Literal["auto", "flex", "flex_eager", "dense", "windowed"]
 @dataclass(frozen=True)
 class VAEConfig:
     latent_channels: int = 16
-    base_channels: int = 128
+    # Width of the full-resolution level; level i is base_channels * channel_multipliers[i] wide. Narrow at
+    # full resolution, wide at low resolution: most of a frame's decoder FLOPs are then at 1/2 to 1/8 size.
+    base_channels: int = 64
     # One level per entry; every level after the first halves height and width (stride 2 ** (levels - 1)).
-    # There is no temporal compression: chunks have any frame count (I chunks are 2-8 frames), so one
-    # latent frame per video frame keeps every chunk boundary on a latent boundary.
-    channel_multipliers: tuple[int, ...] = (1, 2, 4, 4)
+    channel_multipliers: tuple[int, ...] = (1, 2, 4, 8)
+    # Video frames per latent frame (a power of two): latent j covers frames [4 j, 4 j + 4), so every chunk
+    # but a session's last starts and ends on a multiple of it (monologue.contracts.Family.DIT.temporal_stride).
+    temporal_stride: int = 4
     blocks_per_level: int = 1
-    # Only the latent-resolution stage mixes time (causal convolutions): it is cheap there, and it keeps
-    # the decoder's temporal receptive field (the frames a chunk needs to re-create the causal cache) short.
+    # Only the latent-resolution stage mixes time (causal convolutions at the latent rate): it is cheap
+    # there, and it keeps the decoder's temporal receptive field (the latents a chunk needs to re-create
+    # the causal cache, `context_frames`) short.
     mid_blocks: int = 1
-    temporal_kernel: int = 3
+    temporal_kernel: int = 2
     norm_groups: int = 32
-    # The decoder's per-frame (upsampling) stage runs this many frames at a time, so its activations stay
-    # bounded at 720p (128 channels x 1280 x 736 x 4 bytes = 480 MB per frame).
+    # The decoder's per-frame (upsampling) stage runs this many video frames at a time, so its activations
+    # stay bounded at 720p (128 channels x 640 x 368 x 2 bytes = 60 MB per frame at the widest level).
     frames_per_batch: int = 4
     # DiT latents = (encoder mean - shift) * scale, so the diffusion models see roughly unit variance.
     latent_shift: float = 0.0
@@ -45,13 +52,15 @@ class VAEConfig:
 
     @property
     def stride(self) -> int:
+        """The spatial stride: pixels per latent along each side."""
         return int(2 ** (len(self.channel_multipliers) - 1))
 
     @property
     def context_frames(self) -> int:
         """Latent frames before a chunk that determine its decoded frames exactly: the causal receptive field
-        of the decoder (conv_in plus two convolutions per mid block, each reaching kernel - 1 frames back)."""
-        return (self.temporal_kernel - 1) * (1 + 2 * self.mid_blocks)
+        of the decoder's state (conv_in, two convolutions per mid block and the depth-to-time convolution,
+        each reaching kernel - 1 latents back)."""
+        return (self.temporal_kernel - 1) * (2 + 2 * self.mid_blocks)
 
 
 @dataclass(frozen=True)
@@ -89,11 +98,17 @@ class A2VConfig:
     # frames (motion continuity) and, for I chunks, the next N chunk's first frames.
     boundary_frames: int = 2
     audio_window: int = 2  # a frame's tokens cross-attend to the audio of frames within ± this many
-    sampling_steps: int = 8
+    # Few-step sampling: a checkpoint distilled for 4 steps (as Self-Forcing distils Wan to 4 steps).
+    # Preview halves it (roles.py): 2 steps.
+    sampling_steps: int = 4
     # Classifier-free guidance on audio and text; 1.0 runs one pass per step (a distilled checkpoint needs no
     # more), above 1 two passes (conditional and unconditional) batched together.
     guidance_scale: float = 1.0
-    timestep_shift: float = 3.0  # spend more of the steps at high noise, where layout is decided
+    # t' = shift t / (1 + (shift - 1) t) spends more of the steps at high noise, where layout and motion are
+    # decided. SD3 uses 3 at 1024 px, Wan 5 at 720p; 5 with 4 steps gives t = 1, 0.9375, 0.833, 0.625 → 0,
+    # exactly Self-Forcing's 4-step schedule (its denoising_step_list [1000, 750, 500, 250] warped by shift 5).
+    # The last step jumps from 0.625 to data: texture left coarse there is the super-resolution pass's job.
+    timestep_shift: float = 5.0
     # Where the reference frame sits in time (RoPE), the same for every chunk, so every chunk sees the
     # reference alike; a type embedding tells it apart from the boundary frames.
     reference_position: float = -16.0
@@ -114,6 +129,11 @@ class SRConfig:
     block_size: int = 128
     # auto: compiled FlexAttention on CUDA with 128-blocks, else per-frame windowed SDPA (sparse_attention.py).
     attention: AttentionBackend = "auto"
+    # Compiled FlexAttention pads each sequence to the smallest of these frame counts (latents, decoder context
+    # and the reference) and compiles each once, at load (sparse_attention.py). With 4 video frames per latent
+    # and 4 context latents: a 12-frame first chunk is 3 + 1 = 4, a 4-frame I chunk 1 + 4 + 1 = 6, a 40-frame
+    # first chunk 11 (→ 12), a 40-frame N chunk 10 + 4 + 1 = 15; 24 takes N chunks of up to 76 frames.
+    frame_buckets: tuple[int, ...] = (4, 6, 12, 15, 24)
     rope_theta: float = 10_000.0
 
 
@@ -171,6 +191,7 @@ TINY = DiTConfig(
         base_channels=8,
         channel_multipliers=(1, 2, 2, 2),
         mid_blocks=1,
+        temporal_stride=4,
         temporal_kernel=2,
         norm_groups=4,
         frames_per_batch=16,
@@ -181,7 +202,7 @@ TINY = DiTConfig(
     sr=SRConfig(dim=64, layers=2, heads=2, block_size=16),
 )
 
-H200 = DiTConfig(name="h200")
+H200 = DiTConfig(name="h200", vae=VAEConfig(temporal_stride=4))
 
 PRESETS: dict[str, DiTConfig] = {"tiny": TINY, "h200": H200}
 

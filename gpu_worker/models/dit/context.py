@@ -6,6 +6,10 @@ expects. The text
 encoder is its own model and file, owned by this module; its output is cached per prompt, since every
 chunk of a session asks for the same one.
 
+Audio tokens are per video frame, over the chunk's latent span: ceil(T / 4) latents cover 4 frames each,
+so a session's ragged last chunk gets tokens for the frames its last latent covers past the chunk's end
+(silence: the audio has ended there) and the A2V DiT maps each latent to the tokens of its own frames.
+
 The chunk's noise is drawn by the audio-to-video module (it alone knows the latent size), from the
 chunk's own generator, so this module leaves the generator untouched.
 """
@@ -20,6 +24,7 @@ from torch import Tensor
 
 from gpu_worker.models.dit.audio_encoder import AudioEncoder, frame_pooling
 from gpu_worker.models.dit.checkpoint import Weights
+from gpu_worker.models.dit.roles import chunk_latents
 from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.models.dit.text_encoder import TextEncoder, byte_tokens
 from gpu_worker.pipeline.module import ContextGenerator
@@ -32,8 +37,9 @@ def chunk_prompt(chunk: ChunkRequest) -> str:
 
 
 class DiTContext(TorchModule, ContextGenerator):
-    """Context keys: audio (Ta, K, D) tensor; audio_times (Ta,) tensor of frames relative to the chunk's
-    first frame; text (Lt, Dt) tensor; text_mask (Lt,) bool tensor. All on this module's device."""
+    """Context keys: audio (Ta, K, D) tensor; audio_times (Ta,) tensor of video frames relative to the chunk's
+    first frame (margins included, and the frames a ragged last latent covers); text (Lt, Dt) tensor;
+    text_mask (Lt,) bool tensor. All on this module's device."""
 
     model_names = ("audio_encoder", "text_encoder")
 
@@ -47,18 +53,20 @@ class DiTContext(TorchModule, ContextGenerator):
         if window.rate != audio_config.sample_rate:
             raise ValueError(f"the dit audio encoder takes {audio_config.sample_rate} Hz audio, got {window.rate} Hz")
         before, after = self.margin_frames
-        first, end = chunk.first_frame - before, chunk.end_frame + after
+        span = self.config.vae.temporal_stride * chunk_latents(chunk, self.config.vae.temporal_stride)
+        first, end = chunk.first_frame - before, chunk.first_frame + span + after
         edges = np.array([window.frame_start(frame) for frame in range(first, end + 1)])  # (Ta + 1,)
-        mel_frames = len(window.samples) // audio_config.hop + 1
+        # The window ends `after` frames past the chunk; a ragged last chunk's span reaches past that: silence.
+        samples = np.pad(window.samples, (0, max(0, int(edges[-1]) - len(window.samples))))
+        mel_frames = len(samples) // audio_config.hop + 1
         pooling = frame_pooling(edges, audio_config.hop, mel_frames)  # (Ta, M)
         encoder = self.model("audio_encoder", AudioEncoder)
         with self.running():
-            samples = self.tensor(window.samples)[None]  # (1, S)
-            audio = encoder(samples, self.tensor(pooling))[0]  # (Ta, K, D)
+            audio = encoder(self.tensor(samples)[None], self.tensor(pooling))[0]  # (Ta, K, D)
         text, text_mask = self._encode_prompt(chunk_prompt(chunk))
         return {
             "audio": audio,
-            "audio_times": torch.arange(-before, chunk.n_frames + after, device=self.device, dtype=torch.float32),
+            "audio_times": torch.arange(-before, span + after, device=self.device, dtype=torch.float32),
             "text": text,
             "text_mask": text_mask,
         }

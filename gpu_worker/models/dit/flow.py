@@ -3,7 +3,9 @@
 Convention (rectified flow): x_t = (1 - t) x0 + t ε with t = 0 data and t = 1 noise; the model predicts
 the velocity v = ε - x0, constant along each straight path, so the sampler integrates dx/dt = v from
 t = 1 down to 0. Timesteps are shifted towards high noise (SD3's shift), where the sampler spends its
-few steps on layout and motion rather than on texture the super-resolution pass redoes anyway.
+few steps on layout and motion rather than on texture the super-resolution pass redoes anyway. The
+defaults (`A2VConfig`: 4 steps, shift 5) give the 4-step schedule of distilled few-step video samplers
+(Self-Forcing's [1000, 750, 500, 250] warped by shift 5): t = 1, 0.9375, 0.833, 0.625, then data.
 """
 
 from __future__ import annotations

@@ -2,23 +2,29 @@
 
 The portrait is cropped to the canvas's aspect ratio ("cover": never letterboxed) and resized to the
 canvas, the output frame size rounded up to `DiTConfig.canvas_multiple` (frames are generated on the
-canvas and cropped back to the output size at decode). It is encoded twice: at the canvas size (the
-super-resolution DiT's reference frame) and at 1/scale of it (the audio-to-video DiT's reference
-tokens, in the same latent space as the low-resolution video). Resizing is done in torch, so this
+canvas and cropped back to the output size at decode). It is encoded alone, as a one-frame video (the
+VAE pads it to 4 copies of itself: one latent frame, the latent a still video starts with), twice: at the
+canvas size (the super-resolution DiT's reference frame) and at 1/scale of it (the audio-to-video DiT's
+reference tokens, in the same latent space as the low-resolution video). Resizing is done in torch, so this
 module needs nothing beyond torch and numpy.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.models.dit.vae import VAEEncoder
 from gpu_worker.pipeline.module import Reference, ReferenceEncoder
 from gpu_worker.pipeline.types import OutputSpec, frame_size
+from gpu_worker.pipeline.types import Resolution as OutputResolution
+from monologue.contracts import Resolution
 from monologue.errors import InputError
 
 MIN_SIDE = 16
@@ -42,6 +48,16 @@ def as_rgb(portrait: np.ndarray) -> np.ndarray:
 def canvas_size(width: int, height: int, multiple: int) -> tuple[int, int]:
     """(width, height) rounded up to the multiple."""
     return -(-width // multiple) * multiple, -(-height // multiple) * multiple
+
+
+def named_canvas(config: DiTConfig, resolution: str) -> tuple[int, int]:
+    """(width, height) of the canvas frames are generated on at a named resolution, for a landscape portrait
+    (a tall one gets the transposed canvas): what FLOP counts and compile warm-ups are sized for."""
+    named = Resolution(resolution)
+    if named is Resolution.SOURCE:
+        raise ValueError("a canvas needs a named resolution (512, 720p, 1080p): 'source' depends on the portrait")
+    width, height = frame_size(16 * 256, 9 * 256, OutputSpec(resolution=cast(OutputResolution, named.value)))
+    return canvas_size(width, height, config.canvas_multiple)
 
 
 def cover(rgb: np.ndarray, width: int, height: int) -> Tensor:
@@ -84,7 +100,7 @@ class DiTReference(TorchModule, ReferenceEncoder):
         with self.running():
             image = cover(rgb, canvas_width, canvas_height).to(self.device)[None]  # (1, 3, H, W)
             low_image = resize(image, canvas_width // scale, canvas_height // scale)
-            high = encoder.encode(image[:, :, None])[0, :, 0]  # (C, H/s, W/s)
+            high = encoder.encode(image[:, :, None])[0, :, 0]  # (C, H/s, W/s): one frame, one latent
             low = encoder.encode(low_image[:, :, None])[0, :, 0]  # (C, H/(s r), W/(s r))
         return {
             "frame_size": np.array([width, height], dtype=np.int64),

@@ -1,18 +1,29 @@
 """The dit family's generation modules: audio-to-video, super-resolution and the streaming decoder.
 
+The latent grid. The VAE makes one latent frame of every `VAEConfig.temporal_stride` (4) video frames:
+latent j covers frames [4 j, 4 j + 4). A chunk of T frames starting at frame f (a multiple of 4) has
+ceil(T / 4) latents, the first being latent f / 4; the A2V DiT samples latents, the SR DiT upscales them,
+and the decoder makes 4 frames of each and drops those past the chunk's end. So every chunk starts on the
+grid and every chunk but the session's last ends on it (the planner sizes chunks so: chunk_frames,
+i_frames and first_chunk_frames in multiples of 4); `chunk_latents` refuses anything else. An N chunk
+cannot know it is the last, so a ragged N chunk is taken as the last one: whatever follows it starts off
+the grid and is refused.
+
 Anchors. An N chunk leaves two, as numpy arrays (they go into checkpoints as they are):
 - head: its first `boundary_frames` low-resolution latents (the right anchor of the I chunk before it);
 - tail: its last max(`boundary_frames`, decoder context) latents (the left anchor of the I chunk after
   it, the boundary the next N chunk continues from, and the decoder's causal context).
-Each is {"latents": (C, K, h, w) float32, "first_frame": (1,) int64, the absolute frame of latents[:, 0]}.
+Each is {"latents": (C, K, h, w) float32, "first_frame": (1,) int64}: first_frame is the *video* frame
+where latents[:, 0] starts (a multiple of the stride; its latent index is first_frame / stride), so
+anchors read the same as the plan's frames. Boundary and context sizes are counted in latents.
 
 The decoder's causal state. Chunks are generated N0 N1 I0 N2 I1 … but shown N0 I0 N1 I1 …, and each is
-decoded as soon as it is generated, so a chunk's decoder can only be primed from frames that exist:
+decoded as soon as it is generated, so a chunk's decoder can only be primed from latents that exist:
 - I(k) follows N(k) in the timeline, and N(k) exists: its decoder is primed on N(k)'s last latents, the
   frames shown just before it.
 - N(k) follows I(k-1), which does not exist yet: its decoder is primed on N(k-1)'s last latents instead,
-  the nearest frames that do exist (i_frames earlier, the same ones its motion continues from). Its first
-  `context_frames` frames decode as if I(k-1) were absent; the alternative, a fresh state, would restart
+  the nearest ones that do exist (i_frames earlier, the same ones its motion continues from). Its first
+  `context_frames` latents decode as if I(k-1) were absent; the alternative, a fresh state, would restart
   the decoder's temporal filtering at every N chunk as if the video began there.
 - N0 starts the video (its first frame replicated into the past, as a whole decode does).
 The context latents go through the super-resolution DiT with the chunk (they are its temporal neighbours
@@ -25,6 +36,7 @@ of MB of activations at 720p), so a chunk regenerated on another node after a re
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,13 +44,48 @@ import torch
 from torch import Tensor
 
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
+from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import euler_sample, sampling_timesteps
+from gpu_worker.models.dit.reference import named_canvas
 from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.models.dit.sr import SuperResolutionDiT
 from gpu_worker.models.dit.vae import VAEDecoder, fold
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
+from monologue.contracts import ChunkKind
+from monologue.contracts import Family as FamilyName
+
+
+@dataclass
+class ChunkLatents(DiTLatents):
+    """DiTLatents that know how many video frames they stand for: the decoder makes `temporal_stride` frames
+    per latent and keeps the first `video_frames` (fewer than stride x T only for a session's ragged last
+    chunk). None keeps them all."""
+
+    video_frames: int | None = None
+
+
+def check_temporal_stride(config: DiTConfig) -> None:
+    """The checkpoint's VAE must compress time as the planner assumes, or chunks would fall off its grid."""
+    expected = int(getattr(FamilyName.DIT, "temporal_stride", 4))
+    if config.vae.temporal_stride != expected:
+        raise ValueError(
+            f"this dit checkpoint's VAE makes one latent of every {config.vae.temporal_stride} frames, but the "
+            f"planner puts dit chunk boundaries on multiples of {expected}"
+        )
+
+
+def chunk_latents(chunk: ChunkRequest, stride: int) -> int:
+    """The latent frames of a chunk, ceil(T / stride); a ValueError for a chunk off the latent grid."""
+    ragged = chunk.n_frames % stride != 0
+    if chunk.first_frame % stride or (ragged and chunk.kind is ChunkKind.I):
+        raise ValueError(
+            f"{chunk.name} (frames {chunk.first_frame}..{chunk.end_frame - 1}) is off the dit family's latent grid: "
+            f"its VAE makes one latent of every {stride} frames, so the dit family needs chunk_frames, i_frames "
+            f"and first_chunk_frames in multiples of {stride} (only a session's last chunk may end off it)"
+        )
+    return -(-chunk.n_frames // stride)
 
 
 def _anchor(latents: Tensor, first_frame: int) -> Anchor:
@@ -53,17 +100,28 @@ def _last(latents: np.ndarray, count: int) -> np.ndarray:
     return latents[:, latents.shape[1] - min(count, latents.shape[1]) :]
 
 
-def _anchor_frames(anchor: Anchor) -> tuple[np.ndarray, int]:
-    """(latents (C, K, h, w), first frame) of an anchor, or a ValueError naming what is missing."""
+def _anchor_latents(anchor: Anchor, stride: int) -> tuple[np.ndarray, int]:
+    """(latents (C, K, h, w), latent index of latents[:, 0]) of an anchor, or a ValueError naming what is wrong."""
     if "latents" not in anchor or "first_frame" not in anchor:
         raise ValueError(f"not a dit anchor (keys {sorted(anchor)}); was it written by another family?")
-    return anchor["latents"], int(anchor["first_frame"][0])
+    first_frame = int(anchor["first_frame"][0])
+    if first_frame % stride:
+        raise ValueError(f"a dit anchor starts at frame {first_frame}, off the latent grid of {stride} frames")
+    return anchor["latents"], first_frame // stride
 
 
 class DiTAudioToVideo(TorchModule, AudioToVideo):
     """Low-resolution latents for a chunk, by Euler sampling of the flow-matching DiT."""
 
     model_names = ("a2v",)
+
+    def load(self) -> None:
+        check_temporal_stride(self.config)
+        super().load()
+
+    @property
+    def stride(self) -> int:
+        return self.config.vae.temporal_stride
 
     def generate_n(
         self,
@@ -76,25 +134,28 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         progress: StepProgress = no_steps,
     ) -> A2VOutput:
         """An N chunk continuing from the previous N chunk's tail (None for the first chunk)."""
-        boundary_frames = self.config.a2v.boundary_frames
+        boundary_frames, stride = self.config.a2v.boundary_frames, self.stride
+        count, first = chunk_latents(chunk, stride), chunk.first_frame // stride
         channels, height, width = reference["reference_latents_low"].shape
         boundary = np.zeros((channels, 0, height, width), dtype=np.float32)
         times = np.zeros(0, dtype=np.float32)
         decoder_context: Tensor | None = None
         if previous is not None:
-            latents, first = _anchor_frames(previous)
-            end = first + latents.shape[1]
-            if end > chunk.first_frame:
-                raise ValueError(f"{chunk.name} starts at frame {chunk.first_frame}, before its anchor ends ({end})")
+            latents, previous_first = _anchor_latents(previous, stride)
+            end = previous_first + latents.shape[1]  # latent index past the anchor
+            if end > first:
+                raise ValueError(
+                    f"{chunk.name} starts at frame {chunk.first_frame}, before its anchor ends (frame {end * stride})"
+                )
             boundary = _last(latents, boundary_frames)
-            times = np.arange(end - boundary.shape[1], end, dtype=np.float32) - chunk.first_frame
+            times = np.arange(end - boundary.shape[1], end, dtype=np.float32) - first
             decoder_context = self._decoder_context(latents)
-        frames = self._sample(reference, context, boundary, times, chunk, rng, progress)  # (C, T, h, w)
-        keep = min(max(boundary_frames, self.config.vae.context_frames, 1), chunk.n_frames)
+        frames = self._sample(reference, context, boundary, times, count, rng, progress)  # (C, T', h, w)
+        keep = min(max(boundary_frames, self.config.vae.context_frames, 1), count)
         return A2VOutput(
-            latents=DiTLatents(frames, decoder_context),
+            latents=ChunkLatents(frames, decoder_context, video_frames=chunk.n_frames),
             head=_anchor(frames[:, :boundary_frames], chunk.first_frame),
-            tail=_anchor(frames[:, chunk.n_frames - keep :], chunk.end_frame - keep),
+            tail=_anchor(frames[:, count - keep :], (first + count - keep) * stride),
         )
 
     def generate_i(
@@ -109,22 +170,24 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         progress: StepProgress = no_steps,
     ) -> A2VOutput:
         """The frames between N(k)'s tail and N(k+1)'s head, conditioned on both."""
-        boundary_frames = self.config.a2v.boundary_frames
-        left_latents, left_first = _anchor_frames(left)
-        right_latents, right_first = _anchor_frames(right)
+        boundary_frames, stride = self.config.a2v.boundary_frames, self.stride
+        count, first = chunk_latents(chunk, stride), chunk.first_frame // stride
+        left_latents, left_first = _anchor_latents(left, stride)
+        right_latents, right_first = _anchor_latents(right, stride)
         left_end = left_first + left_latents.shape[1]
-        if not (left_end <= chunk.first_frame and chunk.end_frame <= right_first):
+        if not (left_end <= first and first + count <= right_first):
             raise ValueError(
                 f"{chunk.name} (frames {chunk.first_frame}..{chunk.end_frame - 1}) is not between its anchors "
-                f"(left ends at {left_end}, right starts at {right_first})"
+                f"(left ends at frame {left_end * stride}, right starts at frame {right_first * stride})"
             )
         before, after = _last(left_latents, boundary_frames), right_latents[:, :boundary_frames]
         boundary = np.concatenate([before, after], axis=1)
         times = np.concatenate(
             [np.arange(left_end - before.shape[1], left_end), np.arange(right_first, right_first + after.shape[1])]
-        ).astype(np.float32) - float(chunk.first_frame)
-        frames = self._sample(reference, context, boundary, times, chunk, rng, progress)
-        return A2VOutput(latents=DiTLatents(frames, self._decoder_context(left_latents)))
+        ).astype(np.float32) - float(first)
+        frames = self._sample(reference, context, boundary, times, count, rng, progress)
+        context_latents = self._decoder_context(left_latents)
+        return A2VOutput(latents=ChunkLatents(frames, context_latents, video_frames=chunk.n_frames))
 
     def _decoder_context(self, latents: np.ndarray) -> Tensor | None:
         """The latents that re-create the decoder's causal state before the chunk (see the module docstring)."""
@@ -137,16 +200,17 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         context: dict[str, Any],
         boundary: np.ndarray,
         times: np.ndarray,
-        chunk: ChunkRequest,
+        count: int,
         rng: np.random.Generator,
         progress: StepProgress,
     ) -> Tensor:
-        """Latents (C, T, h, w) from the chunk's noise. The noise is drawn here, from the chunk's generator
+        """`count` latents (C, count, h, w) from the chunk's noise; `times` are the boundary latents' indices
+        relative to the chunk's first latent. The noise is drawn here, from the chunk's generator
         in one fixed call, so the same (seed, chunk) gives the same latents on any node. Each denoising step
         is reported to `progress`: sampling is the longest part of a chunk."""
         a2v = self.config.a2v
         reference_low = reference["reference_latents_low"]  # (C, h, w)
-        noise = rng.standard_normal((1, reference_low.shape[0], chunk.n_frames, *reference_low.shape[1:]), np.float32)
+        noise = rng.standard_normal((1, reference_low.shape[0], count, *reference_low.shape[1:]), np.float32)
         # Preview trades quality for speed: half the steps, the same noise, hence the same motion.
         steps = max(1, a2v.sampling_steps // 2) if int(reference["preview"][0]) else a2v.sampling_steps
         model = self.model("a2v", AudioToVideoDiT)
@@ -171,8 +235,25 @@ class DiTSuperResolution(TorchModule, SuperResolution):
     """Low-resolution latents → output-resolution latents, the decoder context frames included."""
 
     model_names = ("sr",)
+    # Canvases whose attention buckets compile at load (build_family sets them from MONOLOGUE_DIT_WARM_RESOLUTIONS);
+    # another canvas (a `source`-sized portrait) compiles its buckets once, before its first chunk's forward.
+    warm_resolutions: tuple[str, ...] = ()
+
+    def load(self) -> None:
+        super().load()
+        self._warmed: set[tuple[int, int]] = set()
+        for resolution in self.warm_resolutions:
+            width, height = named_canvas(self.config, resolution)
+            self._warm(height // self.config.vae.stride, width // self.config.vae.stride)
+
+    def _warm(self, height: int, width: int) -> None:
+        """Compile the SR attention's buckets for output latents (height, width), once per process."""
+        if (height, width) not in self._warmed:
+            self.model("sr", SuperResolutionDiT).warm_up(height, width)
+            self._warmed.add((height, width))
 
     def upscale(self, reference: Reference, latents: DiTLatents) -> DiTLatents:
+        self._warm(*reference["reference_latents"].shape[-2:])
         context = latents.context
         sequence = (
             latents.frames if context is None else torch.cat([context, latents.frames], dim=1)
@@ -181,9 +262,10 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         with self.running():
             upscaled = model(sequence[None].to(self.device), self.tensor(reference["reference_latents"])[None])[0]
         upscaled = upscaled.float()
+        video_frames = getattr(latents, "video_frames", None)
         if context is None:
-            return DiTLatents(upscaled)
-        return DiTLatents(upscaled[:, context.shape[1] :], upscaled[:, : context.shape[1]])
+            return ChunkLatents(upscaled, video_frames=video_frames)
+        return ChunkLatents(upscaled[:, context.shape[1] :], upscaled[:, : context.shape[1]], video_frames)
 
 
 class DiTDecoder(TorchModule, Decoder):
@@ -191,22 +273,31 @@ class DiTDecoder(TorchModule, Decoder):
 
     model_names = ("vae_decoder",)
 
+    def load(self) -> None:
+        check_temporal_stride(self.config)
+        super().load()
+
     def decode(self, reference: Reference, upscaled: DiTLatents) -> np.ndarray:
+        """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped."""
         width, height = self.frame_size(reference)
         canvas_width, canvas_height = (int(v) for v in reference["canvas_size"])
         left, top = (canvas_width - width) // 2, (canvas_height - height) // 2
         model = self.model("vae_decoder", VAEDecoder)
-        frame_count = upscaled.frames.shape[1]
+        decoded = self.config.vae.temporal_stride * upscaled.frames.shape[1]
+        frame_count = getattr(upscaled, "video_frames", None) or decoded
+        if not decoded - self.config.vae.temporal_stride < frame_count <= decoded:
+            raise ValueError(f"{upscaled.frames.shape[1]} latents cannot make {frame_count} frames")
         frames = np.empty((frame_count, height, width, 3), dtype=np.uint8)
         with self.running():
             state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
-            features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', T, h, w)
+            features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', stride T, h, w)
             step = self.config.vae.frames_per_batch
             for start in range(0, frame_count, step):
-                pixels = model.spatial(fold(features[:, :, start : start + step]))  # (n, 3, H, W)
+                end = min(start + step, frame_count)
+                pixels = model.spatial(fold(features[:, :, start:end]))  # (n, 3, H, W)
                 pixels = pixels[:, :, top : top + height, left : left + width].float().clamp(-1.0, 1.0)
                 rgb = ((pixels + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)  # (n, height, width, 3)
-                frames[start : start + step] = rgb.cpu().numpy()
+                frames[start:end] = rgb.cpu().numpy()
         return frames
 
     @staticmethod

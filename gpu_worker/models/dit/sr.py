@@ -8,16 +8,27 @@ low-resolution video no longer has, and the window keeps neighbouring frames con
 Each frame's tokens are padded with learned registers to a multiple of the attention block size, so
 FlexAttention's blocks align with frame edges (see sparse_attention.py). Registers are ordinary tokens
 (they attend and are attended to, like ViT registers); their outputs are dropped.
+
+On the compiled FlexAttention path each attention call pads the sequence to a compile bucket
+(`SRConfig.frame_buckets`, `bucket`); `warm_up` compiles every bucket when a node loads the model, so a
+render never waits for a compile (and never falls back to eager flex after Dynamo's recompile limit).
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import torch
 from torch import Tensor, nn
 
-from gpu_worker.models.dit.config import DiTConfig
+from gpu_worker.models.dit.config import DiTConfig, SRConfig
 from gpu_worker.models.dit.layers import TransformerBlock, grid_positions, patchify, rope_table, unpatchify
-from gpu_worker.models.dit.sparse_attention import FrameWindow, window_attention
+from gpu_worker.models.dit.sparse_attention import FrameWindow, bucket_frames, resolve_backend, window_attention
+
+# Every (device, dtype, bucket, frame size) `warm_up` compiled in this process: Dynamo keeps at most
+# `recompile_limit` (8 by default) compiled versions of one function and runs any further shape eagerly, so
+# warm_up raises the limit to hold them all (two resolutions of five buckets would otherwise not fit).
+_WARMED: set[tuple[object, ...]] = set()
 
 
 def padded_tokens(real: int, block_size: int) -> int:
@@ -28,6 +39,7 @@ def padded_tokens(real: int, block_size: int) -> int:
 class SuperResolutionDiT(nn.Module):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
+        _check_buckets(config.sr)
         self.config = config.sr
         sr, channels = config.sr, config.latent_channels
         self.channels = channels
@@ -47,6 +59,19 @@ class SuperResolutionDiT(nn.Module):
         sr = self.config
         real = (height // sr.patch) * (width // sr.patch)
         return FrameWindow(frames + 1, padded_tokens(real, sr.block_size), sr.window, sr.block_size)
+
+    def bucket(self, frames: int) -> int:
+        """The compile bucket (frames, the reference included) of a sequence of `frames` latent frames
+        (decoder context included) on the compiled flex path; ValueError past the largest."""
+        return bucket_frames(frames + 1, self.config.frame_buckets)
+
+    def warm_up(
+        self, height: int, width: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> tuple[int, ...]:
+        """Compile the attention of every bucket for output latents (height, width), on the parameters'
+        device and in their dtype unless given; call once after loading (see `warm_up`)."""
+        parameter = next(self.parameters())
+        return warm_up(self, height, width, device or parameter.device, dtype or parameter.dtype)
 
     def forward(self, low: Tensor, reference: Tensor) -> Tensor:
         """low (B, C, T, h, w), reference (B, C, H, W) with H = scale h → latents (B, C, T, H, W)."""
@@ -77,7 +102,7 @@ class SuperResolutionDiT(nn.Module):
         rope = rope_table(positions, sr.dim // sr.heads, sr.rope_theta)
 
         def attend(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            return window_attention(query, key, value, layout, sr.attention)
+            return window_attention(query, key, value, layout, sr.attention, sr.frame_buckets)
 
         x = tokens.view(batch, layout.length, -1)  # (B, L, D)
         for block in self.blocks:
@@ -85,3 +110,52 @@ class SuperResolutionDiT(nn.Module):
         out = self.head(self.norm_out(x)).view(batch, frames + 1, layout.tokens_per_frame, -1)
         detail = unpatchify(out[:, 1:, :real], sr.patch, self.channels, height, width)  # (B, C, T, H, W)
         return base + detail
+
+
+def _check_buckets(sr: SRConfig) -> None:
+    buckets = sr.frame_buckets
+    if not buckets or min(buckets) < 2:
+        raise ValueError(
+            f"SRConfig.frame_buckets {buckets} must hold at least one frame count, each at least 2 (the reference "
+            "and one latent)"
+        )
+
+
+def _keep_compiled(signatures: set[tuple[object, ...]]) -> None:
+    """Raise Dynamo's recompile limit so every warmed kernel stays compiled (see `_WARMED`)."""
+    _WARMED.update(signatures)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(config, name, max(int(getattr(config, name)), len(_WARMED)))
+
+
+def warm_up(
+    model_or_config: SuperResolutionDiT | DiTConfig,
+    latent_height: int,
+    latent_width: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> tuple[int, ...]:
+    """Run the compiled attention once per bucket for output latents (latent_height, latent_width), so no
+    chunk of a render compiles. Returns the buckets compiled: none where the backend is not compiled flex.
+
+    Runs under no_grad and, below fp32, autocast to `dtype`, as `TorchModule.running()` does: Dynamo guards
+    on the grad and autocast modes, and a warm-up in another mode would compile a kernel no render uses."""
+    sr = model_or_config.config if isinstance(model_or_config, SuperResolutionDiT) else model_or_config.sr
+    device = torch.device(device)
+    if resolve_backend(sr.attention, device, sr.block_size) != "flex":
+        return ()
+    _check_buckets(sr)
+    tokens = padded_tokens((latent_height // sr.patch) * (latent_width // sr.patch), sr.block_size)
+    buckets = tuple(sorted(set(sr.frame_buckets)))
+    _keep_compiled({(str(device), dtype, sr.heads, sr.dim, tokens, frames) for frames in buckets})
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        if dtype != torch.float32:
+            stack.enter_context(torch.autocast(device.type, dtype=dtype))
+        for frames in buckets:
+            layout = FrameWindow(frames, tokens, sr.window, sr.block_size)
+            size = (1, sr.heads, layout.length, sr.dim // sr.heads)  # one sequence, as the SR role runs it
+            query, key, value = (torch.zeros(size, device=device, dtype=dtype) for _ in range(3))
+            window_attention(query, key, value, layout, "flex", buckets)
+    return buckets

@@ -1,17 +1,29 @@
-"""The causal video VAE: frames (B, 3, T, H, W) in [-1, 1] ↔ latents (B, C, T, H/s, W/s).
+"""The causal video VAE: frames (B, 3, T, H, W) in [-1, 1] ↔ latents (B, C, T/4, H/s, W/s).
 
 Why it is built this way:
-- Spatial work (down/upsampling, most of the FLOPs) is per frame; only the latent-resolution stage mixes
-  time, with causal 3D convolutions (a frame sees itself and the frames before it, never after). So
-  decoding a video chunk by chunk gives the frames of decoding it whole, provided each chunk starts from
-  the right causal state.
-- That state is, per causal convolution, the last `kernel - 1` input frames (`DecoderState`). At 720p it
-  is tens of MB of activations per convolution, too big for a checkpoint; but it is a pure function of the
-  last `VAEConfig.context_frames` latent frames, which are kilobytes. `VAEDecoder.prime` rebuilds it from
-  them, so a session's decoder state lives in its anchors as latents and survives a move to another node.
+- Time is compressed 4x (`VAEConfig.temporal_stride`): latent frame j covers video frames [4j, 4j + 4).
+  The DiTs then see a quarter of the tokens, and every per-latent cost is shared by four output frames.
+- All mixing in time happens at the latent resolution, where it is cheap; everything at higher resolution
+  is per frame. The encoder compresses time with causal stride-2 convolutions after its spatial levels;
+  the decoder expands it with one causal convolution that writes 4 C channels per latent and reshapes
+  them into 4 frames of C ("depth to time"), then upsamples each frame on its own. (Wan's and LTX's VAEs
+  mix time at every resolution; keeping it at the latent resolution makes the streaming state small and
+  its exact context a handful of latents, at the price of no temporal filtering above 1/s resolution.)
+- Causal: a latent sees its own frames and earlier ones, a frame its own latent and earlier ones, never a
+  later one. The start of a video has no past: each causal convolution replicates its first input into it.
+  A video whose length is not a multiple of 4 is padded at its end by repeating its last frame (a lone
+  portrait is encoded as 4 copies of itself, one latent).
+- Streaming: the decoder's causal state (`DecoderState`) is, per causal convolution, its last
+  `kernel - 1` inputs, all at the latent rate; its size does not depend on how much was decoded. Decoding
+  latents chunk by chunk while carrying the state gives exactly the frames of decoding them all at once.
+  The state is a pure function of the last `VAEConfig.context_frames` latents (4 in the h200 preset: under
+  1 MB as low-resolution anchors at 720p, where the state is 45 MB of activations in bf16, 90 in fp32):
+  `VAEDecoder.prime` rebuilds it from them, so a session's decoder state lives in its anchors as latents
+  and survives a move to another node.
 - Norms are per frame (GroupNorm with time folded into the batch): a norm over time would make a frame
   depend on the chunk it was decoded in.
-- There is no temporal compression: chunks have any length, so one latent frame per video frame.
+- Cheap at 720p: the decoder's full-resolution level is narrow (64 channels in the h200 preset) and each
+  upsampling convolution narrows to the next level's width, so most FLOPs run at low resolution.
 
 Never: statistics across frames, look-ahead in time, or state kept in the module between calls.
 """
@@ -41,21 +53,32 @@ def unfold(x: Tensor, batch: int) -> Tensor:
 
 
 class CausalConv3d(nn.Module):
-    """3x3 in space, `kernel` frames in time, of which all but the current one are in the past."""
+    """3x3 in space, `kernel` frames in time ending at the current one (or, with stride 2, at the later of
+    the two frames an output covers)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int = 1) -> None:
         super().__init__()
-        self.kernel = kernel
-        self.conv = nn.Conv3d(in_channels, out_channels, (kernel, 3, 3), padding=(0, 1, 1))
+        if kernel < stride:
+            raise ValueError(f"a causal convolution of stride {stride} needs a temporal kernel of {stride} or more")
+        self.kernel, self.stride = kernel, stride
+        self.conv = nn.Conv3d(in_channels, out_channels, (kernel, 3, 3), stride=(stride, 1, 1), padding=(0, 1, 1))
+
+    def history(self, x: Tensor, cache: Tensor | None) -> Tensor:
+        """The inputs before x: the cache, or for the start of a video its first frame replicated."""
+        if cache is not None:
+            return cache
+        return x[:, :, :1].expand(-1, -1, self.kernel - self.stride, -1, -1)
 
     def forward(self, x: Tensor, cache: Tensor | None) -> tuple[Tensor, Tensor]:
-        """x (B, C, T, H, W) → (y (B, C', T, H, W), the cache for the next call (B, C, kernel - 1, H, W)).
+        """x (B, C, T, H, W) → (y (B, C', T / stride, H, W), the cache for the next call (B, C, kernel - 1, H, W)).
 
-        `cache` is the previous call's; None starts a video, padding with copies of its first frame."""
-        history = x[:, :, :1].expand(-1, -1, self.kernel - 1, -1, -1) if cache is None else cache
-        padded = torch.cat([history, x], dim=2)  # (B, C, kernel - 1 + T, H, W)
-        # A copy, not a view: a view would keep the whole chunk's input alive for as long as the cache.
-        return self.conv(padded), padded[:, :, padded.shape[2] - (self.kernel - 1) :].clone()
+        `cache` is the previous call's (stride 1 only); None starts a video."""
+        padded = torch.cat([self.history(x, cache), x], dim=2)
+        return self.conv(padded), self.next_cache(padded)
+
+    def next_cache(self, padded: Tensor) -> Tensor:
+        """The last kernel - 1 inputs. A copy, not a view: a view would keep the whole chunk's input alive."""
+        return padded[:, :, padded.shape[2] - (self.kernel - 1) :].clone()
 
 
 class FrameNorm(nn.GroupNorm):
@@ -99,9 +122,11 @@ class SpatialResBlock(nn.Module):
 
 
 class Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
+    """2x nearest, then a 3x3 convolution that narrows to the next (higher-resolution) level's width."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv = nn.Conv2d(in_channels, out_channels, 3, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
@@ -112,13 +137,29 @@ def _channels(config: VAEConfig) -> list[int]:
     return [config.base_channels * multiplier for multiplier in config.channel_multipliers]
 
 
+def _temporal_halvings(config: VAEConfig) -> int:
+    stride = config.temporal_stride
+    if stride < 1 or stride & (stride - 1):
+        raise ValueError(f"VAEConfig.temporal_stride must be a power of two, got {stride}")
+    return stride.bit_length() - 1
+
+
+def pad_to_stride(video: Tensor, stride: int) -> Tensor:
+    """(B, C, T, H, W) with T rounded up to a multiple of `stride` by repeating the last frame (causal:
+    the padding changes no latent before the last)."""
+    missing = -video.shape[2] % stride
+    if not missing:
+        return video
+    return torch.cat([video, video[:, :, -1:].expand(-1, -1, missing, -1, -1)], dim=2)
+
+
 class VAEEncoder(nn.Module):
     """Frames → latents (the posterior's mean and log-variance); the reference encoder uses the mean."""
 
     def __init__(self, config: VAEConfig) -> None:
         super().__init__()
         self.config = config
-        channels, groups = _channels(config), config.norm_groups
+        channels, groups, kernel = _channels(config), config.norm_groups, config.temporal_kernel
         self.conv_in = nn.Conv2d(3, channels[0], 3, padding=1)
         levels: list[nn.Module] = []
         previous = channels[0]
@@ -129,40 +170,50 @@ class VAEEncoder(nn.Module):
             if level < len(channels) - 1:
                 levels.append(nn.Conv2d(width, width, 3, stride=2, padding=1))
         self.levels = nn.Sequential(*levels)
-        self.mid = nn.ModuleList(
-            CausalResBlock(channels[-1], groups, config.temporal_kernel) for _ in range(config.mid_blocks)
+        # Time is compressed at the latent resolution: each causal stride-2 convolution halves the frame rate.
+        self.downsample_time = nn.ModuleList(
+            CausalConv3d(channels[-1], channels[-1], max(kernel, 2), stride=2)
+            for _ in range(_temporal_halvings(config))
         )
+        self.mid = nn.ModuleList(CausalResBlock(channels[-1], groups, kernel) for _ in range(config.mid_blocks))
         self.norm_out = nn.GroupNorm(groups, channels[-1])
         self.conv_out = nn.Conv2d(channels[-1], 2 * config.latent_channels, 3, padding=1)
 
     def forward(self, video: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, 3, T, H, W) in [-1, 1] → (mean, log-variance), each (B, C, T, H/s, W/s), VAE units."""
+        """(B, 3, T, H, W) in [-1, 1] → (mean, log-variance), each (B, C, ceil(T / 4), H/s, W/s), VAE units."""
         batch = video.shape[0]
-        x = self.levels(self.conv_in(fold(video)))  # (B T, C, h, w)
-        x = unfold(x, batch)  # (B, C, T, h, w)
+        video = pad_to_stride(video, self.config.temporal_stride)
+        x = unfold(self.levels(self.conv_in(fold(video))), batch)  # (B, C, T, h, w)
+        for downsample in self.downsample_time:
+            x, _ = downsample(F.silu(x), None)  # (B, C, T / 2, h, w)
         for block in self.mid:
             x, _ = block(x, None)
-        moments = self.conv_out(F.silu(self.norm_out(fold(x))))  # (B T, 2 C, h, w)
+        moments = self.conv_out(F.silu(self.norm_out(fold(x))))  # (B T', 2 C, h, w)
         mean, log_variance = unfold(moments, batch).chunk(2, dim=1)
         return mean, log_variance
 
     def encode(self, video: Tensor) -> Tensor:
-        """(B, 3, T, H, W) in [-1, 1] → the DiTs' normalised latents (B, C, T, H/s, W/s)."""
+        """(B, 3, T, H, W) in [-1, 1] → the DiTs' normalised latents (B, C, ceil(T / 4), H/s, W/s)."""
         mean, _ = self(video)
         latents: Tensor = (mean - self.config.latent_shift) * self.config.latent_scale
         return latents
 
 
 class VAEDecoder(nn.Module):
-    """Latents → frames, streaming: `temporal` carries a DecoderState from chunk to chunk, `spatial` is per
-    frame and can run any number of frames at a time."""
+    """Latents → frames, streaming: `temporal` carries a DecoderState from chunk to chunk and expands each
+    latent into `temporal_stride` frames of features; `spatial` is per frame and can run any number of
+    frames at a time."""
 
     def __init__(self, config: VAEConfig) -> None:
         super().__init__()
         self.config = config
         channels, groups, kernel = _channels(config), config.norm_groups, config.temporal_kernel
+        _temporal_halvings(config)
         self.conv_in = CausalConv3d(config.latent_channels, channels[-1], kernel)
         self.mid = nn.ModuleList(CausalResBlock(channels[-1], groups, kernel) for _ in range(config.mid_blocks))
+        self.norm_time = FrameNorm(groups, channels[-1])
+        # Depth to time: stride x C channels per latent, reshaped into stride frames of C.
+        self.to_time = CausalConv3d(channels[-1], config.temporal_stride * channels[-1], kernel)
         levels: list[nn.Module] = []
         previous = channels[-1]
         for level in reversed(range(len(channels))):
@@ -170,24 +221,41 @@ class VAEDecoder(nn.Module):
                 levels.append(SpatialResBlock(previous, channels[level], groups))
                 previous = channels[level]
             if level > 0:
-                levels.append(Upsample(previous))
+                levels.append(Upsample(previous, channels[level - 1]))
+                previous = channels[level - 1]
         self.levels = nn.Sequential(*levels)
         self.norm_out = nn.GroupNorm(groups, channels[0])
         self.conv_out = nn.Conv2d(channels[0], 3, 3, padding=1)
 
-    def temporal(self, latents: Tensor, state: DecoderState | None) -> tuple[Tensor, DecoderState]:
-        """Normalised latents (B, C, T, h, w) → features (B, C', T, h, w) and the state after the last frame.
-
-        `state` None starts a video; otherwise it is what the previous chunk (or `prime`) returned."""
+    def _latent_rate(self, latents: Tensor, caches: list[Tensor | None]) -> tuple[Tensor, DecoderState]:
+        """conv_in and the mid blocks on normalised latents, from their caches (all but to_time's)."""
         latents = latents / self.config.latent_scale + self.config.latent_shift
-        caches: list[Tensor | None] = [None] * (1 + 2 * len(self.mid)) if state is None else list(state)
         x, first = self.conv_in(latents, caches[0])
-        out = [first]
+        state = [first]
         for index, block in enumerate(self.mid):
             block_caches = caches[1 + 2 * index : 3 + 2 * index]
             x, new = block(x, None if block_caches[0] is None else block_caches)
-            out.extend(new)
-        return x, out
+            state.extend(new)
+        return F.silu(self.norm_time(x)), state
+
+    def _caches(self, state: DecoderState | None) -> list[Tensor | None]:
+        count = 2 + 2 * len(self.mid)
+        if state is not None and len(state) != count:
+            raise ValueError(f"a decoder state of this VAE has {count} caches, got {len(state)}")
+        return [None] * count if state is None else list(state)
+
+    def temporal(self, latents: Tensor, state: DecoderState | None) -> tuple[Tensor, DecoderState]:
+        """Normalised latents (B, C, T, h, w) → features (B, C', stride T, h, w) and the state after them.
+
+        `state` None starts a video; otherwise it is what the previous chunk (or `prime`) returned."""
+        caches = self._caches(state)
+        x, new_state = self._latent_rate(latents, caches)
+        deep, last = self.to_time(x, caches[-1])  # (B, stride C', T, h, w)
+        batch, channels, frames, height, width = x.shape
+        stride = self.config.temporal_stride
+        # Channel block k of latent j is frame stride j + k.
+        features = deep.view(batch, stride, channels, frames, height, width).permute(0, 2, 3, 1, 4, 5)
+        return features.reshape(batch, channels, frames * stride, height, width), [*new_state, last]
 
     def spatial(self, features: Tensor) -> Tensor:
         """Per-frame features (N, C', h, w) → pixels (N, 3, H, W), roughly in [-1, 1]."""
@@ -196,13 +264,14 @@ class VAEDecoder(nn.Module):
 
     def prime(self, context: Tensor) -> DecoderState:
         """The state after decoding `context` (B, C, K, h, w), the latent frames before a chunk, without
-        running their (discarded) per-frame stage. With K >= config.context_frames the chunk then decodes
-        exactly as it would inside the whole video."""
-        _, state = self.temporal(context, None)
-        return state
+        producing their (discarded) frames. With K >= config.context_frames the chunk then decodes exactly
+        as it would inside the whole video."""
+        caches = self._caches(None)
+        x, state = self._latent_rate(context, caches)
+        return [*state, self.to_time.next_cache(torch.cat([self.to_time.history(x, None), x], dim=2))]
 
     def forward(self, latents: Tensor, state: DecoderState | None = None) -> tuple[Tensor, DecoderState]:
-        """(B, C, T, h, w) → (frames (B, 3, T, H, W), state). Whole chunks at once: for training and tests;
-        the decoder module batches `spatial` itself to bound memory."""
+        """(B, C, T, h, w) → (frames (B, 3, stride T, H, W), state). Whole chunks at once: for training and
+        tests; the decoder module batches `spatial` itself to bound memory."""
         features, state = self.temporal(latents, state)
         return unfold(self.spatial(fold(features)), latents.shape[0]), state

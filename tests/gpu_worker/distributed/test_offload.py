@@ -3,13 +3,30 @@ block by block) without the streams, so outputs can be checked exactly."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpu_worker.distributed import ModelSwitcher, measure_switches, peak_memory, reset_peak_memory
+from gpu_worker.distributed.storages import HostCopy
 from tests.gpu_worker.distributed.toy import Block, ToyTransformer, toy_input, toy_model
+
+
+class CountCopies(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the bytes written by copy_ (the only op offload and restore move weights with)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.copy_.default:
+            self.bytes += args[0].nbytes
+        return func(*args, **(kwargs or {}))
 
 
 def block_bytes(model: ToyTransformer) -> list[int]:
@@ -66,6 +83,27 @@ def test_running_a_model_that_is_not_active_fails_loudly(models: tuple) -> None:
 
 
 @pytest.mark.parametrize("write_back", [True, False])
+def test_an_offload_copies_nothing_back_to_the_host_unless_asked(
+    models: tuple,  # type: ignore[type-arg]
+    write_back: bool,
+) -> None:
+    first, _, x, first_out, _ = models
+    switcher = ModelSwitcher("cpu", write_back=True) if write_back else ModelSwitcher("cpu")  # the default: none
+    switcher.register(first)
+    switcher.activate(first)
+    with torch.no_grad():
+        first(x)  # every block is on the device now
+    resident = switcher.resident_bytes(first)
+    with CountCopies() as copies:
+        switcher.deactivate()
+    assert switcher.resident_bytes(first) == 0
+    assert copies.bytes == (resident if write_back else 0)
+    switcher.activate(first)
+    with torch.no_grad():
+        assert torch.equal(first(x), first_out)
+
+
+@pytest.mark.parametrize("write_back", [True, False])
 def test_write_back_decides_whether_changes_made_while_active_survive_a_switch(
     models: tuple,  # type: ignore[type-arg]
     write_back: bool,
@@ -99,11 +137,18 @@ def test_tied_weights_are_moved_once_and_stay_tied() -> None:
     assert last.norm.weight is first.norm.weight
 
 
-def test_registration_needs_blocks_and_happens_once(models: tuple) -> None:  # type: ignore[type-arg]
-    first, _, _, _, _ = models
+def test_a_model_without_blocks_moves_whole_and_registration_happens_once(models: tuple) -> None:  # type: ignore[type-arg]
+    first, _, x, _, _ = models
+    whole = nn.Linear(x.shape[1], 4)
+    with torch.no_grad():
+        expected = whole(x)
     switcher = ModelSwitcher("cpu")
-    with pytest.raises(TypeError, match=r"has no `\.blocks: nn\.ModuleList`"):
-        switcher.register(nn.Linear(2, 2))
+    switcher.register(whole)
+    assert switcher.resident_bytes(whole) == 0
+    switcher.activate(whole)
+    assert switcher.resident_bytes(whole) == 4 * (x.shape[1] * 4 + 4)
+    with torch.no_grad():
+        assert torch.equal(whole(x), expected)
     switcher.register(first)
     with pytest.raises(ValueError, match="already registered"):
         switcher.register(first)
@@ -126,3 +171,44 @@ def test_switch_timings_and_peak_memory_for_the_benchmark(models: tuple) -> None
     peak = peak_memory("cpu")
     assert peak.source == "rss" and peak.peak_mb > 10
     assert np.isfinite(peak.peak_mb)
+
+
+def test_a_stage_activates_several_models_and_the_next_switch_frees_them_all(models: tuple) -> None:  # type: ignore[type-arg]
+    first, second, x, first_out, second_out = models
+    third = toy_model(3)
+    switcher = ModelSwitcher("cpu", lookahead=1)
+    for model in (first, second, third):
+        switcher.register(model)
+    report = switcher.activate([first, second])
+    with torch.no_grad():
+        assert torch.equal(first(x), first_out)
+        assert report.open, "the report stays open until every model of the stage has run"
+        assert torch.equal(second(x), second_out)
+    assert not report.open and report.visible_ms > 0
+    switcher.prefetch([third])  # a no-op on CPU: an idle model holds no memory
+    assert switcher.resident_bytes(third) == 0
+    switcher.activate(third)
+    assert switcher.resident_bytes(first) == switcher.resident_bytes(second) == 0
+    with pytest.raises(RuntimeError, match="is not active"):
+        first(x)
+
+
+def test_host_copy_is_taken_once_and_refills_the_same_tensors_without_copying_back() -> None:
+    model, x = toy_model(4), toy_input(4)
+    with torch.no_grad():
+        expected = model(x)
+    parameters = list(model.parameters())
+    copy = HostCopy([model])
+    hosts = [entry.host.data_ptr() for entry in copy.storages]
+    total = copy.device_bytes
+    for _ in range(2):
+        with CountCopies() as copies:
+            copy.free()
+        assert copies.bytes == 0 and copy.device_bytes == 0
+        assert all(parameter.untyped_storage().nbytes() == 0 for parameter in parameters)
+        copy.fill()
+        assert copy.device_bytes == total
+    assert [entry.host.data_ptr() for entry in copy.storages] == hosts
+    assert list(model.parameters()) == parameters
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)

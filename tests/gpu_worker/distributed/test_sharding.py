@@ -7,10 +7,22 @@ but nothing here asserts it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
+
+from gpu_worker.distributed import RankContext, RankGroup, shard_model
+from gpu_worker.distributed.sharding import mixed_precision, transformer_blocks
+from gpu_worker.models.dit import SMOKE_SEED
+from gpu_worker.models.dit.checkpoint import Weights
+from gpu_worker.models.dit.config import TINY
+from gpu_worker.models.dit.runtime import Precision, TorchModule
+from tests.gpu_worker.distributed.worlds import attempt, spawn_world
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -67,3 +79,72 @@ def test_the_tiny_dit_audio_to_video_model_matches_sharded_and_offloaded(results
         for name in ("offloaded", "sharded_offloaded"):
             for output in seen[name]:
                 np.testing.assert_allclose(output, plain, rtol=RTOL, atol=ATOL, err_msg=f"rank {rank} {name}")
+
+
+class AudioToVideoOnly(TorchModule):
+    model_names = ("a2v",)
+
+
+@dataclass(frozen=True)
+class RunningForward:
+    """The tiny A2V DiT under `TorchModule.running()` on this rank, plain and sharded over both ranks, with
+    its parameters stored in `precision`; and what the sharded forward ran under."""
+
+    precision: Precision
+
+    def run(self, context: RankContext) -> dict[str, Any]:
+        from tests.gpu_worker.models.dit.test_flow import _conditioning
+
+        def load() -> AudioToVideoOnly:
+            module = AudioToVideoOnly(Weights(TINY, seed=SMOKE_SEED), self.precision)
+            module.load()
+            return module
+
+        plain, sharded = load(), load()
+        model = shard_model(sharded.models["a2v"], context.group.mesh)
+        seen: dict[str, Any] = {}
+
+        def record(block: torch.nn.Module, args: Any) -> None:
+            seen["gathered_dtype"] = str(next(block.parameters()).dtype)
+            seen["grad"], seen["inference"] = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+        first_block: torch.nn.Module = transformer_blocks(model)[0]
+        first_block.register_forward_pre_hook(record)
+        generator = torch.Generator().manual_seed(6)
+        cond = _conditioning(1, generator)
+        noisy = torch.randn(1, TINY.latent_channels, 4, 4, 4, generator=generator)
+        t = torch.full((1,), 0.5)
+        with plain.running():
+            seen["plain"] = plain.models["a2v"](noisy, t, cond).float().numpy()
+        with sharded.running():
+            seen["sharded"] = model(noisy, t, cond).float().numpy()
+        return seen
+
+
+def drive_running(group: RankGroup) -> dict[str, Any]:
+    steps = {precision: RunningForward(precision) for precision in (Precision.FP32, Precision.BF16)}
+    return {precision: attempt(partial(group.gather_from_all, step)) for precision, step in steps.items()}
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    results, _ = spawn_world(drive_running, Path(tmp_path_factory.mktemp("running")), deadline_s=90)
+    return results
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.BF16])
+def test_a_sharded_model_under_running_matches_the_plain_one(running: dict[str, Any], precision: Precision) -> None:
+    """`running()` is no_grad, not inference_mode (under which FSDP2 cannot unshard on torch 2.11), and FSDP
+    gathers the parameters in the dtype they are stored in."""
+    attempted = running[precision]
+    assert "error" not in attempted, attempted.get("traceback")
+    for rank, seen in enumerate(attempted["value"]):
+        assert not seen["grad"] and not seen["inference"], rank
+        assert seen["gathered_dtype"] == str(precision.dtype("cpu")), rank
+        assert np.abs(seen["plain"]).max() > 1e-3
+        np.testing.assert_allclose(seen["sharded"], seen["plain"], rtol=RTOL, atol=ATOL, err_msg=f"rank {rank}")
+
+
+def test_the_fsdp_policy_computes_in_the_given_dtype_and_reduces_in_fp32() -> None:
+    policy = mixed_precision(torch.bfloat16)
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32

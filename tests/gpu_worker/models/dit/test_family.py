@@ -5,6 +5,7 @@ the anchors go through a checkpoint, and flat memory."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,13 +15,13 @@ from safetensors.numpy import save as save_tensors
 
 from gpu_worker.models import build_family as build_family_by_name
 from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, build_family
-from gpu_worker.models.dit.a2v import AudioToVideoDiT
+from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session
-from monologue.contracts import Chunk
+from monologue.contracts import Chunk, ChunkKind
 from monologue.errors import InputError
 from monologue.plan import plan_chunks
 
@@ -50,9 +51,13 @@ def portrait() -> np.ndarray:
     return image.astype(np.uint8)
 
 
-def _requests(frames: int, seed: int, n_frames: int = 8, i_frames: int = 2) -> list[ChunkRequest]:
-    """Generation order: N0 N1 I0 N2 I1 …"""
-    return [ChunkRequest(spec, seed) for spec in plan_chunks(frames, n_frames=n_frames, i_frames=i_frames)]
+STRIDE = TINY.vae.temporal_stride  # 4 video frames per latent: chunk sizes are multiples of it
+
+
+def _requests(frames: int, seed: int, n_frames: int = 8, i_frames: int = 4) -> list[ChunkRequest]:
+    """Generation order: N0 N1 I0 N2 I1 …, on the latent grid (only the last chunk may be ragged)."""
+    plan = plan_chunks(frames, n_frames=n_frames, i_frames=i_frames, stride=STRIDE)
+    return [ChunkRequest(spec, seed) for spec in plan]
 
 
 def _render(pipeline: Pipeline, session: Session, requests: list[ChunkRequest]) -> dict[str, np.ndarray]:
@@ -70,9 +75,10 @@ def test_chunks_come_out_at_the_output_frame_size(pipeline: Pipeline, portrait: 
     session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
     assert session.reference["frame_size"].tolist() == [80, 60]
     assert session.reference["canvas_size"].tolist() == [96, 64]
-    requests = _requests(30, seed=0)
+    requests = _requests(30, seed=0)  # N0 0..7, I0 8..11, N1 12..19, I1 20..23, N2 24..29 (ragged: 2 latents)
     frames = _render(pipeline, session, requests)
-    assert list(frames) == ["N0", "N1", "I0", "N2", "I1", "N3", "I2"]
+    assert list(frames) == ["N0", "N1", "I0", "N2", "I1"]
+    assert requests[3].first_frame == 24 and requests[3].n_frames == 6
     for request in requests:
         assert frames[request.name].shape == (request.n_frames, 60, 80, 3), request.name
         assert frames[request.name].dtype == np.uint8
@@ -113,7 +119,7 @@ def test_the_audio_drives_the_frames_near_it_and_only_there(
     pipeline: Pipeline, portrait: np.ndarray, speech: np.ndarray
 ) -> None:
     changed = speech.copy()
-    changed[20 * 640 : 24 * 640] = 0.0  # silence frames 20..23, inside N2 (frames 20..27)
+    changed[24 * 640 : 28 * 640] = 0.0  # silence frames 24..27, inside N2 (frames 24..29)
     renders = []
     for audio in (speech, changed):
         session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(audio))
@@ -127,7 +133,7 @@ def test_a_prompt_conditions_the_frames(pipeline: Pipeline, portrait: np.ndarray
     for prompt in ("", "smiling, warm studio light"):
         session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
         sink = ListSink()
-        pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 0, 8), seed=0, prompt=prompt), sink)
+        pipeline.run_chunk(session, ChunkRequest(Chunk(ChunkKind.N, 0, 0, 8), seed=0, prompt=prompt), sink)
         frames.append(sink.frames[0])
     assert not np.array_equal(frames[0], frames[1])
 
@@ -201,7 +207,7 @@ def test_sampling_reports_every_denoising_step(pipeline: Pipeline, portrait: np.
     session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
     pipeline.run_chunk(
         session,
-        ChunkRequest(Chunk("N", 0, 0, 8)),
+        ChunkRequest(Chunk(ChunkKind.N, 0, 0, 8)),
         ListSink(),
         lambda stage, step=0, steps=0: reports.append((stage, step, steps)),
     )
@@ -214,3 +220,68 @@ def test_sampling_reports_every_denoising_step(pipeline: Pipeline, portrait: np.
         "super_resolution",
         "decode_publish",
     ]
+
+
+def test_chunks_sit_on_the_latent_grid_and_anchors_start_on_it(
+    pipeline: Pipeline, portrait: np.ndarray, speech: np.ndarray
+) -> None:
+    """An N chunk of 8 frames is 2 latents; anchors keep the video frame their first latent starts at."""
+    session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
+    requests = _requests(22, seed=0)  # N0 0..7, I0 8..11, N1 12..19, then the ragged N2 20..21: one latent
+    assert [(r.name, r.first_frame, r.n_frames) for r in requests] == [
+        ("N0", 0, 8),
+        ("N1", 12, 8),
+        ("I0", 8, 4),
+        ("N2", 20, 2),
+    ]
+    frames = _render(pipeline, session, requests[:2])
+    anchors = session.anchors.export()
+    assert anchors["N1.head.first_frame"].tolist() == [12]
+    assert anchors["N1.head.latents"].shape[1] == TINY.a2v.boundary_frames == 2
+    tail = anchors["N1.tail.latents"]  # min(max(boundary, decoder context), the chunk's 2 latents)
+    assert tail.shape[1] == 2 and anchors["N1.tail.first_frame"].tolist() == [20 - STRIDE * tail.shape[1]]
+    frames.update(_render(pipeline, session, requests[2:]))
+    assert [frames[r.name].shape[0] for r in requests] == [8, 8, 4, 2]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "problem"),
+    [(Chunk(ChunkKind.N, 0, 2, 8), "N0 (frames 2..9)"), (Chunk(ChunkKind.I, 0, 8, 3), "I0 (frames 8..10)")],
+)
+def test_a_chunk_off_the_latent_grid_is_refused(
+    pipeline: Pipeline, portrait: np.ndarray, speech: np.ndarray, chunk: Chunk, problem: str
+) -> None:
+    """Only a session's last chunk may end off a multiple of 4 (an N chunk cannot know, an I chunk never is)."""
+    session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
+    with pytest.raises(ValueError, match="multiples of 4") as refused:
+        pipeline.run_chunk(session, ChunkRequest(chunk), ListSink())
+    assert problem in str(refused.value) and "chunk_frames, i_frames and first_chunk_frames" in str(refused.value)
+
+
+def test_a_checkpoint_whose_vae_strides_otherwise_is_refused_at_load() -> None:
+    odd = replace(TINY, vae=replace(TINY.vae, temporal_stride=2))
+    family = build_family(Weights(odd, seed=SMOKE_SEED))
+    with pytest.raises(ValueError, match="every 2 frames"):
+        family.load()
+
+
+def test_each_latent_hears_the_audio_of_its_own_four_frames_and_the_window() -> None:
+    """Latent j covers video frames [4 j, 4 j + 4) and cross-attends to their audio ± audio_window frames."""
+    model = AudioToVideoDiT(TINY)
+    audio, window = TINY.audio, TINY.a2v.audio_window
+    frames = torch.arange(-2.0, 14.0)  # the audio of a 3-latent chunk (12 frames) with margins (2, 2)
+    cond = A2VConditioning(
+        reference=torch.zeros(1, TINY.latent_channels, 2, 2),
+        boundary=torch.zeros(1, TINY.latent_channels, 0, 2, 2),
+        boundary_times=torch.zeros(0),
+        audio=torch.zeros(1, len(frames), audio.tokens_per_frame, audio.dim),
+        audio_times=frames,
+        text=torch.zeros(1, 0, TINY.text.dim),
+        text_mask=torch.zeros(1, 0, dtype=torch.bool),
+        keep_audio=torch.ones(1, dtype=torch.bool),
+    )
+    _, mask = model._condition(cond, 3, 1)  # (1, 1, latents x 1 token, audio frames x K)
+    heard = mask[0, 0].view(3, len(frames), audio.tokens_per_frame).all(dim=2)  # (latent, audio frame)
+    for latent in range(3):
+        expected = [STRIDE * latent - window <= frame <= STRIDE * latent + STRIDE - 1 + window for frame in frames]
+        assert heard[latent].tolist() == expected, latent

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
-from gpu_worker.models.dit.config import TINY
+from gpu_worker.models.dit.config import TINY, A2VConfig
 from gpu_worker.models.dit.flow import euler_sample, flow_matching_loss, sampling_timesteps
 from gpu_worker.models.dit.layers import randomise
 
@@ -63,6 +63,14 @@ def test_shifted_timesteps_run_from_noise_to_data_spending_more_steps_at_high_no
     assert times[0] == 1.0 and times[-1] == 0.0
     assert all(a > b for a, b in itertools.pairwise(times))
     assert times[2] > 0.5  # half the steps done, more than half the noise left
+
+
+def test_the_default_few_step_schedule_is_the_distilled_four_step_one() -> None:
+    """4 steps at shift 5: uniform [1, 0.75, 0.5, 0.25] warped towards noise, then straight to data."""
+    a2v = A2VConfig()
+    assert a2v.sampling_steps == 4
+    times = sampling_timesteps(a2v.sampling_steps, a2v.timestep_shift)
+    assert times == pytest.approx([1.0, 0.9375, 5.0 / 6.0, 0.625, 0.0])
 
 
 def test_guidance_pushes_the_unconditional_velocity_towards_the_conditional_one() -> None:
