@@ -257,6 +257,39 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, r
     click.echo(json.dumps(asdict(report)) if as_json else describe(report))
 
 
+@bench.command("sp")
+@click.option("--preset", default="h200", show_default=True, help="A dit preset, or seed18b (the seed's scale).")
+@click.option("--resolution", default="720p", show_default=True)
+@click.option("--ranks", type=int, multiple=True, default=(1, 2, 4, 8), show_default=True, help="Repeatable.")
+@click.option("--head-groups", type=int, default=1, show_default=True, help="Head groups per all-to-all.")
+@click.option(
+    "--layout",
+    type=click.Choice(["design", "balanced"]),
+    default="design",
+    show_default=True,
+    help="design: frame-aligned splits, VAE temporal stage replicated; balanced: token/row splits everywhere.",
+)
+@click.option("--fsdp", is_flag=True, help="Weights sharded with FSDP2 (gathered per block).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
+def bench_sp_command(
+    preset: str, resolution: str, ranks: tuple[int, ...], head_groups: int, layout: str, fsdp: bool, as_json: bool
+) -> None:
+    """A MODEL, not a measurement: the node's time per N and I chunk under Ulysses sequence parallelism for
+    each rank count, from FLOPs counted on the meta device and per-op rates measured on one H200, with the
+    all-to-all bytes per layer, FLOPs per rank, exposed communication and the N/I work-split verdict."""
+    import json
+
+    from gpu_worker.distributed.sp_model import Layout
+    from gpu_worker.distributed.sp_table import Scenario, describe, report, scenario_config
+
+    scenario = Scenario(scenario_config(preset), resolution, head_groups=head_groups, fsdp=fsdp, layout=Layout(layout))
+    degrees = tuple(sorted(set(ranks)))
+    try:
+        click.echo(json.dumps(report(scenario, degrees)) if as_json else describe(scenario, degrees))
+    except ValueError as error:  # a rank count the preset's heads do not split over
+        raise click.ClickException(str(error)) from error
+
+
 @bench.command("upload")
 @click.option("--seconds", type=int, default=3600, show_default=True, help="Seconds of FLAC silence to upload.")
 @click.option("--max-audio-seconds", type=float, default=None, help="The audio limit (default: the setting's).")

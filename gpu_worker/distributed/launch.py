@@ -3,7 +3,10 @@
 Every rank pins itself to its GPU's NUMA node and joins the node's rank group. Rank 0 then runs the
 ordinary node process (`gpu_worker.node.run_node`: the Temporal workers, leases, publishing) with pinned
 activities whose pipelines run on every rank; the other ranks serve rank 0's steps until it shuts them
-down. The node's settings are read by rank 0 only, as in a single-process node.
+down. The node's settings are read by rank 0 only, as in a single-process node, except the two every rank
+needs before it joins: `MONOLOGUE_SP_DEGREE` (how many ranks split each model forward: unset, all of them;
+1, none; it must divide the number of ranks) and `MONOLOGUE_SP_HEAD_GROUPS` (default 1), read by
+`GroupConfig.from_environ`.
 
 If the rank group breaks (a rank failed in the middle of a collective), rank 0 drains the node at once:
 its leases end, Temporal moves its sessions to other nodes, and every rank exits with status 1 so
@@ -41,14 +44,18 @@ def main() -> int:
 
 
 def launch(leader: Leader, *, config: GroupConfig | None = None, environ: Mapping[str, str] = os.environ) -> int:
-    """Run `leader(group)` on rank 0 and serve on the others; returns this rank's exit status."""
+    """Run `leader(group)` on rank 0 and serve on the others; returns this rank's exit status. `config` None:
+    the defaults with the SP settings from `environ`."""
     env = TorchrunEnv.from_environ(environ)
     if not logging.getLogger().handlers:
         line = f"%(asctime)s rank {env.rank} %(levelname)s %(name)s: %(message)s"
         logging.basicConfig(level=logging.INFO, format=line)
     pin_to_gpu_numa_node(env.local_rank)
     group = RankGroup.initialize(
-        rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, config=config or GroupConfig()
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        config=config or GroupConfig.from_environ(environ),
     )
     try:
         if group.is_leader:

@@ -10,6 +10,12 @@ reference conditioning crosses once per session (every rank encodes the portrait
 be sharded, then all keep rank 0's encoding, the one that is stored), or again when a rank lost its
 mirror.
 
+Sequence parallelism. With an SP group (`RankGroup.sp`, from MONOLOGUE_SP_DEGREE: every rank by default)
+each rank runs its chunks under `sequence_parallel`: the models that support it (the dit family's DiTs and
+VAE decoder) split their work across the group inside each forward and all-gather the result, so every
+rank still sees the full, identical output of every stage, and nothing here changes but the speed. Models
+that do not support it ignore it and run whole on every rank, as without SP.
+
 Mirrors live in an LRU that every rank updates with the same operations in the same order, so rank 0
 knows, without asking, whether the others still hold a session; after a failed step every rank
 drops its mirrors and the next chunk of each session brings its reference again.
@@ -27,6 +33,7 @@ import numpy as np
 
 from gpu_worker.distributed.errors import StepFailed
 from gpu_worker.distributed.runtime import RankContext, RankGroup
+from gpu_worker.distributed.sequence import sequence_parallel
 from gpu_worker.models import build_family
 from gpu_worker.pipeline.module import Anchor, Family, Reference
 from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline, Session
@@ -116,7 +123,9 @@ class LoadFamily:
     def run(self, context: RankContext) -> Pipeline:
         pipelines: dict[str, Pipeline] = context.local.setdefault("pipelines", {})
         if self.family not in pipelines:
-            pipelines[self.family] = Pipeline(self.builder(self.family), self.stages)
+            # Loaded under SP: compile warm-ups (the SR's attention buckets) are for the heads a rank runs.
+            with sequence_parallel(context.group.sp):
+                pipelines[self.family] = Pipeline(self.builder(self.family), self.stages)
         return pipelines[self.family]
 
 
@@ -194,7 +203,8 @@ class RunChunk:
             session.audio = ForwardedAudio(session.audio.rate, self.total_samples, self.audio_start, self.audio)
             for (kind, index, end), anchor in self.anchors.items():
                 session.anchors.put_one(kind, index, end, anchor)
-        return pipeline.run_chunk(session, self.chunk, sink, progress)
+        with sequence_parallel(context.group.sp):  # None (SP off): the models run whole on every rank
+            return pipeline.run_chunk(session, self.chunk, sink, progress)
 
 
 def _mirrors(context: RankContext, capacity: int) -> SessionMirrors:

@@ -19,6 +19,10 @@ carries steps and statuses as pickled bytes, and waits as long as the node is id
 for a peer that raised gives up, reaches the status exchange and reports instead of hanging. A step that
 raises on one rank therefore never deadlocks the others: at worst they wait `collective_timeout`.
 
+Sequence parallelism (sequence.py) runs on the data plane too: `RankGroup.sp` is the data-plane group
+itself when the SP degree is the world size (the default; the same ranks FSDP2 shards over), or this rank's
+run of `degree` consecutive ranks, a watched group of its own, when the degree is smaller; None at degree 1.
+
 This module never imports the service stack (Temporal, the database): the GPU machine lacks it.
 """
 
@@ -40,12 +44,15 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from gpu_worker.distributed.errors import GroupBroken, RankError, StepFailed
+from gpu_worker.distributed.sequence import SPGroup
 
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")
 
+SP_DEGREE_ENV = "MONOLOGUE_SP_DEGREE"
+SP_HEAD_GROUPS_ENV = "MONOLOGUE_SP_HEAD_GROUPS"
 _SHUTDOWN = b""  # the control-plane message that ends `serve`
 _current: RankGroup | None = None
 
@@ -82,6 +89,37 @@ class GroupConfig:
     collective_timeout: timedelta = timedelta(minutes=2)
     # The other ranks wait for rank 0's next step this long: as long as a node may sit idle.
     idle_timeout: timedelta = timedelta(days=365)
+    # Sequence parallelism (sequence.py): how many ranks split each model forward; None: all of them, 1: none
+    # (every rank runs every forward whole). Must divide the world size; the ranks form world / degree groups.
+    sp_degree: int | None = None
+    sp_head_groups: int = 1  # all-to-all pipelining inside each attention (1: plain Ulysses)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> GroupConfig:
+        """The node's settings the ranks need before rank 0 reads its own: `MONOLOGUE_SP_DEGREE` (unset: every
+        rank) and `MONOLOGUE_SP_HEAD_GROUPS` (default 1). Read here because the other ranks have no Settings."""
+        degree = _positive(environ, SP_DEGREE_ENV)
+        return cls(sp_degree=degree, sp_head_groups=_positive(environ, SP_HEAD_GROUPS_ENV) or 1)
+
+    def sequence_degree(self, world_size: int) -> int:
+        """The SP degree for a node of `world_size` ranks, or a ValueError naming the setting."""
+        degree = world_size if self.sp_degree is None else self.sp_degree
+        if degree < 1 or world_size % degree:
+            raise ValueError(
+                f"{SP_DEGREE_ENV}={degree} does not divide the node's {world_size} ranks: use a divisor of "
+                f"{world_size} (1 turns sequence parallelism off)"
+            )
+        return degree
+
+
+def _positive(environ: Mapping[str, str], name: str) -> int | None:
+    """A positive integer setting, None when unset or blank."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {text!r}")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -126,12 +164,24 @@ class RankGroup:
     """The ranks of one node. Rank 0 calls `run_on_all`/`gather_from_all` and finally `shutdown`; every
     other rank calls `serve`, which returns at shutdown."""
 
-    def __init__(self, *, rank: int, world_size: int, device: torch.device, data: dist.ProcessGroup) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        data: dist.ProcessGroup,
+        sp: SPGroup | None = None,
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
         self.data = data
+        # The ranks this rank splits each model forward with (DistributedPipeline runs chunks under it); None: off.
+        self.sp = sp
         self._watched: list[dist.ProcessGroup] = [data]
+        if sp is not None and sp.group is not data:
+            self._watched.append(sp.group)
         self._mesh: DeviceMesh | None = None
         # Activities call in from several threads; steps go one at a time (re-entrant: see `exclusive`).
         self._lock = threading.RLock()
@@ -154,6 +204,7 @@ class RankGroup:
         global _current
         if _current is not None:
             raise RuntimeError("this process already belongs to a rank group")
+        degree = config.sequence_degree(world_size)  # a bad setting fails before any rank connects
         cuda = torch.cuda.is_available()
         device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
         if cuda:
@@ -166,8 +217,9 @@ class RankGroup:
         data = dist.new_group(backend=backend, timeout=config.collective_timeout)
         if data is None:  # only for ranks outside the group, and every rank is inside
             raise RuntimeError("could not create the data-plane process group")
-        _current = cls(rank=rank, world_size=world_size, device=device, data=data)
-        log.info("rank %d/%d ready on %s (data plane %s)", rank, world_size, device, backend)
+        sp = _sequence_group(rank, world_size, degree, config, backend, data)
+        _current = cls(rank=rank, world_size=world_size, device=device, data=data, sp=sp)
+        log.info("rank %d/%d ready on %s (data plane %s, SP degree %d)", rank, world_size, device, backend, degree)
         return _current
 
     @property
@@ -355,6 +407,25 @@ class RankGroup:
                 callback()
             except Exception:
                 log.exception("rank %d: broken-group callback raised", self.rank)
+
+
+def _sequence_group(
+    rank: int, world_size: int, degree: int, config: GroupConfig, backend: str, data: dist.ProcessGroup
+) -> SPGroup | None:
+    """This rank's SP group: the whole data plane when the degree is the world size (the FSDP2 mesh's group),
+    else its run of `degree` consecutive ranks (every rank creates every run: new_group is collective)."""
+    if degree == 1:
+        return None
+    if degree == world_size:
+        return SPGroup(data, degree, rank, config.sp_head_groups)
+    mine = None
+    for first in range(0, world_size, degree):
+        group = dist.new_group(list(range(first, first + degree)), backend=backend, timeout=config.collective_timeout)
+        if first <= rank < first + degree:
+            mine = group
+    if mine is None:
+        raise RuntimeError("could not create this rank's sequence-parallel process group")
+    return SPGroup(mine, degree, rank % degree, config.sp_head_groups)
 
 
 def _describe(what: str, errors: tuple[RankError, ...]) -> str:

@@ -15,6 +15,13 @@ adaLN), noisy ones at the sampling time. Audio and text enter by cross-attention
 only: latent j's tokens see the audio tokens of its video frames [4 j, 4 j + 4) widened by `audio_window`
 video frames either side, and every text token.
 Classifier-free guidance swaps the audio for learned null tokens and drops the text.
+
+Sequence parallelism (gpu_worker/distributed/sequence.py): under `current_sp()` each rank keeps a
+contiguous run of the sequence's frames (the whole concatenation `[noisy | boundary | reference]` split on
+frame boundaries, RoPE rows and cross-attention mask rows sliced alike), runs everything on those tokens and
+self-attends through Ulysses all-to-alls; cross-attention runs locally against the replicated audio and text
+(their keys and values are small). The noisy frames' outputs are all-gathered, so every rank returns the
+whole velocity.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu_worker.distributed.sequence import FrameShard, check_heads, current_sp, gather_frames
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import VelocityFn
 from gpu_worker.models.dit.layers import (
     MLP,
+    AttendFn,
     Attention,
     CrossAttention,
     Rope,
@@ -93,13 +102,23 @@ class A2VBlock(nn.Module):
         nn.init.zeros_(self.modulation.weight)
         nn.init.zeros_(self.modulation.bias)
 
-    def forward(self, x: Tensor, time: Tensor, noisy: int, rope: Rope, condition: Tensor, cross_mask: Tensor) -> Tensor:
-        """x (B, L, D); time (B, 2, D) the noisy and clean segments' embeddings; condition (B, Lc, D)."""
+    def forward(
+        self,
+        x: Tensor,
+        time: Tensor,
+        noisy: int,
+        rope: Rope,
+        condition: Tensor,
+        cross_mask: Tensor,
+        attend: AttendFn | None = None,
+    ) -> Tensor:
+        """x (B, L, D); time (B, 2, D) the noisy and clean segments' embeddings; condition (B, Lc, D).
+        `attend`: the self-attention (None: dense SDPA; under SP, Ulysses around it)."""
         length = x.shape[1]
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = (
             _segments(part, noisy, length) for part in self.modulation(time).chunk(6, dim=-1)
         )
-        x = x + gate_a * self.attention(self.attention_norm(x) * (1 + scale_a) + shift_a, rope)
+        x = x + gate_a * self.attention(self.attention_norm(x) * (1 + scale_a) + shift_a, rope, attend=attend)
         chunk = x[:, :noisy]
         chunk = chunk + self.cross_attention(self.cross_norm(chunk), condition, cross_mask)
         x = torch.cat([chunk, x[:, noisy:]], dim=1)
@@ -155,12 +174,26 @@ class AudioToVideoDiT(nn.Module):
         time = F.silu(self.time_mlp(timestep_embedding(both, _TIME_FEATURES).to(x.dtype)))
 
         condition, cross_mask = self._condition(cond, frames, rows * columns)
+        attend: AttendFn | None = None
+        sp = current_sp()
+        if sp is not None:
+            check_heads("the audio-to-video DiT", a2v.heads, sp)
+            shard = FrameShard.split(sp, x.shape[1] // (rows * columns), rows * columns)
+            tokens = shard.tokens
+            x, rope = x[:, tokens], (rope[0][tokens], rope[1][tokens])
+            # The noisy tokens come first, so this rank's noisy tokens are a prefix of its own.
+            noisy_tokens = max(0, min(noisy_tokens, tokens.stop) - tokens.start)
+            cross_mask = cross_mask[:, :, tokens.start : tokens.start + noisy_tokens]
+            attend = shard.attend(_dense)
         for block in self.blocks:
-            x = block(x, time, noisy_tokens, rope, condition, cross_mask)
+            x = block(x, time, noisy_tokens, rope, condition, cross_mask, attend)
 
         shift, scale = self.modulation_out(time[:, 0]).chunk(2, dim=-1)  # each (B, D)
         out = self.norm_out(x[:, :noisy_tokens]) * (1 + scale[:, None]) + shift[:, None]
-        patches = self.head(out).view(batch, frames, rows * columns, -1)  # (B, T, N, C p p)
+        per_frame = rows * columns
+        patches = self.head(out).view(batch, noisy_tokens // per_frame, per_frame, self.head.out_features)
+        if sp is not None:  # (B, T local, N, C p p) → every rank's noisy frames in order: (B, T, N, C p p)
+            patches = gather_frames(patches, 1, shard.frame_counts(0, frames), sp)
         return unpatchify(patches, a2v.patch, self.channels, height, width)
 
     def _condition(self, cond: A2VConditioning, frames: int, per_frame: int) -> tuple[Tensor, Tensor]:
@@ -186,6 +219,10 @@ class AudioToVideoDiT(nn.Module):
             dim=2,
         )
         return torch.cat([audio, text], dim=1), mask[:, None]
+
+
+def _dense(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    return F.scaled_dot_product_attention(query, key, value)
 
 
 def guided_velocity(model: AudioToVideoDiT, cond: A2VConditioning, guidance_scale: float) -> VelocityFn:

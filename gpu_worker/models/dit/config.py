@@ -7,10 +7,10 @@ patch sizes, the VAE's stride) are read from one place here rather than repeated
 Presets:
 - `tiny`: one- and two-layer models for CPU tests and the smoke-test family. An 8-frame 256x256 chunk
   takes about half a second on one core, nine tenths of it the VAE decoder at full resolution.
-- `h200`: sized for one H200 at 720p25: a ~1B-parameter audio-to-video DiT (d=1536, head dim 128) and a
+- `h200`: sized for one H200 at 720p25: a ~1B-parameter audio-to-video DiT (d=2048, 16 heads of 128) and a
   ~150M super-resolution DiT whose frames are padded to a multiple of 128 tokens (720p: 80x46 = 3680
   tokens + 32 registers = 3712 = 29 x 128), so FlexAttention's 128-blocks never straddle a frame edge.
-  With 4 sampling steps and the 4x temporal VAE it makes a 720p frame in 6.8 TFLOP, within the 15 TFLOP
+  With 4 sampling steps and the 4x temporal VAE it makes a 720p frame in 6.3 TFLOP, within the 15 TFLOP
   budget that tests/gpu_worker/models/dit/test_flop_budget.py holds it to (`python -m
   gpu_worker.models.dit.flops` prints the breakdown).
 """
@@ -202,7 +202,9 @@ TINY = DiTConfig(
     sr=SRConfig(dim=64, layers=2, heads=2, block_size=16),
 )
 
-H200 = DiTConfig(name="h200", vae=VAEConfig(temporal_stride=4))
+# 16 heads of 128 in the A2V DiT (d=2048, 11 layers, 1.03B parameters), 8 in the SR DiT: both split over a
+# sequence-parallel degree of 1, 2, 4 or 8 (gpu_worker/distributed/sequence.py).
+H200 = DiTConfig(name="h200", vae=VAEConfig(temporal_stride=4), a2v=A2VConfig(dim=2048, layers=11, heads=16))
 
 PRESETS: dict[str, DiTConfig] = {"tiny": TINY, "h200": H200}
 

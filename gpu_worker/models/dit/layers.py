@@ -9,15 +9,17 @@ weights) and `parameter_count` are the only host-side helpers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# (query, key, value) each (B, heads, L, head_dim) → (B, heads, L, head_dim); the SR DiT passes its
-# block-sparse attention here, everyone else uses plain SDPA.
-AttendFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+from gpu_worker.distributed.sequence import Attend
+
+# (query, key, value) each (B, heads, L, head_dim) → (B, heads, L, head_dim). The SR DiT passes its
+# block-sparse attention here, and under sequence parallelism both DiTs pass Ulysses around their attention;
+# everyone else uses plain SDPA.
+AttendFn = Attend
 Rope = tuple[Tensor, Tensor]  # (cos, sin), each (L, head_dim / 2)
 
 

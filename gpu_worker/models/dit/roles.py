@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_worker.distributed.sequence import SPGroup, current_sp, gather_frames, split_frames
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import euler_sample, sampling_timesteps
@@ -268,6 +269,28 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         return ChunkLatents(upscaled[:, context.shape[1] :], upscaled[:, : context.shape[1]], video_frames)
 
 
+def spatial_batches(frame_count: int, step: int, sp: SPGroup | None) -> list[list[tuple[int, int]]]:
+    """The [start, end) frame batches of the decoder's spatial stage, per rank (one list without SP).
+
+    The batches are always the one-rank ones, `step` frames each, the last one short; SP hands each rank a
+    contiguous run of whole batches (`split_frames` over the batch count), never cutting one. A convolution's
+    result can depend on its batch size (it does on CPU for small frames: another algorithm), so frames
+    computed in the one-rank batch shapes are the one-rank frames. The split is in units of `step` frames
+    (`VAEConfig.frames_per_batch`: 4, one latent, in the h200 preset); ranks past the last batch get none."""
+    batches = [(start, min(start + step, frame_count)) for start in range(0, frame_count, step)]
+    if sp is None:
+        return [batches]
+    return [batches[start:end] for start, end in split_frames(len(batches), sp.degree)]
+
+
+def _rgb(model: VAEDecoder, features: Tensor, crop: tuple[int, int, int, int]) -> Tensor:
+    """Features (1, C', n, h, w) → uint8 frames (n, height, width, 3), centre-cropped (top, height, left, width)."""
+    top, height, left, width = crop
+    pixels = model.spatial(fold(features))  # (n, 3, H, W)
+    pixels = pixels[:, :, top : top + height, left : left + width].float().clamp(-1.0, 1.0)
+    return ((pixels + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
 class DiTDecoder(TorchModule, Decoder):
     """Output-resolution latents → RGB frames at the output size (the canvas, centre-cropped)."""
 
@@ -278,26 +301,33 @@ class DiTDecoder(TorchModule, Decoder):
         super().load()
 
     def decode(self, reference: Reference, upscaled: DiTLatents) -> np.ndarray:
-        """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped."""
+        """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped.
+
+        Under sequence parallelism (`current_sp()`) every rank runs the temporal stage (cheap, and it keeps
+        the causal state exact), then only its share of the spatial batches (see `spatial_batches`), and the
+        ranks all-gather the uint8 frames: every rank returns the one-rank frames, bit for bit."""
         width, height = self.frame_size(reference)
         canvas_width, canvas_height = (int(v) for v in reference["canvas_size"])
-        left, top = (canvas_width - width) // 2, (canvas_height - height) // 2
+        crop = ((canvas_height - height) // 2, height, (canvas_width - width) // 2, width)
         model = self.model("vae_decoder", VAEDecoder)
         decoded = self.config.vae.temporal_stride * upscaled.frames.shape[1]
         frame_count = getattr(upscaled, "video_frames", None) or decoded
         if not decoded - self.config.vae.temporal_stride < frame_count <= decoded:
             raise ValueError(f"{upscaled.frames.shape[1]} latents cannot make {frame_count} frames")
+        sp = current_sp()
+        batches = spatial_batches(frame_count, self.config.vae.frames_per_batch, sp)
         frames = np.empty((frame_count, height, width, 3), dtype=np.uint8)
         with self.running():
             state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
             features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', stride T, h, w)
-            step = self.config.vae.frames_per_batch
-            for start in range(0, frame_count, step):
-                end = min(start + step, frame_count)
-                pixels = model.spatial(fold(features[:, :, start:end]))  # (n, 3, H, W)
-                pixels = pixels[:, :, top : top + height, left : left + width].float().clamp(-1.0, 1.0)
-                rgb = ((pixels + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)  # (n, height, width, 3)
-                frames[start:end] = rgb.cpu().numpy()
+            if sp is None:
+                for start, end in batches[0]:
+                    frames[start:end] = _rgb(model, features[:, :, start:end], crop).cpu().numpy()
+                return frames
+            mine = [_rgb(model, features[:, :, start:end], crop) for start, end in batches[sp.rank]]
+            local = torch.cat(mine) if mine else features.new_empty((0, height, width, 3), dtype=torch.uint8)
+            counts = [sum(end - start for start, end in rank) for rank in batches]
+            frames[:] = gather_frames(local, 0, counts, sp).cpu().numpy()
         return frames
 
     @staticmethod

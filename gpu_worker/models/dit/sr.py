@@ -12,6 +12,13 @@ FlexAttention's blocks align with frame edges (see sparse_attention.py). Registe
 On the compiled FlexAttention path each attention call pads the sequence to a compile bucket
 (`SRConfig.frame_buckets`, `bucket`); `warm_up` compiles every bucket when a node loads the model, so a
 render never waits for a compile (and never falls back to eager flex after Dynamo's recompile limit).
+
+Sequence parallelism (gpu_worker/distributed/sequence.py): under `current_sp()` each rank keeps a
+contiguous run of frames (the reference frame and the video frames, registers included) and attends
+through Ulysses all-to-alls: the attention then sees every frame for its share of the heads, so the
+frame-window layout, its masks and the compile buckets are the single-process ones; only the head count per
+call shrinks (heads / (degree x head groups)), which `warm_up` compiles for when it runs under the group.
+The frames' outputs are all-gathered, so every rank returns the whole result.
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor, nn
 
+from gpu_worker.distributed.sequence import FrameShard, check_heads, current_sp, gather_frames
 from gpu_worker.models.dit.config import DiTConfig, SRConfig
-from gpu_worker.models.dit.layers import TransformerBlock, grid_positions, patchify, rope_table, unpatchify
+from gpu_worker.models.dit.layers import AttendFn, TransformerBlock, grid_positions, patchify, rope_table, unpatchify
 from gpu_worker.models.dit.sparse_attention import FrameWindow, bucket_frames, resolve_backend, window_attention
 
 # Every (device, dtype, bucket, frame size) `warm_up` compiled in this process: Dynamo keeps at most
@@ -101,15 +109,37 @@ class SuperResolutionDiT(nn.Module):
         positions = torch.cat([positions, register_positions], dim=1).view(-1, 3)  # (L, 3)
         rope = rope_table(positions, sr.dim // sr.heads, sr.rope_theta)
 
-        def attend(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        def window(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
             return window_attention(query, key, value, layout, sr.attention, sr.frame_buckets)
 
+        attend: AttendFn = window
+
         x = tokens.view(batch, layout.length, -1)  # (B, L, D)
+        sp = current_sp()
+        if sp is not None:  # this rank's frames only; the attention still sees the whole layout
+            check_heads("the super-resolution DiT", sr.heads, sp)
+            shard = FrameShard.split(sp, frames + 1, layout.tokens_per_frame)
+            x, rope = x[:, shard.tokens], (rope[0][shard.tokens], rope[1][shard.tokens])
+            attend = shard.attend(window)
         for block in self.blocks:
             x = block(x, rope, attend=attend)
-        out = self.head(self.norm_out(x)).view(batch, frames + 1, layout.tokens_per_frame, -1)
-        detail = unpatchify(out[:, 1:, :real], sr.patch, self.channels, height, width)  # (B, C, T, H, W)
+        local_frames = x.shape[1] // layout.tokens_per_frame  # explicit: a rank may hold no frame at all
+        out = self.head(self.norm_out(x)).view(batch, local_frames, layout.tokens_per_frame, self.head.out_features)[
+            :, :, :real
+        ]
+        if sp is not None:  # (B, local frames, P_real, C p p) → (B, 1 + T, P_real, C p p) on every rank
+            out = gather_frames(out, 1, shard.frame_counts(0, frames + 1), sp)
+        detail = unpatchify(out[:, 1:], sr.patch, self.channels, height, width)  # (B, C, T, H, W)
         return base + detail
+
+
+def _heads_per_call(sr: SRConfig) -> int:
+    """Heads one attention call sees: all of them, or under sequence parallelism one head group's share."""
+    sp = current_sp()
+    if sp is None:
+        return sr.heads
+    check_heads("the super-resolution DiT", sr.heads, sp)
+    return sr.heads // (sp.degree * sp.head_groups)
 
 
 def _check_buckets(sr: SRConfig) -> None:
@@ -140,7 +170,9 @@ def warm_up(
     chunk of a render compiles. Returns the buckets compiled: none where the backend is not compiled flex.
 
     Runs under no_grad and, below fp32, autocast to `dtype`, as `TorchModule.running()` does: Dynamo guards
-    on the grad and autocast modes, and a warm-up in another mode would compile a kernel no render uses."""
+    on the grad and autocast modes, and a warm-up in another mode would compile a kernel no render uses.
+    Under `sequence_parallel(sp)` it compiles for the head count one rank's attention call sees under that
+    group (heads / (degree x head groups)): the kernel is specialised to it too."""
     sr = model_or_config.config if isinstance(model_or_config, SuperResolutionDiT) else model_or_config.sr
     device = torch.device(device)
     if resolve_backend(sr.attention, device, sr.block_size) != "flex":
@@ -148,14 +180,15 @@ def warm_up(
     _check_buckets(sr)
     tokens = padded_tokens((latent_height // sr.patch) * (latent_width // sr.patch), sr.block_size)
     buckets = tuple(sorted(set(sr.frame_buckets)))
-    _keep_compiled({(str(device), dtype, sr.heads, sr.dim, tokens, frames) for frames in buckets})
+    heads = _heads_per_call(sr)
+    _keep_compiled({(str(device), dtype, heads, sr.dim, tokens, frames) for frames in buckets})
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         if dtype != torch.float32:
             stack.enter_context(torch.autocast(device.type, dtype=dtype))
         for frames in buckets:
             layout = FrameWindow(frames, tokens, sr.window, sr.block_size)
-            size = (1, sr.heads, layout.length, sr.dim // sr.heads)  # one sequence, as the SR role runs it
+            size = (1, heads, layout.length, sr.dim // sr.heads)  # one sequence, as the SR role runs it
             query, key, value = (torch.zeros(size, device=device, dtype=dtype) for _ in range(3))
             window_attention(query, key, value, layout, "flex", buckets)
     return buckets

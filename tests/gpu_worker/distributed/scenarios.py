@@ -15,6 +15,7 @@ import numpy as np
 from gpu_worker.distributed import DistributedPipeline, RankContext, RankGroup
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from monologue.contracts import Chunk
+from tests.gpu_worker.distributed.sp_work import sp_scenarios
 from tests.gpu_worker.distributed.toy import (
     DiTOutputs,
     Outputs,
@@ -133,6 +134,7 @@ def drive(group: RankGroup) -> dict[str, Any]:
     out["warp_plain"] = attempt(lambda: render(Pipeline(build_family("warp")), warp_portrait(), WARP_OUTPUT))
     out["node_activities"] = attempt(lambda: node_activities_pipeline(group))
     out["dit_outputs"] = attempt(lambda: group.gather_from_all(DiTOutputs()))
+    out.update(sp_scenarios(group))  # sequence parallelism (sp_work.py, test_sp_pipeline.py)
 
     # Last: rank 1 fails in the first block; rank 0 goes on to gather a block rank 1 never will.
     out["broken"] = attempt(lambda: group.run_on_all(ShardedForward(layers=4, fail_rank=1, fail_block=0)))

@@ -27,13 +27,19 @@ def free_port() -> int:
 
 
 def spawn_world(
-    driver: Driver, folder: Path, *, ranks: int = 2, collective_timeout_s: float = 5.0, deadline_s: float = 90.0
+    driver: Driver,
+    folder: Path,
+    *,
+    ranks: int = 2,
+    collective_timeout_s: float = 5.0,
+    deadline_s: float = 90.0,
+    sp_degree: int | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Run `driver(group)` on rank 0 while the other ranks serve; returns its results and how each other
-    rank's `serve` ended ("shutdown", or the error)."""
+    rank's `serve` ended ("shutdown", or the error). `sp_degree`: GroupConfig's (None: every rank)."""
     context = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
         _rank_main,
-        args=(ranks, free_port(), str(folder), driver, collective_timeout_s),
+        args=(ranks, free_port(), str(folder), driver, collective_timeout_s, sp_degree),
         nprocs=ranks,
         join=False,
         start_method="spawn",
@@ -51,14 +57,16 @@ def spawn_world(
     return results, [(folder / f"rank{rank}.txt").read_text() for rank in range(1, ranks)]
 
 
-def _rank_main(rank: int, ranks: int, port: int, folder: str, driver: Driver, collective_timeout_s: float) -> None:
+def _rank_main(
+    rank: int, ranks: int, port: int, folder: str, driver: Driver, collective_timeout_s: float, sp_degree: int | None
+) -> None:
     torch.set_num_threads(1)  # two ranks share the test machine's cores
     group = RankGroup.initialize(
         rank=rank,
         world_size=ranks,
         local_rank=rank,
         init_method=f"tcp://127.0.0.1:{port}",
-        config=GroupConfig(collective_timeout=timedelta(seconds=collective_timeout_s)),
+        config=GroupConfig(collective_timeout=timedelta(seconds=collective_timeout_s), sp_degree=sp_degree),
     )
     try:
         if rank == 0:
