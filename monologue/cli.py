@@ -267,7 +267,8 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, r
     type=click.Choice(["design", "balanced"]),
     default="design",
     show_default=True,
-    help="design: frame-aligned splits, VAE temporal stage replicated; balanced: token/row splits everywhere.",
+    help="design: the node as built (frame-aligned splits, the VAE temporal stage split by latents with priming);"
+    " balanced: even token splits everywhere.",
 )
 @click.option("--fsdp", is_flag=True, help="Weights sharded with FSDP2 (gathered per block).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")

@@ -11,8 +11,10 @@ Work, counted (not estimated) with FlopCounterMode on the meta device by reusing
   else (projections, MLPs, cross-attention) runs on a rank's own frames: it scales with the busiest rank's
   frames, `max(split_frames(frames, P))` / frames (frames are never cut, so 13 frames over 8 ranks is 2/13,
   not 1/8).
-- VAE decode: the causal temporal stage runs replicated (every rank, whole chunk); the per-frame spatial stage
-  is split by output frames like the DiTs. The context (audio encoder) stage is replicated.
+- VAE decode: the per-frame spatial stage is split by output frames like the DiTs; the causal temporal stage
+  runs on each rank's own latents after priming on `context_frames` latents (counted as if every rank primed,
+  and the busiest rank's work as (its latents + context_frames) / (latents + context_frames) of the chunk's
+  temporal work, priming included). The context (audio encoder) stage is replicated.
 
 Time of one stage on the busiest rank:
     compute = overhead x (local FLOPs x share / local rate + attention FLOPs / P / attention rate)
@@ -124,6 +126,7 @@ class StageWork:
     attention_tflops: float
     overhead: float
     frames: int = 0  # frames of the sequence split across ranks (Layout.DESIGN)
+    halo: int = 0  # frames every rank runs besides its share (Layout.DESIGN; the decoder's priming latents)
     units: int = 0  # the finest split Layout.BALANCED uses (tokens, pixel rows); 0: as `frames`
     heads: int = 0  # attention heads (head groups must divide heads / P)
     tokens_per_frame: int = 0  # per sequence; rows of a rank's GEMMs = batch x its frames x this
@@ -163,8 +166,9 @@ def exposed_all_to_all(in_s: float, out_s: float, attention_s: float, groups: in
 
 class Layout(StrEnum):
     """How work is split across ranks. DESIGN: what the node implements (sequences split on frame edges,
-    the VAE's temporal stage replicated). BALANCED: what the 6.5x goal needs (DiT sequences split by tokens,
-    the decode split by pixel rows, the temporal stage too, halos neglected)."""
+    the VAE's temporal stage on each rank's latents plus its priming ones). BALANCED: what the 6.5x goal
+    needs (DiT sequences split by tokens, the decode split by pixel rows, the temporal stage too, halos
+    neglected)."""
 
     DESIGN = "design"
     BALANCED = "balanced"
@@ -172,10 +176,12 @@ class Layout(StrEnum):
 
 def busiest_share(work: StageWork, degree: int, layout: Layout = Layout.DESIGN) -> float:
     """The fraction of a stage's per-token work on the busiest rank (1.0: replicated or one GPU)."""
-    parts = work.units or work.frames if layout is Layout.BALANCED else work.frames
+    balanced = layout is Layout.BALANCED
+    parts = work.units or work.frames if balanced else work.frames
     if degree == 1 or parts == 0:
         return 1.0
-    return max(end - start for start, end in split_frames(parts, degree)) / parts
+    halo = 0 if balanced else work.halo
+    return min(1.0, (max(end - start for start, end in split_frames(parts, degree)) + halo) / (parts + halo))
 
 
 def head_groups_for(heads: int, degree: int, wanted: int, stage: str = "a model") -> int:
@@ -213,7 +219,8 @@ def stage_time(
         layer = exposed_all_to_all(3 * one / bandwidth, one / bandwidth, per_call_attention, groups, latency)
         exposed += work.attention_calls * layer
         moved = 4 * one * work.attention_calls
-    exposed += work.output_bytes * (degree - 1) / degree / bandwidth + latency  # exit all-gather
+    if work.output_bytes:  # exit all-gather (the decoder's temporal stage feeds its own rank's spatial stage)
+        exposed += work.output_bytes * (degree - 1) / degree / bandwidth + latency
     if fsdp and work.block_bytes and work.attention_calls:
         gather = work.block_bytes * (degree - 1) / degree / bandwidth + latency
         exposed += work.attention_calls * max(0.0, gather - compute_s / work.attention_calls)
@@ -295,7 +302,8 @@ def _dit_work(
 
 
 def _decode_work(config: DiTConfig, shape: flops.ChunkShape, rates: Rates) -> tuple[StageWork, StageWork]:
-    """The VAE decode split as it runs under SP: the temporal stage replicated, the spatial one by frames."""
+    """The VAE decode split as it runs under SP: the temporal stage by latents (each rank primes on
+    `context_frames` more), the spatial one by frames (`frames_per_batch` = one latent's frames assumed)."""
     channels = config.latent_channels
     with torch.device("meta"):
         decoder = VAEDecoder(config.vae)
@@ -316,7 +324,9 @@ def _decode_work(config: DiTConfig, shape: flops.ChunkShape, rates: Rates) -> tu
             local_tflops=conv,
             attention_tflops=conv,
             overhead=1.0,
-            units=shape.high[0],  # latent rows (Layout.BALANCED only; DESIGN replicates it)
+            frames=shape.latents,  # Layout.DESIGN: each rank's latents, plus its priming ones
+            halo=config.vae.context_frames,
+            units=shape.high[0],  # latent rows (Layout.BALANCED)
         ),
         StageWork(
             "decode_spatial",

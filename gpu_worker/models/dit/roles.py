@@ -303,9 +303,10 @@ class DiTDecoder(TorchModule, Decoder):
     def decode(self, reference: Reference, upscaled: DiTLatents) -> np.ndarray:
         """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped.
 
-        Under sequence parallelism (`current_sp()`) every rank runs the temporal stage (cheap, and it keeps
-        the causal state exact), then only its share of the spatial batches (see `spatial_batches`), and the
-        ranks all-gather the uint8 frames: every rank returns the one-rank frames, bit for bit."""
+        Under sequence parallelism (`current_sp()`) each rank runs only its share of the spatial batches (see
+        `spatial_batches`) and the temporal stage only on the latents those frames come from, primed on the
+        `context_frames` latents before them (see `_local_temporal`); the ranks all-gather the uint8 frames,
+        so every rank returns the one-rank frames."""
         width, height = self.frame_size(reference)
         canvas_width, canvas_height = (int(v) for v in reference["canvas_size"])
         crop = ((canvas_height - height) // 2, height, (canvas_width - width) // 2, width)
@@ -318,17 +319,37 @@ class DiTDecoder(TorchModule, Decoder):
         batches = spatial_batches(frame_count, self.config.vae.frames_per_batch, sp)
         frames = np.empty((frame_count, height, width, 3), dtype=np.uint8)
         with self.running():
-            state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
-            features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', stride T, h, w)
             if sp is None:
+                state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
+                features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', stride T, h, w)
                 for start, end in batches[0]:
                     frames[start:end] = _rgb(model, features[:, :, start:end], crop).cpu().numpy()
                 return frames
-            mine = [_rgb(model, features[:, :, start:end], crop) for start, end in batches[sp.rank]]
-            local = torch.cat(mine) if mine else features.new_empty((0, height, width, 3), dtype=torch.uint8)
+            mine = batches[sp.rank]
+            local = upscaled.frames.new_empty((0, height, width, 3), dtype=torch.uint8).to(self.device)
+            if mine:
+                features, first = self._local_temporal(model, upscaled, mine[0][0], mine[-1][1])
+                local = torch.cat([_rgb(model, features[:, :, s - first : e - first], crop) for s, e in mine])
             counts = [sum(end - start for start, end in rank) for rank in batches]
             frames[:] = gather_frames(local, 0, counts, sp).cpu().numpy()
         return frames
+
+    def _local_temporal(self, model: VAEDecoder, upscaled: DiTLatents, start: int, end: int) -> tuple[Tensor, int]:
+        """(features (1, C', n, h, w) covering frames [start, end), the frame features[:, :, 0] is).
+
+        The temporal stage on latents [start // stride, ceil(end / stride)) only, from the state primed on the
+        up to `context_frames` latents before them in context + latents (`VAEDecoder.prime` is exact with that
+        many; with fewer, they reach back to where the one-rank decode starts, the chunk's context or the
+        video's first latent, so priming on them is that decode's own start)."""
+        stride = self.config.vae.temporal_stride
+        first, last = start // stride, -(-end // stride)
+        context = upscaled.context
+        sequence = upscaled.frames if context is None else torch.cat([context, upscaled.frames], dim=1)
+        known = 0 if context is None else context.shape[1]  # sequence index of latent 0 of the chunk
+        before = sequence[:, max(0, known + first - self.config.vae.context_frames) : known + first]
+        state = model.prime(before[None].to(self.device)) if before.shape[1] else None
+        features, _ = model.temporal(upscaled.frames[None, :, first:last].to(self.device), state)
+        return features, first * stride
 
     @staticmethod
     def frame_size(reference: Reference) -> tuple[int, int]:

@@ -28,8 +28,16 @@ from monologue.contracts import Chunk, ChunkKind
 from tests.gpu_worker.distributed.worlds import attempt
 
 # (name, latents, decoder-context latents, video frames): N and I chunks, a ragged last chunk, and a chunk
-# with fewer decode batches than ranks.
-DECODE_CASES = [("N", 3, 0, 12), ("I", 2, 2, 8), ("ragged", 3, 1, 10), ("few", 1, 1, 2)]
+# with fewer decode batches than ranks; two longer chunks whose later ranks prime on only the last
+# `context_frames` latents before their range (from the context, and from a chunk without context).
+DECODE_CASES = [
+    ("N", 3, 0, 12),
+    ("I", 2, 2, 8),
+    ("ragged", 3, 1, 10),
+    ("few", 1, 1, 2),
+    ("long", 8, 4, 30),
+    ("fresh", 8, 0, 32),
+]
 FRAMES_PER_BATCH = (1, 3, 16)  # one frame a batch, batches across latents, one batch for the whole chunk
 
 # Generation order N0 N1 I0 N2 I1: a short first chunk (one latent) and a ragged last one (6 frames: 2 latents).
@@ -64,7 +72,8 @@ def _case(latents: int, context: int, video_frames: int) -> tuple[Reference, DiT
 
 @dataclass(frozen=True)
 class DecodeCases:
-    """Every case decoded without SP and under SP; each spatial batch the rank ran is counted. The SP group is
+    """Every case decoded without SP and under SP; each spatial batch the rank ran is counted, and the latents
+    of each call to the temporal stage's first convolution (`prime`'s, then `temporal`'s). The SP group is
     the node's (`RankGroup.sp`), or with `whole_node` one over every rank of the data plane. `fail_rank` raises
     on that rank before the frames are gathered (its SP peers wait in the gather)."""
 
@@ -79,17 +88,27 @@ class DecodeCases:
         for step in FRAMES_PER_BATCH:
             decoder = _decoder(step)
             spatial_frames: list[int] = []
+            temporal_latents: list[int] = []
             model = decoder.model("vae_decoder", VAEDecoder)
             model.conv_out.register_forward_hook(lambda _m, args, _out, seen=spatial_frames: seen.append(len(args[0])))
+            model.conv_in.register_forward_hook(
+                lambda _m, args, _out, seen=temporal_latents: seen.append(args[0].shape[2])
+            )
             for name, *sizes in DECODE_CASES:
                 reference, latents = _case(*sizes)
                 plain = decoder.decode(reference, latents)
                 spatial_frames.clear()
+                temporal_latents.clear()
                 if context.rank == self.fail_rank:
                     raise RuntimeError(f"rank {context.rank} failed before the gather on purpose")
                 with sequence_parallel(sp):
                     split = decoder.decode(reference, latents)
-                out[f"{name}/{step}"] = {"plain": plain, "sp": split, "spatial_frames": list(spatial_frames)}
+                out[f"{name}/{step}"] = {
+                    "plain": plain,
+                    "sp": split,
+                    "spatial_frames": list(spatial_frames),
+                    "temporal_latents": list(temporal_latents),
+                }
         return out
 
 

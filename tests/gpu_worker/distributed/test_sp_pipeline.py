@@ -1,4 +1,4 @@
-"""Sequence parallelism on a node: the dit decoder splits its spatial stage across the ranks and gathers
+"""Sequence parallelism on a node: the dit decoder splits its temporal and spatial stages across the ranks and gathers
 frames bit-identical to a one-rank decode (2 and 4 ranks), a DistributedPipeline under SP renders the
 frames of a one-process Pipeline, a rank failing mid-chunk fails the chunk on rank 0 without hanging, and
 the SP settings are read and checked before any rank connects."""
@@ -13,6 +13,7 @@ import pytest
 
 from gpu_worker.distributed import GroupConfig
 from gpu_worker.distributed.sequence import split_frames
+from gpu_worker.models.dit.config import TINY
 from monologue.gate import Band, frame_hash, psnr, ssim
 from tests.gpu_worker.distributed.sp_work import DECODE_CASES, FRAMES_PER_BATCH, drive_four
 from tests.gpu_worker.distributed.worlds import spawn_world
@@ -30,11 +31,26 @@ def _value(result: dict[str, Any]) -> Any:
     return result["value"]
 
 
+def _expected_temporal(shares: list[list[int]], context: int) -> list[list[int]]:
+    """Per rank: the latents of its `prime` call (the up to `context_frames` latents before its range, the
+    chunk's context included; none when there are none) and of its `temporal` call (its own range only)."""
+    expected, start = [], 0
+    for frames in shares:
+        end = start + sum(frames)
+        stride = TINY.vae.temporal_stride
+        first, last = start // stride, -(-end // stride)
+        priming = min(TINY.vae.context_frames, context + first)
+        expected.append([] if not frames else [priming, last - first] if priming else [last - first])
+        start = end
+    return expected
+
+
 def _check_decodes(per_rank: list[dict[str, Any]]) -> None:
     """Every rank returns the one-rank frames, and the ranks ran the one-rank batches between them, each
-    its contiguous share (none twice, none skipped)."""
+    its contiguous share (none twice, none skipped), and the temporal stage only on the latents of its share
+    after at most `context_frames` priming latents."""
     degree = len(per_rank)
-    for name, latents, _context, video_frames in DECODE_CASES:
+    for name, latents, context, video_frames in DECODE_CASES:
         for step in FRAMES_PER_BATCH:
             key = f"{name}/{step}"
             plain = per_rank[0][key]["plain"]
@@ -45,6 +61,7 @@ def _check_decodes(per_rank: list[dict[str, Any]]) -> None:
             one_rank = [min(step, video_frames - start) for start in range(0, video_frames, step)]
             shares = [one_rank[start:end] for start, end in split_frames(len(one_rank), degree)]
             assert [cases[key]["spatial_frames"] for cases in per_rank] == shares, key
+            assert [cases[key]["temporal_latents"] for cases in per_rank] == _expected_temporal(shares, context), key
             assert latents * 4 - 4 < video_frames
 
 
