@@ -1,0 +1,112 @@
+"""`monologue bench pipeline|gpu|sp|upload|orchestration`: benchmarks that print figures (nothing here asserts
+speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
+other commands."""
+
+from __future__ import annotations
+
+import click
+
+from monologue.contracts import Residency
+from monologue.settings import get_settings
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print figures (nothing here asserts speed)."""
+
+
+@bench.command("pipeline")
+@click.option("--minutes", type=float, default=2.0, show_default=True, help="Minutes of speech to render.")
+@click.option("--resolution", type=click.Choice(["source", "512", "720p", "1080p"]), default="720p", show_default=True)
+@click.option("--preview", is_flag=True, help="Half resolution, same motion.")
+@click.option("--family", default="warp", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
+def bench_pipeline_command(minutes: float, resolution: str, preview: bool, family: str, as_json: bool) -> None:
+    """Render MINUTES of real speech through the pipeline and encoder; print fps, realtime factor,
+    per-stage ms per chunk (p50/p95), encode share and peak RSS."""
+    from gpu_worker.bench import bench_pipeline, report_json
+
+    report = bench_pipeline(minutes=minutes, resolution=resolution, preview=preview, family=family)
+    click.echo(report_json(report) if as_json else report.table())
+
+
+@bench.command("gpu")
+@click.option("--chunks", type=int, default=50, show_default=True, help="Chunks to render (40 + 4 frames).")
+@click.option("--preset", default=None, help="Model size: h200 on a GPU, tiny on the CPU (default).")
+@click.option("--resolution", default=None, help="720p on a GPU, 512 at half size on the CPU (default).")
+@click.option(
+    "--residency",
+    type=click.Choice([r.value for r in Residency]),
+    default=Residency.RESIDENT.value,
+    show_default=True,
+    help="resident: every model stays on the device; switch: only the running stage's.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
+def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, residency: str, as_json: bool) -> None:
+    """The dit family on one accelerator: load and compile time, cold and warm TTFF, frames/s and per-stage ms
+    over warm chunks, peak memory after 10 and all chunks, the A2V step's TFLOP/s, the visible model switch,
+    sparse vs dense SR attention and the FLOPs per frame by stage (CPU: a tiny smoke run)."""
+    import json
+    from dataclasses import asdict
+
+    from gpu_worker.bench_gpu import bench_gpu, describe
+
+    report = bench_gpu(chunks=chunks, preset_name=preset, resolution=resolution, residency=Residency(residency))
+    click.echo(json.dumps(asdict(report)) if as_json else describe(report))
+
+
+@bench.command("sp")
+@click.option("--preset", default="h200", show_default=True, help="A dit preset, or seed18b (the seed's scale).")
+@click.option("--resolution", default="720p", show_default=True)
+@click.option("--ranks", type=int, multiple=True, default=(1, 2, 4, 8), show_default=True, help="Repeatable.")
+@click.option("--head-groups", type=int, default=1, show_default=True, help="Head groups per all-to-all.")
+@click.option(
+    "--layout",
+    type=click.Choice(["design", "balanced"]),
+    default="design",
+    show_default=True,
+    help="design: the node as built (frame-aligned splits, the VAE temporal stage split by latents with priming);"
+    " balanced: even token splits everywhere.",
+)
+@click.option("--fsdp", is_flag=True, help="Weights sharded with FSDP2 (gathered per block).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
+def bench_sp_command(
+    preset: str, resolution: str, ranks: tuple[int, ...], head_groups: int, layout: str, fsdp: bool, as_json: bool
+) -> None:
+    """A MODEL, not a measurement: the node's time per N and I chunk under Ulysses sequence parallelism for
+    each rank count, from FLOPs counted on the meta device and per-op rates measured on one H200, with the
+    all-to-all bytes per layer, FLOPs per rank, exposed communication and the N/I work-split verdict."""
+    import json
+
+    from gpu_worker.distributed.sp_model import Layout
+    from gpu_worker.distributed.sp_table import Scenario, describe, report, scenario_config
+
+    scenario = Scenario(scenario_config(preset), resolution, head_groups=head_groups, fsdp=fsdp, layout=Layout(layout))
+    degrees = tuple(sorted(set(ranks)))
+    try:
+        click.echo(json.dumps(report(scenario, degrees)) if as_json else describe(scenario, degrees))
+    except ValueError as error:  # a rank count the preset's heads do not split over
+        raise click.ClickException(str(error)) from error
+
+
+@bench.command("upload")
+@click.option("--seconds", type=int, default=3600, show_default=True, help="Seconds of FLAC silence to upload.")
+@click.option("--max-audio-seconds", type=float, default=None, help="The audio limit (default: the setting's).")
+def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
+    """Decode SECONDS of FLAC silence (about half a megabyte for an hour) as a node does at submit; print the
+    outcome and how much the process's peak RSS grew. Run it in a fresh process: the peak is per process."""
+    from monologue.bench_upload import bench_upload
+
+    limit = max_audio_seconds if max_audio_seconds is not None else get_settings().limits.max_audio_seconds
+    click.echo(bench_upload(max_seconds=limit, seconds=seconds).line())
+
+
+@bench.command("orchestration")
+@click.option("--minutes", type=float, default=1.0, show_default=True, help="Minutes of speech to render.")
+@click.option("--lease-timeout", type=float, default=5.0, show_default=True, help="Node lease heartbeat timeout (s).")
+def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
+    """Start a private stack with two nodes and print node idle time between chunks, Temporal's round trip,
+    checkpoint write time, history events per chunk and recovery time after a node kill."""
+    from monologue.bench_orchestration import bench_orchestration
+
+    click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
