@@ -52,10 +52,14 @@ def up() -> None:
     from monologue.stack import Stack
 
     settings = get_settings()
+    # Ctrl-C is recorded from the start: raised as KeyboardInterrupt inside a start-up check (the Temporal
+    # client's), it could come back as an ordinary error and be lost, leaving the stack running.
+    received = _stop_signals()
     with Stack(settings) as stack:
-        _print_urls(settings)
-        click.echo(f"logs: {stack.log_dir}\nPress Ctrl-C to stop.")
-        _wait_for_signal()
+        if not received:
+            _print_urls(settings)
+            click.echo(f"logs: {stack.log_dir}\nPress Ctrl-C to stop.")
+        _wait_for_signal(received)
     click.echo("stopped")
 
 
@@ -316,9 +320,15 @@ def _print_urls(settings: Settings) -> None:
     click.echo(f"Temporal UI: {settings.temporal.ui_url}")
 
 
-def _wait_for_signal() -> None:
+def _stop_signals() -> list[int]:
+    """From now on SIGINT and SIGTERM are appended to the returned list instead of interrupting."""
     received: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, _f: received.append(s))
+    return received
+
+
+def _wait_for_signal(received: list[int] | None = None) -> None:
+    received = _stop_signals() if received is None else received
     while not received:
         time.sleep(0.2)
