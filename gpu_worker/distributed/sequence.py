@@ -1,27 +1,37 @@
 """Ulysses sequence parallelism (SP): one model forward split across a node's ranks by its tokens.
 
 Every rank receives the same full inputs. A model that supports SP (the dit family's audio-to-video and
-super-resolution DiTs) asks `current_sp()`; with a group it keeps only its own contiguous run of frames
-(`split_frames`: frame-aligned, as even as possible), runs projections, norms, MLPs and cross-attention on
-those tokens alone, and around each self-attention swaps the sharding with an all-to-all:
+super-resolution DiTs) asks `current_sp()`; with a group it keeps only its own contiguous run of the token
+sequence (`SequenceShard`: split into equal runs of whole *units*, as even as possible: single tokens for the
+A2V DiT, 128-token attention blocks for the SR DiT), runs projections, norms, MLPs and cross-attention on those
+tokens alone, and around each self-attention swaps the sharding with an all-to-all:
 
     (B, heads, L_local, D) --seq_to_heads--> (B, heads / P, L_total, D) --attend--> --heads_to_seq--> back
 
 so each rank attends over the whole sequence for 1/P of the heads, with any attention function (dense SDPA,
-the SR's frame-window attention: its layout is the single-process one, since every rank then holds every
-frame). At exit the model all-gathers its output (`gather_frames`), so every rank returns the full, identical
-result, and roles and the pipeline never see the split. Without a group (`current_sp()` is None: the
-default, any one-process run) the models take their single-process path unchanged.
+the SR's frame-window attention: its layout, block mask and compile buckets are the single-process ones,
+since after the exchange every rank holds every token of its heads, in the single-process order). A split
+that cuts a frame is therefore harmless: only per-token work runs on the split, and each token carries its
+own position, mask row and segment. At exit the model all-gathers its output (`gather_frames`), so every
+rank returns the full, identical result, and roles and the pipeline never see the split. Without a group
+(`current_sp()` is None: the default, any one-process run) the models take their single-process path
+unchanged.
 
-Uneven splits. Frame counts rarely divide by P (and a rank may get no frame at all), so every collective
+Why tokens, not frames: a 720p N chunk's A2V sequence is 13 latent frames; split on frame edges over 8 ranks
+the busiest rank holds 2/13 of the tokens (30 % more than 1/8), and every per-token stage waits for it.
+
+Uneven splits. Unit counts rarely divide by P (and a rank may get no unit at all), so every collective
 here takes each rank's size along the split dimension (`counts`) and uses `all_to_all_single` with
 per-rank split sizes on flattened buffers (`gather_frames` pads to the largest slice, all-gathers and cuts
-the padding off). Every rank knows the counts: they follow from the frame split, so nothing is exchanged.
+the padding off). Every rank knows the counts: they follow from the split, so nothing is exchanged.
 
-Head-group pipelining. `SPGroup.head_groups` = G splits the heads into G groups; the all-to-alls of group
-g + 1 are issued asynchronously (`async_op=True`) before group g's attention runs and are waited on just
-before use, so communication overlaps attention (G = 1 is plain Ulysses). Heads are independent in
-attention, so the result does not depend on G. P x G must divide the model's head count.
+Head-group pipelining. `SPGroup.head_groups` = G splits the heads into G groups; each group's q, k and v are
+projected on demand and go as one all-to-all (stacked), issued asynchronously (`async_op=True`) while the
+next group is projected and the previous one attends, and each group's output starts back while the next
+group attends (`UlyssesAttention`; G = 1 is plain Ulysses: two all-to-alls per attention). Heads are
+independent in attention, so the result does not depend on G. G is the most: each model uses the largest count up to it
+that splits its heads per rank (`model_group`; the h200 preset at P = 8 and G = 2: two groups in the A2V
+DiT, 16 heads, one in the SR DiT, 8 heads).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -37,6 +47,12 @@ from torch import Tensor
 
 # (query, key, value) each (B, heads, L, head_dim) → (B, heads, L, head_dim)
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+# A run of heads → that run's (query, key, value), each (B, heads in the run, L_local, head_dim): a
+# self-attention's projections, computed on demand so each head group's exchange overlaps the next's projection.
+Project = Callable[[slice], tuple[Tensor, Tensor, Tensor]]
+# A run of heads and that run's attention output (B, heads in the run, L_local, head_dim) → its share of the
+# output projection (B, L_local, D): the shares of all runs add up to the projection (bias aside).
+Output = Callable[[slice, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -74,8 +90,8 @@ def current_sp() -> SPGroup | None:
 
 
 def split_frames(total_frames: int, degree: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) frame ranges, one per rank, as even as possible (the first ranks take the
-    remainder); ranks past the last frame get empty ranges."""
+    """Contiguous [start, end) ranges of `total_frames` items (frames, tokens, blocks, batches), one per rank,
+    as even as possible (the first ranks take the remainder); ranks past the last item get empty ranges."""
     if degree < 1 or total_frames < 0:
         raise ValueError(f"cannot split {total_frames} frames over {degree} ranks")
     base, extra = divmod(total_frames, degree)
@@ -88,63 +104,68 @@ def split_frames(total_frames: int, degree: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
-class FrameShard:
-    """This rank's share of a frame-structured sequence (`frames` frames of `tokens_per_frame` tokens): what
-    a model slices at entry, the token counts its all-to-alls take, and the counts its exit gather takes."""
+class SequenceShard:
+    """This rank's share of a token sequence split into `units` of `unit_tokens` tokens each (whole units per
+    rank): what a model slices at entry, the token counts its all-to-alls take, and the counts its exit gather
+    takes."""
 
     sp: SPGroup
-    ranges: tuple[tuple[int, int], ...]  # [start, end) frames of every rank
-    tokens_per_frame: int
+    ranges: tuple[tuple[int, int], ...]  # [start, end) units of every rank
+    unit_tokens: int
 
     @classmethod
-    def split(cls, sp: SPGroup, frames: int, tokens_per_frame: int) -> FrameShard:
-        return cls(sp, tuple(split_frames(frames, sp.degree)), tokens_per_frame)
-
-    @property
-    def frames(self) -> tuple[int, int]:
-        """This rank's [start, end) frames."""
-        return self.ranges[self.sp.rank]
+    def split(cls, sp: SPGroup, tokens: int, unit_tokens: int = 1) -> SequenceShard:
+        """Split `tokens` (a multiple of `unit_tokens`) as evenly as whole units allow."""
+        if unit_tokens < 1 or tokens % unit_tokens:
+            raise ValueError(f"a sequence of {tokens} tokens does not split into units of {unit_tokens}")
+        return cls(sp, tuple(split_frames(tokens // unit_tokens, sp.degree)), unit_tokens)
 
     @property
     def tokens(self) -> slice:
         """This rank's tokens in the whole sequence."""
-        start, end = self.frames
-        return slice(start * self.tokens_per_frame, end * self.tokens_per_frame)
+        start, end = self.ranges[self.sp.rank]
+        return slice(start * self.unit_tokens, end * self.unit_tokens)
 
     @property
     def token_counts(self) -> list[int]:
-        return [(end - start) * self.tokens_per_frame for start, end in self.ranges]
+        return [(end - start) * self.unit_tokens for start, end in self.ranges]
 
-    def frame_counts(self, first: int, end: int) -> list[int]:
-        """Every rank's count of frames within [first, end) (the frames a model outputs, say)."""
-        return [max(0, min(stop, end) - max(start, first)) for start, stop in self.ranges]
+    def counts_within(self, first: int, end: int) -> list[int]:
+        """Every rank's count of tokens within tokens [first, end) (the tokens a model outputs, say)."""
+        unit = self.unit_tokens
+        return [max(0, min(stop * unit, end) - max(start * unit, first)) for start, stop in self.ranges]
 
-    def attend(self, inner: Attend) -> Attend:
-        """`inner` (full-sequence attention) applied to this shard's tokens through `ulysses_attention`."""
-
-        def attend(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-            return ulysses_attention(query, key, value, inner, self.token_counts, self.sp)
-
-        return attend
+    def attend(self, inner: Attend) -> UlyssesAttention:
+        """`inner` (full-sequence attention) applied to this shard's tokens through Ulysses all-to-alls."""
+        return UlyssesAttention(inner, tuple(self.token_counts), self.sp)
 
 
-def check_heads(model: str, heads: int, sp: SPGroup) -> None:
-    """ValueError unless `heads` splits evenly over the SP degree and the head groups."""
+def head_groups_for(heads: int, degree: int, wanted: int) -> int:
+    """The head groups a model of `heads` heads runs with at SP degree `degree`: the largest count up to
+    `wanted` (MONOLOGUE_SP_HEAD_GROUPS, the most) that splits its heads per rank. `heads % degree` must be 0."""
+    return max(groups for groups in range(1, wanted + 1) if (heads // degree) % groups == 0)
+
+
+def model_group(model: str, heads: int, sp: SPGroup) -> SPGroup:
+    """`sp` with the head groups `model` runs with (`head_groups_for`); ValueError, naming the model and the
+    setting, unless its heads split over the SP degree."""
     if heads % sp.degree:
         raise ValueError(
             f"{model} has {heads} attention heads, which do not split over a sequence-parallel degree of "
             f"{sp.degree}: use a degree that divides {heads} (MONOLOGUE_SP_DEGREE) or a checkpoint with more heads"
         )
-    if heads % (sp.degree * sp.head_groups):
-        raise ValueError(
-            f"{model} has {heads} attention heads: {heads // sp.degree} per rank at degree {sp.degree} do not "
-            f"split into {sp.head_groups} head groups (MONOLOGUE_SP_HEAD_GROUPS)"
-        )
+    return replace(sp, head_groups=head_groups_for(heads, sp.degree, sp.head_groups))
 
 
 def gather_frames(local: Tensor, dim: int, counts: Sequence[int], sp: SPGroup) -> Tensor:
     """All-gather uneven slices along `dim` (rank r holds `counts[r]` entries there) → the full tensor, the
     ranks' slices in rank order, on every rank."""
+    return start_gather_frames(local, dim, counts, sp).wait()
+
+
+def start_gather_frames(local: Tensor, dim: int, counts: Sequence[int], sp: SPGroup) -> _Pending:
+    """`gather_frames`, issued asynchronously: `.wait()` returns the full tensor (so a caller can compute the
+    next slice while this one travels)."""
     _check_counts(local, dim, counts, sp)
     largest = max(counts)
     padded = local
@@ -153,12 +174,16 @@ def gather_frames(local: Tensor, dim: int, counts: Sequence[int], sp: SPGroup) -
         shape[dim] = largest - local.shape[dim]
         padded = torch.cat([local, local.new_zeros(shape)], dim=dim)
     pieces = [torch.empty_like(padded) for _ in range(sp.degree)]
-    dist.all_gather(pieces, padded.contiguous(), group=sp.group)
-    return torch.cat([piece.narrow(dim, 0, count) for piece, count in zip(pieces, counts, strict=True)], dim=dim)
+    work = dist.all_gather(pieces, padded.contiguous(), group=sp.group, async_op=True)
+
+    def finish() -> Tensor:
+        return torch.cat([piece.narrow(dim, 0, count) for piece, count in zip(pieces, counts, strict=True)], dim=dim)
+
+    return _Pending(work, finish)
 
 
 class _Pending:
-    """An asynchronous all-to-all and how to read its result once it has arrived."""
+    """An asynchronous collective and how to read its result once it has arrived."""
 
     def __init__(self, work: dist.Work | None, finish: Callable[[], Tensor]) -> None:
         self._work, self._finish = work, finish
@@ -227,33 +252,65 @@ def heads_to_seq(y: Tensor, counts: Sequence[int], sp: SPGroup) -> Tensor:
     return _start_heads_to_seq(y, counts, sp).wait()
 
 
+@dataclass(frozen=True)
+class UlyssesAttention:
+    """Self-attention of a sequence-sharded input (rank r holds `counts[r]` tokens) through Ulysses
+    all-to-alls: `inner` sees (B, heads / (P G), L_total, head_dim) tensors in the single-process token order.
+
+    Head groups pipeline (G = `sp.head_groups`): group g + 1 is projected while group g's q, k and v (one
+    all-to-all, stacked) are in flight; each group's output starts back as soon as it is attended, while the next
+    group attends, and its share of the output projection runs as soon as it is back, while the next group's
+    output travels. So only the first group's exchange (less the second group's projection) and the last
+    group's return (less the earlier groups' output projections) are exposed (sp_model.exposed_all_to_all
+    models this schedule)."""
+
+    inner: Attend
+    counts: tuple[int, ...]
+    sp: SPGroup
+
+    def __call__(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Already projected (B, heads, L_local, head_dim) inputs → (B, heads, L_local, head_dim)."""
+        return self.projected(lambda run: (query[:, run], key[:, run], value[:, run]), query.shape[1])
+
+    def projected(self, project: Project, heads: int, output: Output | None = None) -> Tensor:
+        """The attention of `heads` heads whose projections `project` makes, one head group at a time. With
+        `output`, each group's share of the output projection runs as soon as that group is back (while the
+        next one travels) and their sum is returned; without, the heads' outputs (B, heads, L_local, head_dim)."""
+        groups = self.sp.head_groups
+        if heads % (self.sp.degree * groups):
+            raise ValueError(f"{heads} heads do not split over degree {self.sp.degree} x {groups} head groups")
+        per_group = heads // groups
+        runs = [slice(group * per_group, (group + 1) * per_group) for group in range(groups)]
+
+        def start(run: slice) -> _Pending:
+            query, key, value = project(run)
+            _check_counts(query, 2, self.counts, self.sp)
+            stacked = torch.stack([query, key, value])  # (3, B, heads in the group, L_local, head_dim)
+            return _start_seq_to_heads(stacked.flatten(0, 1), self.counts, self.sp)
+
+        inputs = start(runs[0])
+        returning: list[_Pending] = []
+        for group in range(groups):
+            following = start(runs[group + 1]) if group + 1 < groups else None  # projected while `inputs` travel
+            arrived = inputs.wait()  # (3 B, heads in the group / P, L_total, head_dim)
+            query, key, value = arrived.view(3, -1, *arrived.shape[1:]).unbind(0)
+            returning.append(_start_heads_to_seq(self.inner(query, key, value).contiguous(), self.counts, self.sp))
+            if following is not None:
+                inputs = following
+        if output is None:
+            return torch.cat([pending.wait() for pending in returning], dim=1)
+        total = output(runs[0], returning[0].wait())
+        for run, pending in zip(runs[1:], returning[1:], strict=True):
+            total = total + output(run, pending.wait())
+        return total
+
+
 def ulysses_attention(
     query: Tensor, key: Tensor, value: Tensor, attend: Attend, counts: Sequence[int], sp: SPGroup
 ) -> Tensor:
     """`attend` over the whole sequence for sequence-sharded (B, heads, L_local, D) inputs → (B, heads,
-    L_local, D). `attend` sees (B, heads / (P G), L_total, D) tensors in the single-process token order.
-
-    Head groups pipeline: group g + 1's all-to-alls are in flight while group g attends, and each group's
-    output starts its way back as soon as it is ready."""
-    _check_counts(query, 2, counts, sp)
-    heads, groups = query.shape[1], sp.head_groups
-    if heads % (sp.degree * groups):
-        raise ValueError(f"{heads} heads do not split over degree {sp.degree} x {groups} head groups")
-
-    def start(group: int) -> list[_Pending]:
-        return [
-            _start_seq_to_heads(part, counts, sp)
-            for part in (t.chunk(groups, dim=1)[group] for t in (query, key, value))
-        ]
-
-    inputs = start(0)
-    outputs: list[_Pending] = []
-    for group in range(groups):
-        following = start(group + 1) if group + 1 < groups else []
-        q, k, v = (pending.wait() for pending in inputs)
-        outputs.append(_start_heads_to_seq(attend(q, k, v).contiguous(), counts, sp))
-        inputs = following
-    return torch.cat([pending.wait() for pending in outputs], dim=1)
+    L_local, D) (see `UlyssesAttention`)."""
+    return UlyssesAttention(attend, tuple(counts), sp)(query, key, value)
 
 
 def _check_counts(x: Tensor, dim: int, counts: Sequence[int], sp: SPGroup) -> None:

@@ -17,11 +17,11 @@ video frames either side, and every text token.
 Classifier-free guidance swaps the audio for learned null tokens and drops the text.
 
 Sequence parallelism (gpu_worker/distributed/sequence.py): under `current_sp()` each rank keeps a
-contiguous run of the sequence's frames (the whole concatenation `[noisy | boundary | reference]` split on
-frame boundaries, RoPE rows and cross-attention mask rows sliced alike), runs everything on those tokens and
-self-attends through Ulysses all-to-alls; cross-attention runs locally against the replicated audio and text
-(their keys and values are small). The noisy frames' outputs are all-gathered, so every rank returns the
-whole velocity.
+contiguous, equal run of the sequence's tokens (the whole concatenation `[noisy | boundary | reference]`
+split by tokens, so a frame may straddle two ranks; RoPE rows and cross-attention mask rows are per token and
+sliced alike), runs everything on those tokens and self-attends through Ulysses all-to-alls; cross-attention
+runs locally against the replicated audio and text (their keys and values are small). The noisy tokens'
+outputs are all-gathered, so every rank returns the whole velocity.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpu_worker.distributed.sequence import FrameShard, check_heads, current_sp, gather_frames
+from gpu_worker.distributed.sequence import SequenceShard, current_sp, gather_frames, model_group
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import VelocityFn
 from gpu_worker.models.dit.layers import (
@@ -177,12 +177,12 @@ class AudioToVideoDiT(nn.Module):
         attend: AttendFn | None = None
         sp = current_sp()
         if sp is not None:
-            check_heads("the audio-to-video DiT", a2v.heads, sp)
-            shard = FrameShard.split(sp, x.shape[1] // (rows * columns), rows * columns)
+            sp = model_group("the audio-to-video DiT", a2v.heads, sp)
+            shard = SequenceShard.split(sp, x.shape[1])  # by tokens: a frame may straddle two ranks
             tokens = shard.tokens
             x, rope = x[:, tokens], (rope[0][tokens], rope[1][tokens])
             # The noisy tokens come first, so this rank's noisy tokens are a prefix of its own.
-            noisy_tokens = max(0, min(noisy_tokens, tokens.stop) - tokens.start)
+            noisy_tokens = shard.counts_within(0, noisy_tokens)[sp.rank]
             cross_mask = cross_mask[:, :, tokens.start : tokens.start + noisy_tokens]
             attend = shard.attend(_dense)
         for block in self.blocks:
@@ -190,10 +190,10 @@ class AudioToVideoDiT(nn.Module):
 
         shift, scale = self.modulation_out(time[:, 0]).chunk(2, dim=-1)  # each (B, D)
         out = self.norm_out(x[:, :noisy_tokens]) * (1 + scale[:, None]) + shift[:, None]
-        per_frame = rows * columns
-        patches = self.head(out).view(batch, noisy_tokens // per_frame, per_frame, self.head.out_features)
-        if sp is not None:  # (B, T local, N, C p p) → every rank's noisy frames in order: (B, T, N, C p p)
-            patches = gather_frames(patches, 1, shard.frame_counts(0, frames), sp)
+        patches = self.head(out)  # (B, noisy tokens here, C p p)
+        if sp is not None:  # every rank's noisy tokens in order: (B, T N, C p p)
+            patches = gather_frames(patches, 1, shard.counts_within(0, frames * rows * columns), sp)
+        patches = patches.view(batch, frames, rows * columns, self.head.out_features)
         return unpatchify(patches, a2v.patch, self.channels, height, width)
 
     def _condition(self, cond: A2VConditioning, frames: int, per_frame: int) -> tuple[Tensor, Tensor]:

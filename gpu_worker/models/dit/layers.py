@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpu_worker.distributed.sequence import Attend
+from gpu_worker.distributed.sequence import Attend, UlyssesAttention
 
 # (query, key, value) each (B, heads, L, head_dim) → (B, heads, L, head_dim). The SR DiT passes its
 # block-sparse attention here, and under sequence parallelism both DiTs pass Ulysses around their attention;
@@ -72,20 +72,48 @@ class Attention(nn.Module):
     def forward(
         self, x: Tensor, rope: Rope | None, mask: Tensor | None = None, attend: AttendFn | None = None
     ) -> Tensor:
+        if isinstance(attend, UlyssesAttention):
+            return self._sequence_parallel(x, rope, attend)
         batch, length, dim = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads)  # (B, L, 3, heads, head_dim)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each (B, heads, L, head_dim)
-        query, key = self.query_norm(query), self.key_norm(key)
-        if rope is not None:
-            query, key = apply_rope(query, rope), apply_rope(key, rope)
-        # Under autocast the norms come out in fp32 and the values in bf16; FlexAttention wants one dtype.
-        query, key = query.to(value.dtype), key.to(value.dtype)
+        query, key, value = self._project(x, rope, slice(0, self.heads))
         if attend is not None:
             out = attend(query, key, value)
         else:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
         result: Tensor = self.out(out.transpose(1, 2).reshape(batch, length, dim))
         return result
+
+    def _sequence_parallel(self, x: Tensor, rope: Rope | None, attend: UlyssesAttention) -> Tensor:
+        """Under SP: projected one head group at a time, and the output projection summed over the groups'
+        columns, each as soon as its group is back (see UlyssesAttention)."""
+        batch, length, dim = x.shape
+        head_dim = dim // self.heads
+
+        def output(heads: slice, out: Tensor) -> Tensor:  # (B, heads in the run, L, hd) → (B, L, D), no bias
+            columns = slice(heads.start * head_dim, heads.stop * head_dim)
+            return F.linear(out.transpose(1, 2).reshape(batch, length, -1), self.out.weight[:, columns])
+
+        shares = attend.projected(lambda heads: self._project(x, rope, heads), self.heads, output)
+        return shares + self.out.bias.to(shares.dtype)
+
+    def _project(self, x: Tensor, rope: Rope | None, heads: slice) -> tuple[Tensor, Tensor, Tensor]:
+        """(query, key, value) of a run of heads, each (B, heads in the run, L, head_dim), normalised and rotated."""
+        batch, length, dim = x.shape
+        head_dim, count = dim // self.heads, heads.stop - heads.start
+        if count == self.heads:
+            qkv = self.qkv(x)
+        else:  # the run's rows of the q, k and v weights (each `dim` rows, head-major)
+            parts = [
+                slice(part * dim + heads.start * head_dim, part * dim + heads.stop * head_dim) for part in range(3)
+            ]
+            weight, bias = self.qkv.weight, self.qkv.bias
+            qkv = torch.cat([F.linear(x, weight[rows], bias[rows]) for rows in parts], dim=-1)
+        query, key, value = qkv.view(batch, length, 3, count, head_dim).permute(2, 0, 3, 1, 4)  # (B, h, L, hd)
+        query, key = self.query_norm(query), self.key_norm(key)
+        if rope is not None:
+            query, key = apply_rope(query, rope), apply_rope(key, rope)
+        # Under autocast the norms come out in fp32 and the values in bf16; FlexAttention wants one dtype.
+        return query.to(value.dtype), key.to(value.dtype), value
 
 
 class CrossAttention(nn.Module):

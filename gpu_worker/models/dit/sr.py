@@ -14,11 +14,12 @@ On the compiled FlexAttention path each attention call pads the sequence to a co
 render never waits for a compile (and never falls back to eager flex after Dynamo's recompile limit).
 
 Sequence parallelism (gpu_worker/distributed/sequence.py): under `current_sp()` each rank keeps a
-contiguous run of frames (the reference frame and the video frames, registers included) and attends
-through Ulysses all-to-alls: the attention then sees every frame for its share of the heads, so the
-frame-window layout, its masks and the compile buckets are the single-process ones; only the head count per
-call shrinks (heads / (degree x head groups)), which `warm_up` compiles for when it runs under the group.
-The frames' outputs are all-gathered, so every rank returns the whole result.
+contiguous, equal run of whole attention blocks (`block_size` tokens; a frame is a whole number of blocks, so
+a rank may hold part of a frame, registers included) and attends through Ulysses all-to-alls: the attention
+then sees every frame for its share of the heads, so the frame-window layout, its block mask and the compile
+buckets are the single-process ones; only the head count per call shrinks (heads / (degree x head groups)),
+which `warm_up` compiles for when it runs under the group. The tokens' outputs are all-gathered, so every
+rank returns the whole result.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from contextlib import ExitStack
 import torch
 from torch import Tensor, nn
 
-from gpu_worker.distributed.sequence import FrameShard, check_heads, current_sp, gather_frames
+from gpu_worker.distributed.sequence import SequenceShard, current_sp, gather_frames, model_group
 from gpu_worker.models.dit.config import DiTConfig, SRConfig
 from gpu_worker.models.dit.layers import AttendFn, TransformerBlock, grid_positions, patchify, rope_table, unpatchify
 from gpu_worker.models.dit.sparse_attention import FrameWindow, bucket_frames, resolve_backend, window_attention
@@ -116,19 +117,17 @@ class SuperResolutionDiT(nn.Module):
 
         x = tokens.view(batch, layout.length, -1)  # (B, L, D)
         sp = current_sp()
-        if sp is not None:  # this rank's frames only; the attention still sees the whole layout
-            check_heads("the super-resolution DiT", sr.heads, sp)
-            shard = FrameShard.split(sp, frames + 1, layout.tokens_per_frame)
+        if sp is not None:  # this rank's attention blocks only; the attention still sees the whole layout
+            sp = model_group("the super-resolution DiT", sr.heads, sp)
+            shard = SequenceShard.split(sp, layout.length, sr.block_size)
             x, rope = x[:, shard.tokens], (rope[0][shard.tokens], rope[1][shard.tokens])
             attend = shard.attend(window)
         for block in self.blocks:
             x = block(x, rope, attend=attend)
-        local_frames = x.shape[1] // layout.tokens_per_frame  # explicit: a rank may hold no frame at all
-        out = self.head(self.norm_out(x)).view(batch, local_frames, layout.tokens_per_frame, self.head.out_features)[
-            :, :, :real
-        ]
-        if sp is not None:  # (B, local frames, P_real, C p p) → (B, 1 + T, P_real, C p p) on every rank
-            out = gather_frames(out, 1, shard.frame_counts(0, frames + 1), sp)
+        out = self.head(self.norm_out(x))  # (B, tokens here, C p p)
+        if sp is not None:  # every rank's tokens in order: (B, L, C p p)
+            out = gather_frames(out, 1, shard.token_counts, sp)
+        out = out.view(batch, frames + 1, layout.tokens_per_frame, self.head.out_features)[:, :, :real]
         detail = unpatchify(out[:, 1:], sr.patch, self.channels, height, width)  # (B, C, T, H, W)
         return base + detail
 
@@ -138,7 +137,7 @@ def _heads_per_call(sr: SRConfig) -> int:
     sp = current_sp()
     if sp is None:
         return sr.heads
-    check_heads("the super-resolution DiT", sr.heads, sp)
+    sp = model_group("the super-resolution DiT", sr.heads, sp)
     return sr.heads // (sp.degree * sp.head_groups)
 
 
