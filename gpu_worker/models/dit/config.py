@@ -44,8 +44,11 @@ class VAEConfig:
     temporal_kernel: int = 2
     norm_groups: int = 32
     # The decoder's per-frame (upsampling) stage runs this many video frames at a time, so its activations
-    # stay bounded at 720p (128 channels x 640 x 368 x 2 bytes = 60 MB per frame at the widest level).
-    frames_per_batch: int = 4
+    # stay bounded at 720p (128 channels x 640 x 368 x 2 bytes = 60 MB per frame at the widest level). Sequence
+    # parallelism splits the decode in whole batches (a batch's shape can change a convolution's rounding), so
+    # one frame a batch lets 8 ranks share a 40-frame chunk evenly, 5 frames each; each frame is still a large
+    # convolution (640 x 368 pixels at the widest level).
+    frames_per_batch: int = 1
     # DiT latents = (encoder mean - shift) * scale, so the diffusion models see roughly unit variance.
     latent_shift: float = 0.0
     latent_scale: float = 1.0

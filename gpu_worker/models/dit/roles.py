@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpu_worker.distributed.sequence import SPGroup, current_sp, gather_frames, split_frames
+from gpu_worker.distributed.sequence import current_sp, split_frames, start_gather_frames
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import euler_sample, sampling_timesteps
@@ -269,18 +269,22 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         return ChunkLatents(upscaled[:, context.shape[1] :], upscaled[:, : context.shape[1]], video_frames)
 
 
-def spatial_batches(frame_count: int, step: int, sp: SPGroup | None) -> list[list[tuple[int, int]]]:
-    """The [start, end) frame batches of the decoder's spatial stage, per rank (one list without SP).
+def spatial_batches(frame_count: int, step: int, degree: int = 1) -> list[list[tuple[int, int]]]:
+    """The [start, end) frame batches of the decoder's spatial stage, per rank of an SP group of `degree`.
 
     The batches are always the one-rank ones, `step` frames each, the last one short; SP hands each rank a
     contiguous run of whole batches (`split_frames` over the batch count), never cutting one. A convolution's
     result can depend on its batch size (it does on CPU for small frames: another algorithm), so frames
     computed in the one-rank batch shapes are the one-rank frames. The split is in units of `step` frames
-    (`VAEConfig.frames_per_batch`: 4, one latent, in the h200 preset); ranks past the last batch get none."""
+    (`VAEConfig.frames_per_batch`: 1 in the h200 preset, so SP splits the decode frame by frame); ranks past
+    the last batch get none."""
     batches = [(start, min(start + step, frame_count)) for start in range(0, frame_count, step)]
-    if sp is None:
-        return [batches]
-    return [batches[start:end] for start, end in split_frames(len(batches), sp.degree)]
+    return [batches[start:end] for start, end in split_frames(len(batches), degree)]
+
+
+def latents_behind(start: int, end: int, stride: int) -> tuple[int, int]:
+    """The [first, last) latents whose temporal stage makes video frames [start, end)."""
+    return start // stride, -(-end // stride)
 
 
 def _rgb(model: VAEDecoder, features: Tensor, crop: tuple[int, int, int, int]) -> Tensor:
@@ -303,10 +307,13 @@ class DiTDecoder(TorchModule, Decoder):
     def decode(self, reference: Reference, upscaled: DiTLatents) -> np.ndarray:
         """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped.
 
-        Under sequence parallelism (`current_sp()`) each rank runs only its share of the spatial batches (see
-        `spatial_batches`) and the temporal stage only on the latents those frames come from, primed on the
-        `context_frames` latents before them (see `_local_temporal`); the ranks all-gather the uint8 frames,
-        so every rank returns the one-rank frames."""
+        Both paths make each batch's features with `VAEDecoder.frame_features` just before its spatial stage, so
+        the features of a whole chunk never exist at once. Under sequence parallelism (`current_sp()`) each rank
+        runs only its share of the spatial batches (see `spatial_batches`), the latent-rate stage only on the
+        latents those frames come from, primed on the `context_frames` latents before them (see
+        `_local_inputs`), and depth to time only for its own frames; the ranks all-gather the uint8 frames batch
+        by batch (round i, every rank's i-th batch, travels while the ranks decode their next one), so every
+        rank returns the one-rank frames."""
         width, height = self.frame_size(reference)
         canvas_width, canvas_height = (int(v) for v in reference["canvas_size"])
         crop = ((canvas_height - height) // 2, height, (canvas_width - width) // 2, width)
@@ -316,40 +323,49 @@ class DiTDecoder(TorchModule, Decoder):
         if not decoded - self.config.vae.temporal_stride < frame_count <= decoded:
             raise ValueError(f"{upscaled.frames.shape[1]} latents cannot make {frame_count} frames")
         sp = current_sp()
-        batches = spatial_batches(frame_count, self.config.vae.frames_per_batch, sp)
+        batches = spatial_batches(frame_count, self.config.vae.frames_per_batch, sp.degree if sp else 1)
         frames = np.empty((frame_count, height, width, 3), dtype=np.uint8)
         with self.running():
             if sp is None:
                 state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
-                features, _ = model.temporal(upscaled.frames[None].to(self.device), state)  # (1, C', stride T, h, w)
+                inputs, _ = model.temporal_inputs(upscaled.frames[None].to(self.device), state)
                 for start, end in batches[0]:
-                    frames[start:end] = _rgb(model, features[:, :, start:end], crop).cpu().numpy()
+                    frames[start:end] = _rgb(model, model.frame_features(inputs, range(start, end)), crop).cpu().numpy()
                 return frames
             mine = batches[sp.rank]
-            local = upscaled.frames.new_empty((0, height, width, 3), dtype=torch.uint8).to(self.device)
             if mine:
-                features, first = self._local_temporal(model, upscaled, mine[0][0], mine[-1][1])
-                local = torch.cat([_rgb(model, features[:, :, s - first : e - first], crop) for s, e in mine])
-            counts = [sum(end - start for start, end in rank) for rank in batches]
-            frames[:] = gather_frames(local, 0, counts, sp).cpu().numpy()
+                inputs, first = self._local_inputs(model, upscaled, mine[0][0], mine[-1][1])
+            gathers = []  # round i gathers every rank's i-th batch while the ranks decode their next one
+            for index in range(max(len(rank) for rank in batches)):
+                local = upscaled.frames.new_empty((0, height, width, 3), dtype=torch.uint8).to(self.device)
+                if index < len(mine):
+                    start, end = mine[index]
+                    local = _rgb(model, model.frame_features(inputs, range(start - first, end - first)), crop)
+                owners = [rank[index] if index < len(rank) else (0, 0) for rank in batches]
+                counts = [end - start for start, end in owners]
+                gathers.append((start_gather_frames(local, 0, counts, sp), owners, counts))
+            for pending, owners, counts in gathers:
+                for (start, end), piece in zip(owners, torch.split(pending.wait(), counts), strict=True):
+                    frames[start:end] = piece.cpu().numpy()
         return frames
 
-    def _local_temporal(self, model: VAEDecoder, upscaled: DiTLatents, start: int, end: int) -> tuple[Tensor, int]:
-        """(features (1, C', n, h, w) covering frames [start, end), the frame features[:, :, 0] is).
+    def _local_inputs(self, model: VAEDecoder, upscaled: DiTLatents, start: int, end: int) -> tuple[Tensor, int]:
+        """(the temporal stage's depth-to-time inputs for the latents behind frames [start, end), the video frame
+        of their first latent).
 
-        The temporal stage on latents [start // stride, ceil(end / stride)) only, from the state primed on the
-        up to `context_frames` latents before them in context + latents (`VAEDecoder.prime` is exact with that
-        many; with fewer, they reach back to where the one-rank decode starts, the chunk's context or the
+        The latent-rate stage runs on latents [start // stride, ceil(end / stride)) only, from the state primed
+        on the up to `context_frames` latents before them in context + latents (`VAEDecoder.prime` is exact with
+        that many; with fewer, they reach back to where the one-rank decode starts, the chunk's context or the
         video's first latent, so priming on them is that decode's own start)."""
         stride = self.config.vae.temporal_stride
-        first, last = start // stride, -(-end // stride)
+        first, last = latents_behind(start, end, stride)
         context = upscaled.context
         sequence = upscaled.frames if context is None else torch.cat([context, upscaled.frames], dim=1)
         known = 0 if context is None else context.shape[1]  # sequence index of latent 0 of the chunk
         before = sequence[:, max(0, known + first - self.config.vae.context_frames) : known + first]
         state = model.prime(before[None].to(self.device)) if before.shape[1] else None
-        features, _ = model.temporal(upscaled.frames[None, :, first:last].to(self.device), state)
-        return features, first * stride
+        inputs, _ = model.temporal_inputs(upscaled.frames[None, :, first:last].to(self.device), state)
+        return inputs, first * stride
 
     @staticmethod
     def frame_size(reference: Reference) -> tuple[int, int]:

@@ -13,6 +13,9 @@ Why it is built this way:
   later one. The start of a video has no past: each causal convolution replicates its first input into it.
   A video whose length is not a multiple of 4 is padded at its end by repeating its last frame (a lone
   portrait is encoded as 4 copies of itself, one latent).
+- Depth to time runs by weight block (`frame_features`: the k-th frame of every latent is one convolution with
+  the k-th block of weights), so a frame's features do not depend on which other frames are decoded with it;
+  a sequence-parallel rank makes only its own frames, exactly.
 - Streaming: the decoder's causal state (`DecoderState`) is, per causal convolution, its last
   `kernel - 1` inputs, all at the latent rate; its size does not depend on how much was decoded. Decoding
   latents chunk by chunk while carrying the state gives exactly the frames of decoding them all at once.
@@ -29,6 +32,8 @@ Never: statistics across frames, look-ahead in time, or state kept in the module
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +106,16 @@ class CausalResBlock(nn.Module):
         h, first = self.conv1(F.silu(self.norm1(x)), first)
         h, second = self.conv2(F.silu(self.norm2(h)), second)
         return x + h, [first, second]
+
+    def prime(self, x: Tensor, history: int) -> tuple[Tensor, DecoderState]:
+        """The block on frames x (B, C, T, h, w) without history ("valid"): its output on the last T - 2 history
+        frames, which both convolutions reach, and the caches it leaves (see `VAEDecoder.prime`)."""
+        first = F.silu(self.norm1(x))
+        second = F.silu(self.norm2(self.conv1.conv(first)))
+        return x[:, :, 2 * history :] + self.conv2.conv(second), [
+            self.conv1.next_cache(first),
+            self.conv2.next_cache(second),
+        ]
 
 
 class SpatialResBlock(nn.Module):
@@ -248,14 +263,43 @@ class VAEDecoder(nn.Module):
         """Normalised latents (B, C, T, h, w) → features (B, C', stride T, h, w) and the state after them.
 
         `state` None starts a video; otherwise it is what the previous chunk (or `prime`) returned."""
+        inputs, state = self.temporal_inputs(latents, state)
+        return self.frame_features(inputs, range(self.config.temporal_stride * latents.shape[2])), state
+
+    def temporal_inputs(self, latents: Tensor, state: DecoderState | None) -> tuple[Tensor, DecoderState]:
+        """The latent-rate part of `temporal`: the depth-to-time convolution's input for `latents`, its history
+        first (B, C', kernel - 1 + T, h, w), and the state after them. `frame_features` makes frames from it."""
         caches = self._caches(state)
         x, new_state = self._latent_rate(latents, caches)
-        deep, last = self.to_time(x, caches[-1])  # (B, stride C', T, h, w)
-        batch, channels, frames, height, width = x.shape
-        stride = self.config.temporal_stride
-        # Channel block k of latent j is frame stride j + k.
-        features = deep.view(batch, stride, channels, frames, height, width).permute(0, 2, 3, 1, 4, 5)
-        return features.reshape(batch, channels, frames * stride, height, width), [*new_state, last]
+        inputs = torch.cat([self.to_time.history(x, caches[-1]), x], dim=2)
+        return inputs, [*new_state, self.to_time.next_cache(inputs)]
+
+    def frame_features(self, inputs: Tensor, frames: range) -> Tensor:
+        """Features (B, C', len(frames), h, w) of the consecutive video frames `frames` (0: the first latent's
+        first frame).
+
+        Depth to time by weight block: frame stride j + k is channel block k of the causal convolution at
+        latent j, so each block k is one convolution with its own C' output channels over the latents whose
+        frame k is wanted, and the blocks' frames are then interleaved. A frame's features therefore do not
+        depend on which other frames are decoded with it (a convolution over more or fewer latents computes each
+        output the same way; over more output channels it may not), so a rank of a sequence-parallel decode
+        that makes only its own frames gets the one-rank frames exactly, and skips the other blocks (3/4 of
+        this convolution, the temporal stage's largest part, for a rank with a quarter of a latent's frames)."""
+        stride, kernel = self.config.temporal_stride, self.to_time.kernel
+        width = self.to_time.conv.out_channels // stride
+        weight, bias = self.to_time.conv.weight, self.to_time.conv.bias
+        batch, _, _, height, columns = inputs.shape
+        out = inputs.new_empty(batch, width, len(frames), height, columns)
+        for block in range(stride):
+            first = -(-(frames.start - block) // stride)  # the first latent whose frame `block` is wanted
+            last = (frames.stop - 1 - block) // stride
+            if last < first:
+                continue
+            channels = slice(block * width, (block + 1) * width)
+            window = inputs[:, :, first : last + kernel]  # (B, C', kernel - 1 + n, h, w)
+            made = F.conv3d(window, weight[channels], None if bias is None else bias[channels], padding=(0, 1, 1))
+            out[:, :, stride * first + block - frames.start :: stride] = made
+        return out
 
     def spatial(self, features: Tensor) -> Tensor:
         """Per-frame features (N, C', h, w) → pixels (N, 3, H, W), roughly in [-1, 1]."""
@@ -265,7 +309,27 @@ class VAEDecoder(nn.Module):
     def prime(self, context: Tensor) -> DecoderState:
         """The state after decoding `context` (B, C, K, h, w), the latent frames before a chunk, without
         producing their (discarded) frames. With K >= config.context_frames the chunk then decodes exactly
-        as it would inside the whole video."""
+        as it would inside the whole video.
+
+        Only the last `context_frames` latents matter then, and of each causal convolution only the outputs a
+        later cache reads: each runs without history ("valid", kernel - 1 frames shorter than its input), so
+        priming costs the receptive field's triangle (with kernel 2 and one mid block: 3, 2 and 1 latent-rate
+        convolutions of the 4 latents' worth the full run would do), about a third of one latent's decode.
+        With fewer latents the video's start lies within the context, and the caches are its own start."""
+        needed = self.config.context_frames
+        if context.shape[2] < needed:
+            return self._prime_from_start(context)
+        history = self.config.temporal_kernel - 1
+        latents = context[:, :, context.shape[2] - needed :] / self.config.latent_scale + self.config.latent_shift
+        state = [self.conv_in.next_cache(latents)]
+        x = self.conv_in.conv(latents)  # (B, C', K - history, h, w)
+        for block in cast("list[CausalResBlock]", list(self.mid)):
+            x, caches = block.prime(x, history)
+            state.extend(caches)
+        return [*state, self.to_time.next_cache(F.silu(self.norm_time(x)))]
+
+    def _prime_from_start(self, context: Tensor) -> DecoderState:
+        """`prime` on fewer latents than the receptive field: the whole decode of `context` from the video's start."""
         caches = self._caches(None)
         x, state = self._latent_rate(context, caches)
         return [*state, self.to_time.next_cache(torch.cat([self.to_time.history(x, None), x], dim=2))]

@@ -73,7 +73,7 @@ def _case(latents: int, context: int, video_frames: int) -> tuple[Reference, DiT
 @dataclass(frozen=True)
 class DecodeCases:
     """Every case decoded without SP and under SP; each spatial batch the rank ran is counted, and the latents
-    of each call to the temporal stage's first convolution (`prime`'s, then `temporal`'s). The SP group is
+    of each call to the temporal stage (`prime`'s, then `temporal_inputs`'). The SP group is
     the node's (`RankGroup.sp`), or with `whole_node` one over every rank of the data plane. `fail_rank` raises
     on that rank before the frames are gathered (its SP peers wait in the gather)."""
 
@@ -91,14 +91,14 @@ class DecodeCases:
             temporal_latents: list[int] = []
             model = decoder.model("vae_decoder", VAEDecoder)
             model.conv_out.register_forward_hook(lambda _m, args, _out, seen=spatial_frames: seen.append(len(args[0])))
-            model.conv_in.register_forward_hook(
-                lambda _m, args, _out, seen=temporal_latents: seen.append(args[0].shape[2])
-            )
+            feature_frames: list[int] = []
+            _record_latents(model, temporal_latents, feature_frames)
             for name, *sizes in DECODE_CASES:
                 reference, latents = _case(*sizes)
                 plain = decoder.decode(reference, latents)
                 spatial_frames.clear()
                 temporal_latents.clear()
+                feature_frames.clear()
                 if context.rank == self.fail_rank:
                     raise RuntimeError(f"rank {context.rank} failed before the gather on purpose")
                 with sequence_parallel(sp):
@@ -108,8 +108,32 @@ class DecodeCases:
                     "sp": split,
                     "spatial_frames": list(spatial_frames),
                     "temporal_latents": list(temporal_latents),
+                    "feature_frames": list(feature_frames),
                 }
         return out
+
+
+def _record_latents(model: VAEDecoder, seen: list[int], made: list[int]) -> None:
+    """Record the latent count of every `prime` and `temporal_inputs` call, in order, and the frames of every
+    `frame_features` call (instance attributes shadow the methods: the decoder role calls them through the
+    instance)."""
+    prime, temporal_inputs, frame_features = model.prime, model.temporal_inputs, model.frame_features
+
+    def recorded_features(inputs: torch.Tensor, frames: range) -> Any:
+        made.append(len(frames))
+        return frame_features(inputs, frames)
+
+    def recorded_prime(context: torch.Tensor) -> Any:
+        seen.append(context.shape[2])
+        return prime(context)
+
+    def recorded_inputs(latents: torch.Tensor, state: Any) -> Any:
+        seen.append(latents.shape[2])
+        return temporal_inputs(latents, state)
+
+    model.frame_features = recorded_features  # type: ignore[method-assign]
+    model.prime = recorded_prime  # type: ignore[method-assign]
+    model.temporal_inputs = recorded_inputs  # type: ignore[method-assign]
 
 
 # A dit family whose decoder fails once on a chosen rank, after the chunk's last collective.

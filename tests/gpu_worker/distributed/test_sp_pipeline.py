@@ -47,8 +47,8 @@ def _expected_temporal(shares: list[list[int]], context: int) -> list[list[int]]
 
 def _check_decodes(per_rank: list[dict[str, Any]]) -> None:
     """Every rank returns the one-rank frames, and the ranks ran the one-rank batches between them, each
-    its contiguous share (none twice, none skipped), and the temporal stage only on the latents of its share
-    after at most `context_frames` priming latents."""
+    its contiguous share (none twice, none skipped), the latent-rate stage only on the latents of its share
+    after at most `context_frames` priming latents, and depth to time only for its own frames."""
     degree = len(per_rank)
     for name, latents, context, video_frames in DECODE_CASES:
         for step in FRAMES_PER_BATCH:
@@ -62,6 +62,7 @@ def _check_decodes(per_rank: list[dict[str, Any]]) -> None:
             shares = [one_rank[start:end] for start, end in split_frames(len(one_rank), degree)]
             assert [cases[key]["spatial_frames"] for cases in per_rank] == shares, key
             assert [cases[key]["temporal_latents"] for cases in per_rank] == _expected_temporal(shares, context), key
+            assert [cases[key]["feature_frames"] for cases in per_rank] == shares, key
             assert latents * 4 - 4 < video_frames
 
 

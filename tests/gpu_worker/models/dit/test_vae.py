@@ -125,3 +125,34 @@ def test_the_h200_decoder_costs_well_under_two_tflop_per_720p_frame() -> None:
             frames, _ = model(latents)
     assert frames.shape[2] == 32
     assert counter.get_total_flops() / 32 < 1.3e12
+
+
+def test_any_run_of_frames_decodes_as_it_does_among_all_of_them(decoder: VAEDecoder) -> None:
+    """Depth to time per weight block: the features of frames [a, b) made alone are those frames of the whole
+    chunk's, bit for bit (what lets a sequence-parallel rank make only its own frames)."""
+    latents = _latents(5)
+    with torch.no_grad():
+        whole, _ = decoder.temporal(latents, None)
+        inputs, _ = decoder.temporal_inputs(latents, None)
+        for start, end in [(0, 20), (3, 9), (5, 6), (17, 20), (8, 12)]:
+            assert torch.equal(decoder.frame_features(inputs, range(start, end)), whole[:, :, start:end])
+
+
+def test_priming_costs_the_receptive_fields_triangle_not_four_latents() -> None:
+    """Counted on the meta device at 720p (h200): priming from 4 latents runs each causal convolution only on the
+    outputs a later cache reads: under half of one latent's decode at the latent rate and depth to time, where
+    decoding the 4 latents' latent-rate stage whole cost more than a latent."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = H200.vae
+    with torch.device("meta"):
+        model = VAEDecoder(config)
+        context = torch.zeros(1, config.latent_channels, config.context_frames, 92, 160)
+        one = torch.zeros(1, config.latent_channels, 1, 92, 160)
+        with FlopCounterMode(display=False) as priming, torch.no_grad():
+            state = model.prime(context)
+        with FlopCounterMode(display=False) as latent, torch.no_grad():
+            model.temporal(one, state)
+        with FlopCounterMode(display=False) as whole, torch.no_grad():
+            model._prime_from_start(context)
+    assert priming.get_total_flops() < 0.55 * latent.get_total_flops() < whole.get_total_flops()
