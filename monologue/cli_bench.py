@@ -59,19 +59,31 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, r
 @click.option("--preset", default="h200", show_default=True, help="A dit preset, or seed18b (the seed's scale).")
 @click.option("--resolution", default="720p", show_default=True)
 @click.option("--ranks", type=int, multiple=True, default=(1, 2, 4, 8), show_default=True, help="Repeatable.")
-@click.option("--head-groups", type=int, default=1, show_default=True, help="Head groups per all-to-all.")
+@click.option(
+    "--head-groups", type=int, default=2, show_default=True, help="The most head groups per attention (as the node)."
+)
+@click.option("--n-frames", type=int, default=40, show_default=True, help="Frames per N chunk.")
+@click.option("--i-frames", type=int, default=4, show_default=True, help="Frames per I chunk.")
 @click.option(
     "--layout",
     type=click.Choice(["design", "balanced"]),
     default="design",
     show_default=True,
-    help="design: the node as built (frame-aligned splits, the VAE temporal stage split by latents with priming);"
-    " balanced: even token splits everywhere.",
+    help="design: the node as built (DiTs split by tokens, the decode in whole batches with each rank's priming);"
+    " balanced: every stage split evenly in its finest unit (a bound, not built).",
 )
 @click.option("--fsdp", is_flag=True, help="Weights sharded with FSDP2 (gathered per block).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
 def bench_sp_command(
-    preset: str, resolution: str, ranks: tuple[int, ...], head_groups: int, layout: str, fsdp: bool, as_json: bool
+    preset: str,
+    resolution: str,
+    ranks: tuple[int, ...],
+    head_groups: int,
+    n_frames: int,
+    i_frames: int,
+    layout: str,
+    fsdp: bool,
+    as_json: bool,
 ) -> None:
     """A MODEL, not a measurement: the node's time per N and I chunk under Ulysses sequence parallelism for
     each rank count, from FLOPs counted on the meta device and per-op rates measured on one H200, with the
@@ -81,7 +93,15 @@ def bench_sp_command(
     from gpu_worker.distributed.sp_model import Layout
     from gpu_worker.distributed.sp_table import Scenario, describe, report, scenario_config
 
-    scenario = Scenario(scenario_config(preset), resolution, head_groups=head_groups, fsdp=fsdp, layout=Layout(layout))
+    scenario = Scenario(
+        scenario_config(preset),
+        resolution,
+        n_frames=n_frames,
+        i_frames=i_frames,
+        head_groups=head_groups,
+        fsdp=fsdp,
+        layout=Layout(layout),
+    )
     degrees = tuple(sorted(set(ranks)))
     try:
         click.echo(json.dumps(report(scenario, degrees)) if as_json else describe(scenario, degrees))

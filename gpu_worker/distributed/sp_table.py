@@ -1,22 +1,15 @@
-"""The tables of the SP paper model (sp_model.py has the costs and their assumptions): per SP degree, the
-modelled time of an N and an I chunk, frames/s and speed-up (`model_rows`), the split of a node's ranks
-between N and I chunks against SP over all of them (`work_split`), and `monologue bench sp`'s text and JSON.
-A MODEL, not a measurement."""
+"""The tables of the SP paper model (sp_model.py has the costs and their assumptions, sp_counts.py the
+counted work): per SP degree, the modelled time of an N and an I chunk, frames/s and speed-up
+(`model_rows`), the split of a node's ranks between N and I chunks against SP over all of them
+(`work_split`), and `monologue bench sp`'s text and JSON. A MODEL, not a measurement."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from gpu_worker.distributed.sp_model import (
-    SEED_18B,
-    Layout,
-    Rates,
-    StageTime,
-    StageWork,
-    busiest_share,
-    chunk_work,
-    stage_time,
-)
+from gpu_worker.distributed.config import GroupConfig
+from gpu_worker.distributed.sp_counts import SEED_18B, chunk_work
+from gpu_worker.distributed.sp_model import Layout, Rates, StageTime, StageWork, busiest_share, stage_time
 from gpu_worker.models.dit import flops
 from gpu_worker.models.dit.config import DiTConfig, preset
 from monologue.contracts import ChunkKind
@@ -54,7 +47,7 @@ class Scenario:
     n_frames: int = flops.N_FRAMES
     i_frames: int = flops.I_FRAMES
     rates: Rates = field(default_factory=Rates)
-    head_groups: int = 1
+    head_groups: int = GroupConfig.sp_head_groups  # the node's default
     fsdp: bool = False
     layout: Layout = Layout.DESIGN
 
@@ -177,6 +170,8 @@ def report(scenario: Scenario, degrees: tuple[int, ...] = (1, 2, 4, 8)) -> dict[
         "preset": scenario.config.name,
         "resolution": scenario.resolution,
         "layout": scenario.layout.value,
+        "n_frames": scenario.n_frames,
+        "i_frames": scenario.i_frames,
         "head_groups": scenario.head_groups,
         "rates": asdict(scenario.rates) | {"overhead": scenario.rates.overhead},
         "rows": [asdict(row) for row in model_rows(scenario, degrees)],
