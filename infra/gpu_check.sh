@@ -13,6 +13,9 @@
 #                   TTFF, frames/s, stage ms, memory after 10 and 50 chunks, A2V TFLOP/s, switch ms, FLOPs
 #                                                                                            -> bench_resident.json
 #   bench_switch    the same render with --residency switch: the switch time each chunk saw -> bench_switch.json
+#   sp_check        the sequence-parallel kernels on one device (gpu_worker/distributed/sp_check.py): the SP path
+#                   on a one-rank NCCL group with 1, 2 and 4 head groups against the plain layer, and one P = 8
+#                   rank's attention overlapped with a copy of its all-to-all bytes on a second stream -> sp_check.json
 #   record_*, gate_* render records (gpu_worker/render_record.py) bf16 resident, bf16 switch and fp32 resident
 #                   ($RECORD_VARIANTS), and the quality gate (monologue/gate.py) between them, when those exist
 #                                                                                 -> records/*.json, gate_*.out
@@ -25,7 +28,7 @@ START=$(date +%s)
 DEADLINE=${DEADLINE:-455}  # seconds from start: with the last kill grace and the wrap-up, under 8 minutes
 OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-$(command -v python || command -v python3)}
-STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu bench_resident bench_switch records"}
+STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu bench_resident bench_switch sp_check records"}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d)
@@ -37,7 +40,9 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then  # the CPU dry run: every step tiny (the sc
   BENCH=${BENCH_ARGS:-"--preset tiny --resolution 512 --chunks 2 --warmup-chunks 1 --chunk-frames 4 --no-flops"}
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"$BENCH"}
   RECORD=${RECORD_ARGS:-"--preset tiny --resolution 512 --preview --seconds 0.2 --chunk-frames 4 --keep-frames 1"}
+  SP_CHECK=${SP_CHECK_ARGS:-"--tiny --repeats 2"}
 else
+  SP_CHECK=${SP_CHECK_ARGS:-"--repeats 20"}
   BENCH=${BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 50"}
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 12 --warmup-chunks 3"}
   RECORD=${RECORD_ARGS:-"--preset h200 --resolution 720p --seconds 1 --keep-frames 4"}
@@ -121,6 +126,8 @@ bench() {
 if wanted bench_resident; then bench bench_resident 240 $BENCH; fi
 # shellcheck disable=SC2086
 if wanted bench_switch; then bench bench_switch 120 $SWITCH_BENCH --residency switch; fi
+# shellcheck disable=SC2086
+if wanted sp_check; then step sp_check 60 "$PY" -m gpu_worker.distributed.sp_check $SP_CHECK --json-out "$OUT/sp_check.json"; fi
 
 # record PRECISION RESIDENCY: one render record (frames' hashes and a few frames) for the gate.
 record() {

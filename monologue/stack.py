@@ -111,9 +111,17 @@ class Stack:
             print(_announce_key(key, apikeys.local_key_path(self.settings.home), sys.stdout.isatty()), flush=True)
         return key
 
-    def start_node(self, node_id: str | None = None) -> Child:
-        env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
-        return self._spawn(f"node-{node_id or self.settings.node.id}", [sys.executable, "-m", "monologue", "node"], env)
+    def start_node(self, node_id: str | None = None, *, ranks: int = 1, env: dict[str, str] | None = None) -> Child:
+        """Start a node (`env`: extra environment); with `ranks` > 1 a multi-GPU node of that many processes under
+        torchrun (gloo on a CPU), one node to Temporal, its models split across the ranks
+        (gpu_worker.distributed.launch)."""
+        env = {**({"MONOLOGUE_NODE__ID": node_id} if node_id else {}), **(env or {})}
+        command = [sys.executable, "-m", "monologue", "node"]
+        if ranks > 1:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
+            command += ["--max-restarts", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+            command += ["-m", "gpu_worker.distributed.launch"]
+        return self._spawn(f"node-{node_id or self.settings.node.id}", command, env)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the nodes and the API, then Temporal (so the workers shut down against a live server), then

@@ -67,14 +67,14 @@ def test_the_imitation_hides_the_service_stack(bare: tuple[dict[str, str], Path]
 
 def test_the_gpu_check_runs_on_a_bare_machine(bare: tuple[dict[str, str], Path], tmp_path: Path) -> None:
     """The dry run: the environment report, the GPU-marked tests (collected and skipped: no CUDA here), the
-    benchmark's JSON, and the render records with the quality gate; every step succeeds without the
-    service stack and nothing of it is imported."""
+    benchmark's JSON, the SP kernel check, and the render records with the quality gate; every step succeeds
+    without the service stack and nothing of it is imported."""
     env, log = bare
     out = tmp_path / "out"
     env |= {
         "OUT": str(out),
         "GPU_CHECK_DRY": "1",
-        "GPU_CHECK_STEPS": "env pytest_gpu bench_resident records",
+        "GPU_CHECK_STEPS": "env pytest_gpu bench_resident sp_check records",
         "RECORD_VARIANTS": "bf16:resident bf16:switch",
     }
     done = subprocess.run(["bash", "infra/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -84,7 +84,7 @@ def test_the_gpu_check_runs_on_a_bare_machine(bare: tuple[dict[str, str], Path],
         for line in (out / "steps.tsv").read_text().splitlines()[1:]
         if "\t" in line
     }
-    expected = {"env", "pytest_gpu", "bench_resident"}
+    expected = {"env", "pytest_gpu", "bench_resident", "sp_check"}
     if (ROOT / "gpu_worker" / "render_record.py").exists():
         expected |= {"record_bf16_resident", "record_bf16_switch", "gate_switch"}
     failed = {name: rc for name, rc in steps.items() if rc != "0"}
@@ -97,6 +97,9 @@ def test_the_gpu_check_runs_on_a_bare_machine(bare: tuple[dict[str, str], Path],
     bench = json.loads((out / "bench_resident.json").read_text())
     assert bench["errors"] == {} and bench["frames"] > 0 and bench["warm_ttff_ms"] > 0
     assert bench["switch_ms"]["N"]["sr"]["median"] >= 0 and bench["a2v_step"]["tflop"] > 0
+    sp = json.loads((out / "sp_check.json").read_text())
+    assert all(sp["one_rank_sp"][f"g{groups}"]["max_abs_diff"] < 1e-5 for groups in (1, 2, 4))
+    assert 0 <= sp["overlap"]["overlap"] <= 1 and sp["overlap"]["attention_ms"] > 0
 
     logs = _import_logs(log)
     assert len(logs) >= len(expected)  # every Python step ran under the imitation

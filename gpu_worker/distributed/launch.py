@@ -5,7 +5,7 @@ ordinary node process (`gpu_worker.node.run_node`: the Temporal workers, leases,
 activities whose pipelines run on every rank; the other ranks serve rank 0's steps until it shuts them
 down. The node's settings are read by rank 0 only, as in a single-process node, except the two every rank
 needs before it joins: `MONOLOGUE_SP_DEGREE` (how many ranks split each model forward: unset, all of them;
-1, none; it must divide the number of ranks) and `MONOLOGUE_SP_HEAD_GROUPS` (default 1), read by
+1, none; it must divide the number of ranks) and `MONOLOGUE_SP_HEAD_GROUPS` (the most, default 2), read by
 `GroupConfig.from_environ`.
 
 If the rank group breaks (a rank failed in the middle of a collective), rank 0 drains the node at once:
@@ -26,9 +26,10 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
+from gpu_worker.distributed.config import GroupConfig, TorchrunEnv
 from gpu_worker.distributed.errors import GroupBroken
 from gpu_worker.distributed.numa import pin_to_gpu_numa_node
-from gpu_worker.distributed.runtime import GroupConfig, RankGroup, TorchrunEnv
+from gpu_worker.distributed.runtime import RankGroup
 
 if TYPE_CHECKING:
     from monologue.settings import Settings

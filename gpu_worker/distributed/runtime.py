@@ -29,20 +29,19 @@ This module never imports the service stack (Temporal, the database): the GPU ma
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from gpu_worker.distributed.config import GroupConfig
 from gpu_worker.distributed.errors import GroupBroken, RankError, StepFailed
 from gpu_worker.distributed.sequence import SPGroup
 
@@ -51,8 +50,6 @@ log = logging.getLogger(__name__)
 T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")
 
-SP_DEGREE_ENV = "MONOLOGUE_SP_DEGREE"
-SP_HEAD_GROUPS_ENV = "MONOLOGUE_SP_HEAD_GROUPS"
 _SHUTDOWN = b""  # the control-plane message that ends `serve`
 _current: RankGroup | None = None
 
@@ -77,67 +74,6 @@ class Work(Protocol[T_co]):
     must be importable on every rank: pickle sends the class by name, never code."""
 
     def run(self, context: RankContext) -> T_co: ...
-
-
-@dataclass(frozen=True)
-class GroupConfig:
-    """How the node's ranks talk; the same on every rank."""
-
-    backend: str | None = None  # data plane; None: NCCL with CUDA, gloo without
-    # A rank waiting this long in a model's collective for a peer gives up: this bounds how long a failed
-    # step can hold the node. Longer than any single collective, far shorter than Temporal's heartbeat.
-    collective_timeout: timedelta = timedelta(minutes=2)
-    # The other ranks wait for rank 0's next step this long: as long as a node may sit idle.
-    idle_timeout: timedelta = timedelta(days=365)
-    # Sequence parallelism (sequence.py): how many ranks split each model forward; None: all of them, 1: none
-    # (every rank runs every forward whole). Must divide the world size; the ranks form world / degree groups.
-    sp_degree: int | None = None
-    sp_head_groups: int = 1  # all-to-all pipelining inside each attention (1: plain Ulysses)
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> GroupConfig:
-        """The node's settings the ranks need before rank 0 reads its own: `MONOLOGUE_SP_DEGREE` (unset: every
-        rank) and `MONOLOGUE_SP_HEAD_GROUPS` (default 1). Read here because the other ranks have no Settings."""
-        degree = _positive(environ, SP_DEGREE_ENV)
-        return cls(sp_degree=degree, sp_head_groups=_positive(environ, SP_HEAD_GROUPS_ENV) or 1)
-
-    def sequence_degree(self, world_size: int) -> int:
-        """The SP degree for a node of `world_size` ranks, or a ValueError naming the setting."""
-        degree = world_size if self.sp_degree is None else self.sp_degree
-        if degree < 1 or world_size % degree:
-            raise ValueError(
-                f"{SP_DEGREE_ENV}={degree} does not divide the node's {world_size} ranks: use a divisor of "
-                f"{world_size} (1 turns sequence parallelism off)"
-            )
-        return degree
-
-
-def _positive(environ: Mapping[str, str], name: str) -> int | None:
-    """A positive integer setting, None when unset or blank."""
-    text = environ.get(name, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} must be a positive integer, got {text!r}")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class TorchrunEnv:
-    """The torchrun contract (RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR/PORT are read by env://).
-
-    Read in this one place: these are the launcher's variables, not Monologue settings."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> TorchrunEnv:
-        missing = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if name not in environ]
-        if missing:
-            raise ValueError(f"{', '.join(missing)} not set: start the node with torchrun --nproc-per-node <gpus>")
-        return cls(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]))
 
 
 @dataclass(frozen=True)
@@ -198,9 +134,10 @@ class RankGroup:
         world_size: int,
         local_rank: int,
         init_method: str = "env://",
-        config: GroupConfig = GroupConfig(),
+        config: GroupConfig | None = None,
     ) -> RankGroup:
-        """Join the node's process group (every rank calls this, with the same config)."""
+        """Join the node's process group (every rank calls this, with the same config; None: the defaults)."""
+        config = config or GroupConfig()
         global _current
         if _current is not None:
             raise RuntimeError("this process already belongs to a rank group")
