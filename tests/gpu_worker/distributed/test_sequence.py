@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism: the A2V and SR DiTs split over 2 and 4 gloo ranks return what one process
-returns, for every head-group count, with and without FSDP2 sharding over the same ranks; the all-to-alls
-invert each other on uneven splits (ranks with no frames included); a head count that does not split
-raises an error naming the model.
+returns, for every head-group count, with and without FSDP2 sharding over the same ranks (and its host
+offload); the all-to-alls invert each other on uneven splits (ranks with no frames included); a head count
+that does not split raises an error naming the model.
 
 One 4-rank world runs every scenario: degree 4 over all ranks, and degree 2 over ranks {0, 1} and {2, 3} at
 once. Tolerance: fp32, max abs diff 1e-5 (each scenario also reports whether it was bit-identical)."""
@@ -112,10 +112,12 @@ def sp_group(context: RankContext, degree: int, head_groups: int = 1) -> SPGroup
 @dataclass(frozen=True)
 class SPForwards:
     """Both DiTs single-process and under SP of `degree`, for every head-group count; with `sharded`, the
-    SP runs also shard the models' blocks with FSDP2 over the SP group."""
+    SP runs also shard the models' blocks with FSDP2 over the SP group (with `offloaded`, their shards kept in
+    host memory and copied in per block, FSDP2's offload policy)."""
 
     degree: int
     sharded: bool = False
+    offloaded: bool = False
 
     def run(self, context: RankContext) -> dict[str, Any]:
         seen: dict[str, Any] = {"single": run_all(*models(), models(SR_FLEX)[1])}
@@ -125,7 +127,7 @@ class SPForwards:
             sr_flex = models(SR_FLEX)[1]
             if self.sharded:
                 mesh = DeviceMesh.from_group(sp.group, "cpu")
-                a2v, sr, sr_flex = shard_model(a2v, mesh), shard_model(sr, mesh), shard_model(sr_flex, mesh)
+                a2v, sr, sr_flex = (shard_model(m, mesh, host_offload=self.offloaded) for m in (a2v, sr, sr_flex))
             before = sp.group._get_sequence_number_for_group()  # type: ignore[attr-defined]
             with sequence_parallel(sp):
                 seen[f"sp_g{head_groups}"] = run_all(a2v, sr, sr_flex)
@@ -188,6 +190,7 @@ def drive(group: RankGroup) -> dict[str, Any]:
         "sp4": SPForwards(4),
         "sp2_sharded": SPForwards(2, sharded=True),
         "sp4_sharded": SPForwards(4, sharded=True),
+        "sp2_offloaded": SPForwards(2, sharded=True, offloaded=True),
         "all_to_all2": AllToAll(2),
         "all_to_all4": AllToAll(4),
         "heads_2_over_4": MismatchedHeads(2, 4),
@@ -198,7 +201,7 @@ def drive(group: RankGroup) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sp_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    results, others = spawn_world(drive, Path(tmp_path_factory.mktemp("sp")), ranks=RANKS, deadline_s=120)
+    results, others = spawn_world(drive, Path(tmp_path_factory.mktemp("sp")), ranks=RANKS, deadline_s=300)
     assert others == ["shutdown"] * (RANKS - 1)
     return results
 
@@ -221,7 +224,7 @@ def compare(seen: dict[str, Any], key: str) -> tuple[dict[str, float], bool]:
     return differences, identical
 
 
-@pytest.mark.parametrize("name", ["sp2", "sp4", "sp2_sharded", "sp4_sharded"])
+@pytest.mark.parametrize("name", ["sp2", "sp4", "sp2_sharded", "sp4_sharded", "sp2_offloaded"])
 def test_sequence_parallel_dits_match_one_process(sp_world: dict[str, Any], name: str) -> None:
     for rank, seen in enumerate(per_rank(sp_world, name)):
         assert seen["after_context"], "sequence_parallel left its group set"
