@@ -111,9 +111,11 @@ class Stack:
             print(_announce_key(key, apikeys.local_key_path(self.settings.home), sys.stdout.isatty()), flush=True)
         return key
 
-    def start_node(self, node_id: str | None = None) -> Child:
-        env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
-        return self._spawn(f"node-{node_id or self.settings.node.id}", [sys.executable, "-m", "monologue", "node"], env)
+    def start_node(self, node_id: str | None = None, env: dict[str, str] | None = None) -> Child:
+        """Start a node (another one, with `node_id`); `env` adds to its environment (e.g. its own ports)."""
+        node_env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
+        name = f"node-{node_id or self.settings.node.id}"
+        return self._spawn(name, [sys.executable, "-m", "monologue", "node"], node_env | (env or {}))
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the nodes and the API, then Temporal (so the workers shut down against a live server), then
@@ -233,10 +235,11 @@ def _has_poller(settings: Settings) -> bool:
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-    from temporalio.client import Client
+
+    from monologue.temporal_client import connect
 
     async def check() -> bool:
-        client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+        client = await connect(settings.temporal)
         response = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=settings.temporal.namespace,
