@@ -170,7 +170,7 @@ async def run_node(
             # Hand the sessions back first (their workflows move them at once instead of waiting for a
             # heartbeat timeout); the chunk in progress still finishes while the workers shut down.
             log.info("node draining", node_id=node_id)
-            _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
+            overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
             lease.draining.set()
             reporter.set_status("draining")
             await asyncio.sleep(0.5)
@@ -178,6 +178,7 @@ async def run_node(
         watching.cancel()
         reporter.set_status("stopped")
         await reporting
+    overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
     if server is not None:
         server.shutdown()
     engine.dispose()
@@ -209,7 +210,7 @@ async def _watch_health(health: node_http.NodeHealth, client: Client, engine: En
         await asyncio.sleep(HEALTH_EVERY_S)
 
 
-def _exit_after(seconds: float) -> None:
+def _exit_after(seconds: float) -> threading.Timer:
     """A stopping node exits within `seconds` even if a worker's shutdown never returns (Temporal's workers
     retry RPCs to a server that is gone when the whole stack stops at once, e.g. after its parent's SIGKILL)."""
 
@@ -220,3 +221,4 @@ def _exit_after(seconds: float) -> None:
     timer = threading.Timer(seconds, exit_now)
     timer.daemon = True
     timer.start()
+    return timer
