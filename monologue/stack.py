@@ -117,6 +117,27 @@ class Stack:
         name = f"node-{node_id or self.settings.node.id}"
         return self._spawn(name, [sys.executable, "-m", "monologue", "node"], node_env | (env or {}))
 
+    def start_api(self, name: str, port: int, timeout_s: float = 60.0) -> Child:
+        """Another API process (a replica behind the same load balancer) on `port`; waits until it answers."""
+        env = {"MONOLOGUE_API__PORT": str(port), "MONOLOGUE_API__PUBLIC_URL": f"http://{self.settings.api.host}:{port}"}
+        child = self._spawn(name, [sys.executable, "-m", "monologue", "api"], env)
+        self._wait(lambda: http_ok(f"http://{self.settings.api.host}:{port}/healthz"), name, timeout_s)
+        return child
+
+    def kill(self, name: str) -> Child:
+        """SIGKILL the running child called `name` (a crash: none of its shutdown code runs); returns it, for
+        `respawn`."""
+        old = next(child for child in self.children if child.name == name and child.process.poll() is None)
+        old.process.kill()
+        old.process.wait()
+        self.children.remove(old)
+        return old
+
+    def respawn(self, old: Child) -> Child:
+        """Start `old`'s command again with its environment (it appends to the same log). From a thread that
+        outlives the child: the kernel's parent-death signal follows the thread that started it."""
+        return self._spawn(old.name, old.command, old.extra_env)
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the nodes and the API, then Temporal (so the workers shut down against a live server), then
         SIGKILL whatever is still alive."""
