@@ -33,7 +33,7 @@ from activities.validate import ValidateActivities
 from gpu_worker import node_http
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
-from monologue import temporal_client, tracing
+from monologue import metrics, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
@@ -65,6 +65,7 @@ async def run_node(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
     tracing.configure(settings.tracing, "monologue-node")
+    metrics.initialise()
 
     store = open_store(settings.storage)
     engine = make_engine(settings.db_url)

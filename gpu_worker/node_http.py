@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from monologue import metrics
 
@@ -88,7 +88,7 @@ def serve(health: NodeHealth, host: str, port: int) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 refresh_gauges(health)
-                self._send(200, generate_latest(), CONTENT_TYPE_LATEST)
+                self._send(200, generate_latest(REGISTRY) + generate_latest(metrics.NODE), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
                 self._json(200, {"status": "ok"})
             elif self.path == "/readyz":

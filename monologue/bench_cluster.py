@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 
 from monologue import keys
-from monologue.bench_cluster_live import OPTIONS, LiveRun, stream_live_session
+from monologue.bench_cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
 from monologue.client import submit
 from monologue.cluster import Cluster, Kill, Shape
 from monologue.contracts import TERMINAL, SessionStatus
@@ -132,12 +132,10 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
         for i in range(scenario.renders)
     }
     live = [LiveRun(cluster.api_urls[i % len(cluster.api_urls)]) for i in range(scenario.live)]
-    streams = [
-        threading.Thread(
-            target=stream_live_session, args=(cluster, run_, portrait, speech(folder, scenario.live_seconds))
-        )
-        for run_ in live
-    ]
+    for run_ in live:
+        start_live_session(cluster, run_, portrait)
+    audio = speech(folder, scenario.live_seconds)
+    streams = [threading.Thread(target=stream_live_session, args=(cluster, run_, audio)) for run_ in live]
     for thread in streams:
         thread.start()
     # Kills and restarts from this thread, which outlives every process it starts (see Cluster.restart).

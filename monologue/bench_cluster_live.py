@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
@@ -25,22 +26,29 @@ OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": 16, "i_frames
 class LiveRun:
     api_url: str
     session_id: str | None = None
+    audio_link: str = ""
     sent_s: float = 0.0
     cut: bool = False  # the API went away mid-stream
     error: str | None = None
 
 
-def stream_live_session(cluster: Cluster, run: LiveRun, portrait: Path, audio: Path) -> None:
-    """Start a live session through `run.api_url` and stream `audio` (a 16 kHz mono WAV) in real time."""
-    pcm = np.frombuffer(audio.read_bytes()[44:], dtype="<i2")
+def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path) -> None:
+    """Create the live session through `run.api_url` (before any kill: its audio then streams under them)."""
     try:
         session = start_session(run.api_url, portrait, options=OPTIONS, api_key=cluster.api_key)
-    except (RenderFailed, OSError) as err:
+    except (RenderFailed, httpx.HTTPError) as err:
         run.error = f"could not start: {err}"
         return
-    run.session_id = str(session["id"])
+    run.session_id, run.audio_link = str(session["id"]), str(session["links"]["audio"])
+
+
+def stream_live_session(cluster: Cluster, run: LiveRun, audio: Path) -> None:
+    """Stream `audio` (a 16 kHz mono WAV) into the started session in real time."""
+    if run.session_id is None:
+        return
+    pcm = np.frombuffer(audio.read_bytes()[44:], dtype="<i2")
     try:
-        with connect(session["links"]["audio"], max_size=None, additional_headers=auth(cluster.api_key)) as socket:
+        with connect(run.audio_link, max_size=None, additional_headers=auth(cluster.api_key)) as socket:
             started = time.monotonic()
             for offset in range(0, len(pcm), MESSAGE_SAMPLES):
                 time.sleep(max(0.0, started + offset / AUDIO_RATE - time.monotonic()))

@@ -15,11 +15,14 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from gpu_worker import node_http
+from monologue.bench_cluster import speech as speech_clip
+from monologue.live_client import stream_live
 from monologue.plan import plan_chunks
 from monologue.prometheus_server import prometheus
 from monologue.settings import Settings, TemporalSettings
 from monologue.stack import Stack, free_port
-from tests.helpers import submit, wait_done
+from tests.conftest import SAMPLES
+from tests.helpers import api_key, submit, wait_done
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -34,7 +37,7 @@ def _targets(settings: Settings) -> dict[str, list[str]]:
 
 
 def test_prometheus_scrapes_the_stack_during_a_render(
-    stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: bytes
+    stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: bytes, tmp_path: Path
 ) -> None:
     with prometheus(_targets(stack.settings)) as server:
         up = server.wait_for('sum(up{job=~"api|node|temporal-sdk"})', lambda v: v == 4)
@@ -70,6 +73,12 @@ def test_prometheus_scrapes_the_stack_during_a_render(
         assert (server.wait_for(executed, lambda v: (v or 0) >= chunks) or 0) >= chunks
         api_sdk = f'sum(temporal_request{{instance="127.0.0.1:{stack.settings.api.temporal_metrics_port}"}})'
         assert (server.value(api_sdk) or 0) > 0
+        # A live session: its time to first frame and each chunk's latency (audio stored → published).
+        speech = speech_clip(tmp_path, 2.0)
+        live = stream_live(api_url, SAMPLES / "portrait.jpg", speech, speed=2.0, api_key=api_key(api_url))
+        assert live.session["status"] == "completed", live.session
+        for family in ('monologue_ttff_seconds_count{kind="live"}', "monologue_live_latency_seconds_count"):
+            assert (server.wait_for(f"sum({family})", lambda v: (v or 0) >= 1) or 0) >= 1, family
 
 
 def test_the_api_and_the_node_are_alive_and_ready(stack: Stack, api_url: str) -> None:
