@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 from monologue.seaweed import S3Server
 from monologue.settings import (
     ApiSettings,
+    LimitSettings,
     NodeSettings,
     RenderDefaults,
     Settings,
@@ -165,6 +166,7 @@ def cluster_settings(home: Path, database_url: str, s3: S3Server, shape: Shape) 
             graceful_shutdown_s=5.0,
         ),
         render=RenderDefaults(live_idle_timeout_s=shape.live_idle_timeout_s),
+        limits=LimitSettings(max_sessions_per_tenant=1000),  # one tenant submits every session of a scenario
     )
 
 
