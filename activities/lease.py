@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import UTC, datetime
 
 import structlog
 from temporalio import activity
@@ -18,6 +19,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from monologue import contracts as c
+from monologue import metrics
 
 
 class NodeLease:
@@ -41,6 +43,8 @@ class NodeLease:
         )
         if self.draining.is_set():
             raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)
+        waited = datetime.now(UTC) - activity.info().current_attempt_scheduled_time
+        metrics.QUEUE_WAIT.observe(max(0.0, waited.total_seconds()))
         handle = self._client.get_workflow_handle(request.workflow_id)
         await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self._node_id))
         log.info("node acquired")

@@ -38,7 +38,7 @@ from gpu_worker.pipeline import ChunkRequest, Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c
-from monologue import keys, repo
+from monologue import keys, metrics, repo
 from monologue.live_audio import LiveAudio
 from monologue.plan import chunk_sizes, plan_timeline
 from monologue.storage import ObjectStore
@@ -101,7 +101,9 @@ class NodeActivities:
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
             with self._sessions() as db:
-                repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
+                previous = repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
+            if previous is not None and previous != self._node_id:
+                metrics.NODE_CHANGES.inc()
             log.info(
                 "session initialised",
                 family=request.options.family,
@@ -122,6 +124,7 @@ class NodeActivities:
                 made.stage_ms["idle_before"] = idle_ms
             segment_key, digest = self._store_chunk(request, chunk, made)
             self._order.finish(request)
+            _observe_chunk(request, made)
             log.info(
                 "chunk done",
                 frames=request.chunk.n_frames,
@@ -176,8 +179,15 @@ class NodeActivities:
                 completed = repo.mark_completed(
                     db, session_id=sid, video_key=video_key, frames=request.frames, chunks=len(timeline)
                 )
+                row = repo.get_session(db, session_id=sid)
             if not completed:  # its workflow ended it first (a finalize outliving a lost lease): that stands
                 log.warning("session had already ended; the video is stored but not linked")
+            elif row is not None and row.kind == c.SessionKind.RENDER and row.started_at and row.finished_at:
+                wall_s = (row.finished_at - row.started_at).total_seconds()
+                if wall_s > 0:
+                    metrics.REALTIME_FACTOR.labels(family=options.family.value).observe(
+                        request.frames / options.fps / wall_s
+                    )
             self._cache.drop(sid)
             self._order.forget(sid)
             log.info("session completed", frames=request.frames, bytes=size)
@@ -229,7 +239,7 @@ class NodeActivities:
         )
         digest = hashlib.sha256("".join(made.frame_hashes).encode()).hexdigest()
         with self._sessions() as db:
-            repo.record_chunk(
+            ttff_ms = repo.record_chunk(
                 db,
                 session_id=request.session_id,
                 kind=c.ChunkKind(chunk.kind),
@@ -243,7 +253,20 @@ class NodeActivities:
                 frames_sha256=digest,
                 audio_ready_ms=request.audio_ready_ms,
             )
+        if ttff_ms is not None:
+            metrics.TTFF.labels(kind=request.session_kind.value).observe(ttff_ms / 1000)
         return segment_key, digest
+
+
+def _observe_chunk(request: c.GenerateChunkInput, made: MadeChunk) -> None:
+    """A finished chunk's figures for Prometheus: its stage times, and whether it was a retry."""
+    family = request.options.family.value
+    metrics.observe_stages(family, made.stage_ms)
+    metrics.CHUNKS.labels(family=family, kind=str(request.chunk.kind)).inc()
+    if "checkpoint" in made.stage_ms:
+        metrics.CHECKPOINT_WRITE.observe(made.stage_ms["checkpoint"] / 1000)
+    if activity.info().attempt > 1:
+        metrics.CHUNK_RETRIES.labels(family=family).inc()
 
 
 def _live(request: c.InitSessionInput | c.GenerateChunkInput) -> bool:

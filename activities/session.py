@@ -11,7 +11,7 @@ from temporalio import activity
 from activities.errors import activity_context
 from activities.playlist import write_playlist
 from monologue import contracts as c
-from monologue import keys, repo
+from monologue import keys, metrics, repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import AUDIO_RATE, StoredWav, decode_png
@@ -56,10 +56,14 @@ class SessionActivities:
                 ended=request.ended,
             )
             with self._sessions() as db:
-                latency = repo.mark_published(
+                published = repo.mark_published(
                     db, session_id=request.session_id, published_frames=request.published_frames
                 )
-            log.info("published", segments=count, frames=request.published_frames, latency=latency)
+            for wait_ms in published.new_waits_ms:
+                metrics.LIVE_LATENCY.observe(wait_ms / 1000)
+            if published.ttff_ms is not None:
+                metrics.TTFF.labels(kind=c.SessionKind.LIVE.value).observe(published.ttff_ms / 1000)
+            log.info("published", segments=count, frames=request.published_frames, latency=published.latency)
             return c.PublishResult(segments=count)
 
     @activity.defn(name=c.RECORD_STATUS)

@@ -33,7 +33,7 @@ from temporalio.exceptions import ApplicationError, CancelledError
 from activities.errors import activity_context
 from gpu_worker.publish.sinks import Sink, SinkError
 from monologue import contracts as c
-from monologue import keys, repo
+from monologue import keys, metrics, repo
 from monologue.errors import NotFound
 from monologue.settings import SinkSettings
 from monologue.sink_policy import SinkRefused, for_tenant, refusal
@@ -148,6 +148,18 @@ class SinkActivities:
         self._allowed = allowed  # the node's MONOLOGUE_SINKS__*, read at each pump's start
         self._factory = factory
         self._poll_s = poll_s
+        self._lags: dict[tuple[str, str], tuple[str, int]] = {}  # (session, sink) → (type, segments behind)
+        self._lags_lock = threading.Lock()
+
+    def _set_lag(self, session_id: str, spec: c.Sink, lag: int | None) -> None:
+        """This pump's lag (None: it stopped) and the sink type's total over this node's pumps."""
+        with self._lags_lock:
+            if lag is None:
+                self._lags.pop((session_id, spec.label), None)
+            else:
+                self._lags[(session_id, spec.label)] = (spec.type, lag)
+            total = sum(behind for kind, behind in self._lags.values() if kind == spec.type)
+        metrics.SINK_LAG.labels(sink=spec.type).set(total)
 
     @activity.defn(name=c.RUN_SINK)
     def run_sink(self, request: c.RunSinkInput) -> c.RunSinkResult:
@@ -176,6 +188,7 @@ class SinkActivities:
                         sink.put(index, self._store.get(keys.output(sid, stream.names[index])))
                         index += 1
                         _heartbeat(sink.acknowledged())
+                    self._set_lag(sid, spec, len(stream.names) - sink.acknowledged())
                     if (index, stream.ended) != shown:
                         sink.playlist(stream.durations[:index], ended=stream.ended)
                         self._record(sid, spec, "streaming", sink.acknowledged())
@@ -199,15 +212,18 @@ class SinkActivities:
                 self._record(sid, spec, "streaming", sink.acknowledged())
                 raise
             except SinkError as err:
+                metrics.SINK_FAILURES.labels(sink=spec.type).inc()
                 attempt = activity.info().attempt
                 status = "failed" if attempt >= c.SINK_ATTEMPTS else "retrying"
                 self._record(sid, spec, status, sink.acknowledged(), error=f"attempt {attempt}: {err}")
                 log.warning("sink failed; the pump retries from what is stored", error=str(err))
                 raise ApplicationError(str(err), type="SinkError") from err
             except SinkRefused as err:  # the KVS sink's data endpoint; activity_context makes it final
+                metrics.SINK_FAILURES.labels(sink=spec.type).inc()
                 self._record(sid, spec, "failed", sink.acknowledged(), error=str(err))
                 raise
             finally:
+                self._set_lag(sid, spec, None)
                 sink.close()
 
     def _resume_point(self, session_id: str, spec: c.Sink) -> tuple[int, int, str | None]:

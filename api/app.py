@@ -8,18 +8,19 @@ from contextlib import asynccontextmanager
 import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from temporalio.client import Client
+from prometheus_client import CollectorRegistry
 
-from monologue import __version__
+from monologue import __version__, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
 from monologue.logs import configure_logging
+from monologue.metrics import SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
 from .deps import Services
 from .guard import UploadGuard
 from .origin import HostPolicy, RequestGuard
-from .routes import ops, renders, sessions
+from .routes import health, ops, renders, sessions
 from .submit import TooManySessions, ValidationUnavailable
 
 log = structlog.get_logger("api")
@@ -31,10 +32,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.db_url)
-        temporal = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
-        app.state.services = Services(
-            settings=settings, store=open_store(settings.storage), sessions=make_sessionmaker(engine), temporal=temporal
+        # Lazy: the API starts (and /readyz says why it is not ready) while Temporal is still coming up.
+        temporal = await temporal_client.connect(
+            settings.temporal, metrics_address=_temporal_metrics(settings), lazy=True
         )
+        sessions_ = make_sessionmaker(engine)
+        app.state.services = Services(
+            settings=settings, store=open_store(settings.storage), sessions=sessions_, temporal=temporal
+        )
+        app.state.metrics_registry = CollectorRegistry(auto_describe=True)
+        app.state.metrics_registry.register(SessionsCollector(sessions_))
         log.info("api ready", temporal=settings.temporal.address)
         yield
         engine.dispose()
@@ -45,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Turn a portrait and speech into a talking-avatar video.",
     )
+    app.include_router(health.router)
     app.include_router(renders.router)
     app.include_router(sessions.router)
     app.include_router(ops.router)
@@ -67,15 +75,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def no_validator(_request: Request, err: ValidationUnavailable) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "10"})
 
-    @app.get("/healthz", tags=["ops"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
+    tracing.instrument_app(app)  # outermost: the server span covers the guards too
     return app
+
+
+def _temporal_metrics(settings: Settings) -> str | None:
+    port = settings.api.temporal_metrics_port
+    return None if port is None else f"{settings.api.host}:{port}"
 
 
 def app_factory() -> FastAPI:
     """Entry point for uvicorn (`--factory`): settings from the environment."""
     settings = get_settings()
     configure_logging(settings.log_format, settings.log_level)
+    tracing.configure(settings.tracing, "monologue-api")
     return create_app(settings)

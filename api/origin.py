@@ -112,6 +112,11 @@ class HostPolicy:
         return bool(host) and (host in self.names or host.endswith(self.suffixes))
 
 
+# Kubelets and Prometheus reach a pod by its address, which is no name the API answers to; these GETs hold no
+# tenant's data (api/routes/health.py), so the Host check does not apply to them.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
 class RequestGuard:
     """ASGI middleware: the Host and URL checks on every request, the same-origin check on state-changing ones."""
 
@@ -138,7 +143,8 @@ class RequestGuard:
         """(status, message) when the request may not go on, else None."""
         headers = Headers(scope=scope)
         host = headers.get("host", "")
-        if not self.policy.allows_host(host):
+        probe = scope["type"] == "http" and scope["method"] in SAFE_METHODS and scope["path"] in PROBE_PATHS
+        if not probe and not self.policy.allows_host(host):
             return 400, (
                 f"Host {host!r} is not a name this API answers to: send the host of {self.policy.public_origin}, or"
                 " add this name to MONOLOGUE_API__ALLOWED_HOSTS (set MONOLOGUE_API__PUBLIC_URL to the URL clients use)"

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import structlog
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -28,8 +30,10 @@ from activities.node import NodeActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
+from gpu_worker import node_http
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
+from monologue import metrics, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
@@ -38,6 +42,7 @@ from workflows.validate import ValidateInputsWorkflow
 
 SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
 SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
+HEALTH_EVERY_S = 5.0  # how often the node checks that Temporal and its database answer (for /readyz)
 
 log = structlog.get_logger("node")
 
@@ -47,21 +52,30 @@ async def run_node(
     *,
     stop: asyncio.Event | None = None,
     node_activities: Callable[..., NodeActivities] = NodeActivities,
+    handle_signals: bool = True,
 ) -> None:
     """Run the node's workers until `stop` is set or the process gets SIGTERM/SIGINT.
 
     `node_activities` builds the pinned activities: a multi-GPU node passes one whose pipelines run on
-    every rank (gpu_worker/distributed/launch.py)."""
+    every rank (gpu_worker/distributed/launch.py). `handle_signals` False: a node inside another program
+    (a test) leaves its signals alone."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+    tracing.configure(settings.tracing, "monologue-node")
+    metrics.initialise()
 
     store = open_store(settings.storage)
     engine = make_engine(settings.db_url)
     sessions = make_sessionmaker(engine)
     node_id = settings.node.id
-    client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+    node = settings.node
+    metrics_port = node.temporal_metrics_port
+    client = await temporal_client.connect(
+        settings.temporal, metrics_address=None if metrics_port is None else f"{node.http_host}:{metrics_port}"
+    )
     shared = SessionActivities(store=store, sessions=sessions)
     validate = ValidateActivities(store=store)
     sinks = SinkActivities(store=store, sessions=sessions, allowed=settings.sinks)
@@ -81,6 +95,10 @@ async def run_node(
         chunks_done=lambda: pinned.chunks_done,
     )
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
+    health = node_http.NodeHealth(
+        capacity=capacity, require_gpu=node.require_gpu, slots_used=lambda: len(lease.held_sessions())
+    )
+    server = None if node.http_port is None else node_http.serve(health, node.http_host, node.http_port)
 
     window = c.CHUNK_WINDOW
     with (
@@ -145,23 +163,55 @@ async def run_node(
         ]
         async with shared_worker, node_worker, lease_worker, sink_worker:
             reporting = asyncio.create_task(reporter.run())
+            watching = asyncio.create_task(_watch_health(health, client, engine))
+            health.polling = True
             log.info("node ready", node_id=node_id, capacity=capacity, queues=queues)
             await stop.wait()
+            health.draining = True
             # Hand the sessions back first (their workflows move them at once instead of waiting for a
             # heartbeat timeout); the chunk in progress still finishes while the workers shut down.
             log.info("node draining", node_id=node_id)
-            _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
+            overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
             lease.draining.set()
             reporter.set_status("draining")
             await asyncio.sleep(0.5)
+        health.polling = False
+        watching.cancel()
         reporter.set_status("stopped")
         await reporting
+    overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
+    if server is not None:
+        server.shutdown()
     engine.dispose()
-    engine.dispose()
+    tracing.shutdown()
     log.info("node stopped", node_id=node_id)
 
 
-def _exit_after(seconds: float) -> None:
+async def _watch_health(health: node_http.NodeHealth, client: Client, engine: Engine) -> None:
+    """Every few seconds: does Temporal answer, does the database? (for /readyz; never fatal to the node)."""
+
+    def database() -> None:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    while True:
+        try:
+            health.temporal_ok = await client.service_client.check_health(timeout=timedelta(seconds=3))
+            health.problems.pop("temporal", None)
+        except Exception as err:  # any failure of the RPC means the same to a probe: not reachable
+            health.temporal_ok = False
+            health.problems["temporal"] = str(err)[:200]
+        try:
+            await asyncio.to_thread(database)
+            health.database_ok = True
+            health.problems.pop("database", None)
+        except SQLAlchemyError as err:
+            health.database_ok = False
+            health.problems["database"] = str(err).splitlines()[0][:200]
+        await asyncio.sleep(HEALTH_EVERY_S)
+
+
+def _exit_after(seconds: float) -> threading.Timer:
     """A stopping node exits within `seconds` even if a worker's shutdown never returns (Temporal's workers
     retry RPCs to a server that is gone when the whole stack stops at once, e.g. after its parent's SIGKILL)."""
 
@@ -172,3 +222,4 @@ def _exit_after(seconds: float) -> None:
     timer = threading.Timer(seconds, exit_now)
     timer.daemon = True
     timer.start()
+    return timer

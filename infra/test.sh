@@ -6,12 +6,23 @@ bash infra/setup.sh
 bash infra/postgres.sh
 # Debian packages the tests need; a test whose tool is missing fails rather than skips. Browser tests drive
 # Debian's Chromium (Playwright's own browser download needs the internet); the warp seam, blink and sway
-# tests synthesise 25 s of speech with espeak-ng.
+# tests synthesise 25 s of speech with espeak-ng; the metrics tests run Debian's Prometheus server themselves, on
+# loopback (never its system service: policy-rc.d keeps the package from starting one where none forbids it).
+sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
 missing=()
 for tool in chromium espeak-ng; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
   $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v prometheus >/dev/null; then
+  made_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo_ tee /usr/sbin/policy-rc.d >/dev/null && $sudo_ chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends \
+    prometheus >/dev/null
+  [ -z "$made_policy" ] || $sudo_ rm -f /usr/sbin/policy-rc.d
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate

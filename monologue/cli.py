@@ -19,6 +19,7 @@ from monologue import options as options_
 from monologue.cli_bench import bench
 from monologue.cli_options import given_options, model_options
 from monologue.cli_renders import api_target, renders
+from monologue.cli_temporal import temporal
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -36,6 +37,7 @@ def main() -> None:
 
 main.add_command(renders)
 main.add_command(bench)
+main.add_command(temporal)
 
 
 def _configured() -> Settings:

@@ -1,4 +1,4 @@
-"""`monologue bench pipeline|gpu|sp|upload|orchestration`: benchmarks that print figures (nothing here asserts
+"""`monologue bench pipeline|gpu|sp|upload|orchestration|cluster`: benchmarks that print figures (nothing here asserts
 speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
 other commands."""
 
@@ -130,3 +130,48 @@ def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
     from monologue.bench_orchestration import bench_orchestration
 
     click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
+
+
+@bench.command("cluster")
+@click.option(
+    "--postgres",
+    "postgres_url",
+    required=True,
+    help="A PostgreSQL server's admin URL (postgresql+psycopg://user:pw@host/db); a fresh database is made there.",
+)
+@click.option("--nodes", type=int, default=4, show_default=True)
+@click.option("--capacity", type=int, default=2, show_default=True, help="Session slots per node.")
+@click.option("--renders", type=int, default=20, show_default=True)
+@click.option("--live", type=int, default=4, show_default=True, help="Live sessions streaming speech in real time.")
+@click.option("--node-kills", type=int, default=8, show_default=True)
+@click.option(
+    "--chunk-delay", type=float, default=0.3, show_default=True, help="Stretch every chunk (s), so kills land."
+)
+@click.option("--small", is_flag=True, help="CI's scenario: 2 nodes, 6 sessions, 3 node kills.")
+def bench_cluster_command(
+    postgres_url: str,
+    nodes: int,
+    capacity: int,
+    renders: int,
+    live: int,
+    node_kills: int,
+    chunk_delay: float,
+    small: bool,
+) -> None:
+    """Two API processes and NODES nodes on loopback (Temporal, PostgreSQL, SeaweedFS, Prometheus): sessions while
+    random nodes and one API are SIGKILLed and restarted. Prints sessions/hour, queue wait, recovery per kill, slot
+    utilisation and Prometheus figures, and every check that failed (exit 1)."""
+    import dataclasses
+
+    from monologue.bench_cluster import FULL, SMALL
+    from monologue.bench_cluster_run import bench_cluster
+    from monologue.cluster import Shape
+
+    scenario = SMALL if small else FULL
+    if not small:
+        shape = Shape(nodes=nodes, capacity=capacity, chunk_delay_s=chunk_delay)
+        scenario = dataclasses.replace(scenario, shape=shape, renders=renders, live=live, node_kills=node_kills)
+    report = bench_cluster(scenario, postgres_url)
+    click.echo(report.table())
+    if report.problems:
+        raise SystemExit(1)

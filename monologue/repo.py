@@ -4,6 +4,7 @@ by session id, or by (session, chunk kind, index)) so a retried activity rewrite
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,14 +106,16 @@ def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int
     _start(db, session_id, _GOING)  # a late retry of prepare does not revive an ended session
 
 
-def set_node(db: Session, *, session_id: str, node_id: str) -> None:
-    """The node that holds the session now; a queued (or resumed) session is running from here on."""
+def set_node(db: Session, *, session_id: str, node_id: str) -> str | None:
+    """The node that holds the session now; a queued (or resumed) session is running from here on. Returns
+    the node that held it before (None for a new session)."""
     row = _require(db, session_id)
-    row.node_id = node_id
+    previous, row.node_id = row.node_id, node_id
     db.commit()
     # a live session's clock starts with its first audio (record_live_audio)
     started = {} if row.kind == SessionKind.LIVE else {"started_at": func.coalesce(SessionRow.started_at, utcnow())}
     _start(db, session_id, {SessionStatus.QUEUED}, **started)
+    return previous
 
 
 def _start(db: Session, session_id: str, allowed: Iterable[SessionStatus], **values: Any) -> None:
@@ -137,9 +140,10 @@ def record_chunk(
     segment_key: str,
     frames_sha256: str,
     audio_ready_ms: float | None = None,
-) -> None:
+) -> float | None:
     """Upsert the chunk row; for a render, the first chunk done also sets the time to first frame (a live
-    session's is set when its first segment is published: see `mark_published`)."""
+    session's is set when its first segment is published: see `mark_published`). Returns the TTFF in ms when
+    this chunk set it."""
     db.merge(
         ChunkRow(
             session_id=session_id,
@@ -158,9 +162,11 @@ def record_chunk(
         )
     )
     row = _require(db, session_id)
+    ttff_ms = None
     if row.ttff_ms is None and row.kind != SessionKind.LIVE:
-        row.ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
+        row.ttff_ms = ttff_ms = (utcnow() - _aware(row.created_at)).total_seconds() * 1000
     db.commit()
+    return ttff_ms
 
 
 def chunks_done(db: Session, *, session_id: str) -> int:
@@ -288,23 +294,32 @@ def record_live_audio(db: Session, *, session_id: str, samples: int, rate: int) 
     db.commit()
 
 
-def mark_published(db: Session, *, session_id: str, published_frames: int) -> dict[str, Any] | None:
+@dataclass
+class Published:
+    """What one `mark_published` changed: the session's latency figures, its TTFF if set now, and each live
+    chunk stamped now's wait (audio stored → published)."""
+
+    latency: dict[str, Any] | None = None
+    ttff_ms: float | None = None
+    new_waits_ms: list[float] = field(default_factory=list)
+
+
+def mark_published(db: Session, *, session_id: str, published_frames: int) -> Published:
     """Stamp the chunks whose segments just entered the playlist, and refresh the session's live latency
     figures (audio stored → segment published, p50/p95 ms) and, for a live session, its TTFF (first audio
-    stored → first segment published). Returns the latency figures, if any."""
+    stored → first segment published)."""
     now = utcnow()
-    db.execute(
-        update(ChunkRow)
-        .where(
-            ChunkRow.session_id == session_id,
-            ChunkRow.published_at.is_(None),
-            ChunkRow.first_frame < published_frames,
-        )
-        .values(published_at=now)
+    unpublished = (
+        ChunkRow.session_id == session_id,
+        ChunkRow.published_at.is_(None),
+        ChunkRow.first_frame < published_frames,
     )
+    ready = db.scalars(select(ChunkRow.audio_ready_at).where(*unpublished, ChunkRow.audio_ready_at.is_not(None)))
+    published = Published(new_waits_ms=[(now - _aware(at)).total_seconds() * 1000 for at in ready])
+    db.execute(update(ChunkRow).where(*unpublished).values(published_at=now))
     row = _require(db, session_id)
     if row.kind == SessionKind.LIVE and row.ttff_ms is None and row.started_at is not None and published_frames > 0:
-        row.ttff_ms = (now - _aware(row.started_at)).total_seconds() * 1000
+        row.ttff_ms = published.ttff_ms = (now - _aware(row.started_at)).total_seconds() * 1000
     if row.kind == SessionKind.LIVE:  # only live chunks know when their audio arrived
         pairs = db.execute(
             select(ChunkRow.audio_ready_at, ChunkRow.published_at).where(
@@ -314,7 +329,7 @@ def mark_published(db: Session, *, session_id: str, published_frames: int) -> di
             )
         ).all()
         if pairs:
-            waits = sorted((_aware(published) - _aware(ready)).total_seconds() * 1000 for ready, published in pairs)
+            waits = sorted((_aware(at) - _aware(ready)).total_seconds() * 1000 for ready, at in pairs)
             row.latency = {
                 "chunks": len(waits),
                 "p50_ms": round(_percentile(waits, 50), 1),
@@ -322,7 +337,8 @@ def mark_published(db: Session, *, session_id: str, published_frames: int) -> di
                 "max_ms": round(waits[-1], 1),
             }
     db.commit()
-    return row.latency
+    published.latency = row.latency
+    return published
 
 
 def _percentile(ordered: list[float], percent: float) -> float:

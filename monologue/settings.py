@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from monologue.contracts.session import Residency
@@ -33,7 +33,30 @@ class StorageSettings(BaseModel):
         return self
 
 
+class TemporalTlsSettings(BaseModel):
+    """TLS to the Temporal frontend: a self-hosted cluster's CA, and a client certificate for mTLS."""
+
+    enabled: bool | None = Field(
+        default=None, description="unset: on when a CA, a client certificate or an API key is set"
+    )
+    server_ca_cert: Path | None = Field(default=None, description="PEM CA that signed the frontend's certificate")
+    client_cert: Path | None = Field(default=None, description="PEM client certificate (mTLS)")
+    client_key: Path | None = Field(default=None, description="PEM private key of the client certificate")
+    server_name: str | None = Field(default=None, description="the name to verify on the frontend's certificate")
+
+    @model_validator(mode="after")
+    def _cert_needs_key(self) -> TemporalTlsSettings:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError(
+                "temporal.tls: client_cert and client_key go together (mTLS); set both"
+                " MONOLOGUE_TEMPORAL__TLS__CLIENT_CERT and MONOLOGUE_TEMPORAL__TLS__CLIENT_KEY, or neither"
+            )
+        return self
+
+
 class TemporalSettings(BaseModel):
+    """Where Temporal is and how to reach it; `monologue/temporal_client.py` turns this into the connection."""
+
     address: str = "127.0.0.1:7233"
     namespace: str = "default"
     # Shared queue: session starts (prepare) and node acquisition. Each node also polls `node-<id>`.
@@ -43,6 +66,24 @@ class TemporalSettings(BaseModel):
     search_attributes: bool = Field(
         default=True, description="tag workflows with status, node and tenant (register them on your cluster)"
     )
+    api_key: SecretStr | None = Field(default=None, description="Temporal Cloud API key (turns TLS on)")
+    tls: TemporalTlsSettings = TemporalTlsSettings()
+    profile: str | None = Field(
+        default=None,
+        description="a temporalio.envconfig profile (TOML file and TEMPORAL_* variables) to start from;"
+        " MONOLOGUE_TEMPORAL__* values that are set override it",
+    )
+    config_file: Path | None = Field(default=None, description="that profile's TOML file (unset: Temporal's own)")
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces: one trace from an HTTP request through its workflow to every chunk."""
+
+    exporter: Literal["none", "otlp"] = Field(default="none", description="none: no spans are made")
+    otlp_endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces", description="OTLP over HTTP (protobuf) collector URL"
+    )
+    service_name: str | None = Field(default=None, description="default monologue-api / monologue-node")
 
 
 class ApiSettings(BaseModel):
@@ -66,6 +107,9 @@ class ApiSettings(BaseModel):
         default=60.0,
         gt=0,
         description="a new session's uploads are checked by a node within this long, or the request is a 503",
+    )
+    temporal_metrics_port: int | None = Field(
+        default=None, description="the API's Temporal SDK metrics (Prometheus) on this port; unset: off"
     )
 
 
@@ -91,6 +135,14 @@ class NodeSettings(BaseModel):
         pattern=r"^([NI][0-9]+)?$",
         description="testing only: this chunk (e.g. N1) hangs on this node without heartbeating, as on a stuck GPU",
     )
+    http_port: int | None = Field(
+        default=None, description="the node's /metrics, /healthz and /readyz on this port; unset: off"
+    )
+    http_host: str = Field(default="127.0.0.1", description="where that port listens (0.0.0.0 in a pod)")
+    temporal_metrics_port: int | None = Field(
+        default=None, description="the node's Temporal SDK metrics (Prometheus) on this port; unset: off"
+    )
+    require_gpu: bool = Field(default=False, description="/readyz fails until a CUDA device is visible")
     residency: Residency = Field(
         default=Residency.RESIDENT,
         description="resident: every model of a family stays on the GPU; switch: only the running stage's models "
@@ -170,6 +222,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     sinks: SinkSettings = SinkSettings()
     render: RenderDefaults = RenderDefaults()
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:
@@ -212,8 +265,19 @@ def to_env(settings: Settings) -> dict[str, str]:
             elif value is not None:
                 env[key] = str(value)
 
-    walk("MONOLOGUE_", settings.model_dump(mode="json"))
+    walk("MONOLOGUE_", _revealed(settings, settings.model_dump(mode="json")))
     return env
+
+
+def _revealed(model: BaseModel, data: dict[str, object]) -> dict[str, object]:
+    """`data` (a JSON dump of `model`) with its secrets in clear: the dump masks them, a child needs them."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, SecretStr):
+            data[name] = value.get_secret_value()
+        elif isinstance(value, BaseModel) and isinstance(data.get(name), dict):
+            _revealed(value, data[name])  # type: ignore[arg-type]
+    return data
 
 
 def describe_settings() -> str:

@@ -112,16 +112,37 @@ class Stack:
         return key
 
     def start_node(self, node_id: str | None = None, *, ranks: int = 1, env: dict[str, str] | None = None) -> Child:
-        """Start a node (`env`: extra environment); with `ranks` > 1 a multi-GPU node of that many processes under
-        torchrun (gloo on a CPU), one node to Temporal, its models split across the ranks
-        (gpu_worker.distributed.launch)."""
-        env = {**({"MONOLOGUE_NODE__ID": node_id} if node_id else {}), **(env or {})}
+        """Start a node (another one, with `node_id`); `env` adds to its environment (e.g. its own ports). With
+        `ranks` > 1 a multi-GPU node of that many processes under torchrun (gloo on a CPU), one node to Temporal,
+        its models split across the ranks (gpu_worker.distributed.launch)."""
+        node_env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
         command = [sys.executable, "-m", "monologue", "node"]
         if ranks > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
             command += ["--max-restarts", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
             command += ["-m", "gpu_worker.distributed.launch"]
-        return self._spawn(f"node-{node_id or self.settings.node.id}", command, env)
+        return self._spawn(f"node-{node_id or self.settings.node.id}", command, node_env | (env or {}))
+
+    def start_api(self, name: str, port: int, timeout_s: float = 60.0) -> Child:
+        """Another API process (a replica behind the same load balancer) on `port`; waits until it answers."""
+        env = {"MONOLOGUE_API__PORT": str(port), "MONOLOGUE_API__PUBLIC_URL": f"http://{self.settings.api.host}:{port}"}
+        child = self._spawn(name, [sys.executable, "-m", "monologue", "api"], env)
+        self._wait(lambda: http_ok(f"http://{self.settings.api.host}:{port}/healthz"), name, timeout_s)
+        return child
+
+    def kill(self, name: str) -> Child:
+        """SIGKILL the running child called `name` (a crash: none of its shutdown code runs); returns it, for
+        `respawn`."""
+        old = next(child for child in self.children if child.name == name and child.process.poll() is None)
+        old.process.kill()
+        old.process.wait()
+        self.children.remove(old)
+        return old
+
+    def respawn(self, old: Child) -> Child:
+        """Start `old`'s command again with its environment (it appends to the same log). From a thread that
+        outlives the child: the kernel's parent-death signal follows the thread that started it."""
+        return self._spawn(old.name, old.command, old.extra_env)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the nodes and the API, then Temporal (so the workers shut down against a live server), then
@@ -241,10 +262,11 @@ def _has_poller(settings: Settings) -> bool:
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-    from temporalio.client import Client
+
+    from monologue.temporal_client import connect
 
     async def check() -> bool:
-        client = await Client.connect(settings.temporal.address, namespace=settings.temporal.namespace)
+        client = await connect(settings.temporal)
         response = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=settings.temporal.namespace,

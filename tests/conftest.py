@@ -64,8 +64,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         home=home,
         log_format="json",
         temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
-        api=ApiSettings(port=free_port()),
-        node=NodeSettings(id="test-node"),
+        # Metrics, probes and Temporal's SDK metrics on ports of their own (tests/test_observability.py scrapes them).
+        api=ApiSettings(port=free_port(), temporal_metrics_port=free_port()),
+        node=NodeSettings(id="test-node", http_port=free_port(), temporal_metrics_port=free_port()),
         # Small enough that the size-limit test need not send 50 MB.
         limits=LimitSettings(max_upload_bytes=8 * 1024 * 1024),
     )

@@ -7,7 +7,6 @@ import io
 import os
 import re
 import time
-import uuid
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,6 @@ import av
 import httpx
 import numpy as np
 import pytest
-from sqlalchemy import create_engine, text
 
 from monologue.settings import Settings
 
@@ -141,13 +139,7 @@ def postgres_database() -> Iterator[str]:
             "MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
             " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)"
         )
-    name = f"monologue_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    from monologue.cluster import fresh_database
+
+    with fresh_database(admin_url) as url:
+        yield url

@@ -172,7 +172,7 @@ def test_an_unknown_host_gets_400_naming_the_setting_on_every_route(
 ) -> None:
     local = _local(_app(tmp_path, db, temporal, ops_open_on_loopback=True))
     for method, path in [
-        ("GET", "/healthz"),
+        ("GET", "/openapi.json"),
         ("GET", "/ops/api/nodes"),
         ("GET", "/v1/renders"),
         ("POST", "/v1/renders"),
@@ -180,7 +180,10 @@ def test_an_unknown_host_gets_400_naming_the_setting_on_every_route(
         refused = local.request(method, path, headers={"Host": "evil.example:8000"})
         assert refused.status_code == 400, (method, path)
         assert "MONOLOGUE_API__ALLOWED_HOSTS" in refused.json()["detail"]
-    assert local.get("/healthz").status_code == 200
+    assert local.get("/openapi.json").status_code == 200
+    # Probes and scrapes come by pod address: those GETs (and only those) answer any Host (api/origin.py).
+    assert local.get("/healthz", headers={"Host": "10.0.0.7:8000"}).status_code == 200
+    assert local.post("/healthz", headers={"Host": "10.0.0.7:8000"}).status_code == 400
 
 
 def test_allowed_hosts_admit_exact_names_and_subdomains_of_wildcards_only(
@@ -189,10 +192,11 @@ def test_allowed_hosts_admit_exact_names_and_subdomains_of_wildcards_only(
     local = _local(_app(tmp_path, db, temporal, allowed_hosts=["alias.example", "*.corp.example"]))
     admitted = ["alias.example", "ALIAS.example:8443", "a.corp.example", "b.a.corp.example:80", "127.0.0.1", "[::1]"]
     refused = ["corp.example", "evilcorp.example", "alias.example.evil", "alias.example@evil", "[::1", "", "a b"]
-    assert [local.get("/healthz", headers={"Host": host}).status_code for host in admitted] == [200] * len(admitted)
-    assert [local.get("/healthz", headers={"Host": host}).status_code for host in refused] == [400] * len(refused)
+    docs = "/openapi.json"  # public, and not a probe path (those skip the Host check)
+    assert [local.get(docs, headers={"Host": host}).status_code for host in admitted] == [200] * len(admitted)
+    assert [local.get(docs, headers={"Host": host}).status_code for host in refused] == [400] * len(refused)
     anywhere = _local(_app(tmp_path, db, temporal, allowed_hosts=["*"]))
-    assert anywhere.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
+    assert anywhere.get(docs, headers={"Host": "evil.example"}).status_code == 200
 
 
 def test_an_unknown_host_or_a_cross_site_page_cannot_open_the_audio_socket(
@@ -358,7 +362,7 @@ def test_a_real_server_takes_nothing_from_forwarded_headers(open_api: str) -> No
 
 @pytest.mark.slow
 def test_a_real_server_refuses_unknown_hosts_on_http_and_on_the_socket(open_api: str) -> None:
-    assert httpx.get(f"{open_api}/healthz", headers={"Host": "evil.example:8000"}).status_code == 400
+    assert httpx.get(f"{open_api}/openapi.json", headers={"Host": "evil.example:8000"}).status_code == 400
     port = int(open_api.rsplit(":", 1)[1])
     assert _handshake(port, "evil.example:8000").startswith("HTTP/1.1 400")
     assert _handshake(port, f"127.0.0.1:{port}").startswith("HTTP/1.1 101")  # then it asks for a key

@@ -71,3 +71,20 @@ async def test_a_new_input_decodes_as_itself() -> None:
     )
     payloads = await DataConverter.default.encode([request])
     assert await DataConverter.default.decode(payloads, [c.RenderInputs]) == [request]  # type: ignore[list-item]
+
+
+async def test_recorded_histories_replay_with_the_tracing_interceptor() -> None:
+    """Nodes run workflows with Temporal's TracingInterceptor when tracing is on (monologue/tracing.py): it must
+    not change the commands any recorded history made."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
+    interceptor = TracingInterceptor(TracerProvider().get_tracer("replay"))
+    replayer = Replayer(workflows=[RenderWorkflow], interceptors=[interceptor])
+    failures = {}
+    for path in HISTORIES:
+        history = WorkflowHistory.from_json(workflow_id_of(path), path.read_text())
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            failures[path.name] = repr(result.replay_failure)
+    assert failures == {} and len(HISTORIES) >= 10

@@ -1,0 +1,57 @@
+"""`monologue bench cluster` end to end: a fresh PostgreSQL database, SeaweedFS, the loopback cluster and a real
+Prometheus scraping every API and node, then the scenario (monologue/bench_cluster.py) and the Prometheus figures.
+Counters of a killed process lose what it counted since its last scrape (every second here)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from monologue.bench_cluster import Report, Scenario, run
+from monologue.cluster import cluster, fresh_database
+from monologue.prometheus_server import Prometheus, prometheus
+from monologue.seaweed import seaweed_s3
+
+WINDOW = "[2h]"  # longer than any run: increase() over it is the run's total, counter resets included
+
+
+def _quantile(q: float, metric: str, where: str = "") -> str:
+    return f"histogram_quantile({q}, sum by (le) (increase({metric}_bucket{{{where}}}{WINDOW})))"
+
+
+QUERIES = {
+    "chunks": f"sum(increase(monologue_chunks_total{WINDOW}))",
+    "chunk retries": f"sum(increase(monologue_chunk_retries_total{WINDOW}))",
+    "node changes": f"sum(increase(monologue_session_node_changes_total{WINDOW}))",
+    "queue wait p50 (s)": _quantile(0.5, "monologue_queue_wait_seconds"),
+    "queue wait p95 (s)": _quantile(0.95, "monologue_queue_wait_seconds"),
+    "encode p95 (s)": _quantile(0.95, "monologue_chunk_stage_seconds", 'stage="encode"'),
+    "checkpoint write p95 (s)": _quantile(0.95, "monologue_checkpoint_write_seconds"),
+    "realtime factor p50": _quantile(0.5, "monologue_realtime_factor"),
+    "ttff render p50 (s)": _quantile(0.5, "monologue_ttff_seconds", 'kind="render"'),
+    "ttff live p50 (s)": _quantile(0.5, "monologue_ttff_seconds", 'kind="live"'),
+    "live latency p95 (s)": _quantile(0.95, "monologue_live_latency_seconds"),
+    "sessions completed": 'max(sum by (instance) (monologue_sessions{status="completed"}))',
+    "node RSS max (MB)": 'max(max_over_time(process_resident_memory_bytes{job="node"}' + WINDOW + ")) / 1e6",
+}
+
+
+def figures(server: Prometheus) -> dict[str, float | None]:
+    return {name: server.value(query) for name, query in QUERIES.items()}
+
+
+def bench_cluster(scenario: Scenario, postgres_admin_url: str) -> Report:
+    with tempfile.TemporaryDirectory(prefix="monologue-bench-cluster-") as scratch:
+        root = Path(scratch)
+        with (
+            fresh_database(postgres_admin_url) as database_url,
+            seaweed_s3(root / "s3") as s3,
+            cluster(root / "cluster", database_url, s3, scenario.shape) as running,
+        ):
+            api = [url.removeprefix("http://") for url in running.api_urls]
+            nodes = [f"127.0.0.1:{port}" for port in running.node_ports.values()]
+            with prometheus({"api": api, "node": nodes}) as server:
+                report = run(running, scenario, root)
+                server.wait_for("sum(up)", lambda value: value == len(api) + len(nodes), timeout_s=30)
+                report.prometheus = figures(server)
+    return report

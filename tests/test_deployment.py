@@ -1,0 +1,208 @@
+"""The deployment files in infra/: every Kubernetes manifest, each overlay rendered (tests/kustomize.py), passes
+kubernetes-validate's strict schemas for a current Kubernetes; what the manifests promise holds (probes on the
+ports the processes serve, a grace period longer than a node's drain, GPUs requested, torchrun on the GPU node,
+every image pinned to a registry); the Dockerfiles copy only files that exist and install only from their lock;
+the image locks carry hashes and the versions CI tested."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpu_worker.node import SHUTDOWN_MARGIN_S
+from monologue import contracts as c
+from monologue.settings import Settings
+from tests.kustomize import KustomizeError, load_documents, merge, render
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "infra" / "k8s"
+IMAGES = ROOT / "infra" / "images"
+KUBERNETES = "1.37.0"
+OVERLAYS = sorted(path.parent.name for path in (K8S / "overlays").glob("*/kustomization.yaml"))
+DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
+
+
+def _overlay(name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(resource["kind"], resource["metadata"]["name"]): resource for resource in render(K8S / "overlays" / name)}
+
+
+def _container(resource: dict[str, Any]) -> dict[str, Any]:
+    [container] = resource["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
+
+
+def test_overlays_exist() -> None:
+    assert OVERLAYS == ["cpu", "gpu"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_manifest_passes_kubernetes_validate(overlay: str) -> None:
+    resources = render(K8S / "overlays" / overlay)
+    kinds = {resource["kind"] for resource in resources}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "Job", "ConfigMap", "Namespace"} <= kinds
+    for resource in resources:
+        kubernetes_validate.validate(resource, KUBERNETES, strict=True)  # raises, naming the field
+
+
+def test_every_manifest_file_passes_kubernetes_validate_on_its_own() -> None:
+    """The patch files are partial by design; every other YAML under infra/k8s is a whole resource."""
+    files = [p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml" and p.name != "gpu-node.yaml"]
+    assert len(files) >= 7
+    for path in files:
+        for resource in load_documents(path):
+            kubernetes_validate.validate(resource, KUBERNETES, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    """Guards the tests above from passing vacuously."""
+    deployment = _overlay("cpu")[("Deployment", "monologue-api")]
+    broken = merge(deployment, {"spec": {"replicas": "two"}})
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+    typo = merge(deployment, {"spec": {"template": {"spec": {"terminationGracePeriod": 30}}}})
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, KUBERNETES, strict=True)
+
+
+def test_the_renderer_refuses_what_it_cannot_render(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
+    with pytest.raises(KustomizeError, match="commonLabels"):
+        render(tmp_path)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_settings_in_the_manifests_are_settings_monologue_reads(overlay: str) -> None:
+    """Every MONOLOGUE_* the config map and the containers set is a real setting (a typo would be ignored)."""
+    resources = _overlay(overlay)
+    env = dict(resources[("ConfigMap", "monologue-config")]["data"])
+    for kind, name in (("Deployment", "monologue-api"), ("Deployment", "monologue-node")):
+        env |= _env(_container(resources[(kind, name)]))
+    env = {
+        name: value for name, value in env.items() if name.startswith("MONOLOGUE_") and name != "MONOLOGUE_DIT_WEIGHTS"
+    }
+    tls_files = {
+        name
+        for name in env
+        if name.startswith("MONOLOGUE_TEMPORAL__TLS__") and name != "MONOLOGUE_TEMPORAL__TLS__SERVER_NAME"
+    }
+    settings = Settings.model_validate(_nested({k: v for k, v in env.items() if k not in tls_files}))
+    assert settings.temporal.namespace == "monologue" and settings.storage.backend == "s3"
+
+
+def _nested(env: dict[str, str]) -> dict[str, Any]:
+    """MONOLOGUE_A__B=v → {"a": {"b": "v"}}, as pydantic-settings reads the environment."""
+    tree: dict[str, Any] = {}
+    for name, value in env.items():
+        *groups, field = name.removeprefix("MONOLOGUE_").lower().split("__")
+        node = tree
+        for group in groups:
+            node = node.setdefault(group, {})
+        node[field] = value
+    return tree
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_node_drains_within_its_grace_period_and_is_probed_on_its_port(overlay: str) -> None:
+    node = _overlay(overlay)[("Deployment", "monologue-node")]
+    container, env = _container(node), _env(_container(node))
+    grace = node["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > float(env["MONOLOGUE_NODE__GRACEFUL_SHUTDOWN_S"]) + SHUTDOWN_MARGIN_S
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {
+        "metrics": int(env["MONOLOGUE_NODE__HTTP_PORT"]),
+        "sdk-metrics": int(env["MONOLOGUE_NODE__TEMPORAL_METRICS_PORT"]),
+    }
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert env["MONOLOGUE_NODE__HTTP_HOST"] == "0.0.0.0"
+
+
+def test_the_gpu_node_runs_torchrun_with_its_gpus_as_a_guaranteed_pod() -> None:
+    node = _overlay("gpu")[("Deployment", "monologue-node")]
+    container = _container(node)
+    assert container["args"][:3] == ["torchrun", "--nproc-per-node", "gpu"]
+    assert container["args"][-2:] == ["-m", "gpu_worker.distributed.launch"]
+    resources = container["resources"]
+    assert resources["requests"] == resources["limits"] and int(resources["limits"]["nvidia.com/gpu"]) >= 1
+    assert _env(container)["MONOLOGUE_NODE__REQUIRE_GPU"] == "true"
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in node["spec"]["template"]["spec"]["volumes"])
+    assert container["image"].startswith("registry.example.com/monologue/gpu:")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_api_is_served_probed_and_autoscaled(overlay: str) -> None:
+    resources = _overlay(overlay)
+    api = _container(resources[("Deployment", "monologue-api")])
+    assert api["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert resources[("Service", "monologue-api")]["spec"]["ports"][0]["targetPort"] == "http"
+    hpa = resources[("HorizontalPodAutoscaler", "monologue-api")]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "monologue-api" and hpa["minReplicas"] >= 2
+    assert "cpu" in api["resources"]["requests"]  # utilisation targets need a request
+    job = resources[("Job", "monologue-migrate")]["spec"]["template"]["spec"]["containers"][0]
+    assert "monologue migrate" in job["command"][-1] and "monologue temporal setup" in job["command"][-1]
+    for resource in resources.values():
+        pod = resource.get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            assert all("registry.example.com/" in container["image"] for container in pod["containers"])
+            assert resource["metadata"]["namespace"] == "monologue"
+
+
+def test_the_temporal_values_register_the_namespace_and_document_the_search_attributes() -> None:
+    path = ROOT / "infra" / "temporal" / "values.yaml"
+    values = yaml.safe_load(path.read_text())
+    config = values["server"]["config"]
+    assert [ns["name"] for ns in config["namespaces"]["namespace"]] == ["monologue"] and config["namespaces"]["create"]
+    assert config["persistence"]["default"]["sql"]["driver"] == "postgres12"
+    assert config["tls"]["frontend"]["server"]["requireClientAuth"] is True
+    text = path.read_text()
+    assert all(name in text for name in c.SEARCH_ATTRIBUTES)
+
+
+def _copied(dockerfile: Path) -> list[str]:
+    sources: list[str] = []
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if words[:1] in (["COPY"], ["ADD"]) and not any(word.startswith("--from=") for word in words):
+            sources += [word for word in words[1:-1] if not word.startswith("--")]
+    return sources
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=[path.name for path in DOCKERFILES])
+def test_dockerfiles_copy_only_files_that_exist_and_run_as_a_user_with_a_health_check(dockerfile: Path) -> None:
+    sources = _copied(dockerfile)
+    assert sources and all((ROOT / source).exists() for source in sources), [
+        s for s in sources if not (ROOT / s).exists()
+    ]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert not any(source.split("/")[0] in ignored for source in sources)
+    text = dockerfile.read_text()
+    assert re.search(r"^USER 10001", text, re.M) and re.search(r"^HEALTHCHECK ", text, re.M)
+    lock = f"infra/images/requirements-{dockerfile.name.split('.')[0]}.txt"
+    assert lock in sources and "--require-hashes" in text
+
+
+def test_the_image_locks_pin_what_ci_tested_with_hashes() -> None:
+    ci = dict(line.split("==") for line in (ROOT / "infra/constraints.txt").read_text().splitlines() if "==" in line)
+    ci = {name.lower().replace("_", "-"): version for name, version in ci.items()}
+    for extra in ("api", "node", "gpu"):
+        text = (IMAGES / f"requirements-{extra}.txt").read_text()
+        pins = dict(re.findall(r"^([A-Za-z0-9._-]+)==([^ \\\n]+)", text, re.M))
+        assert text.count("--hash=sha256:") >= len(pins) > 20
+        for name, version in pins.items():
+            key = name.lower().replace("_", "-")
+            assert key not in ci or ci[key] == version, f"{extra}: {name} {version} but CI tested {ci[key]}"
+        packages = {name.lower() for name in pins}
+        if extra == "api":
+            assert not packages & {"torch", "av", "opencv-python-headless", "pillow"}
+        assert ("torch" in packages) == (extra == "gpu")  # the CPU node's torch comes from PyTorch's CPU index
+        assert {"prometheus-client", "temporalio", "opentelemetry-sdk"} <= packages
