@@ -6,7 +6,7 @@ import importlib
 
 from gpu_worker.pipeline import Family
 
-FAMILIES = ("warp", "dit")
+FAMILIES = ("warp", "dit", "infinitetalk")
 
 
 def build_family(name: str) -> Family:
