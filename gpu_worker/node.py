@@ -28,6 +28,8 @@ from activities.node import NodeActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
+from gpu_worker.models import check_configured_weights
+from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
 from monologue.db import make_engine, make_sessionmaker
@@ -52,6 +54,11 @@ async def run_node(
 
     `node_activities` builds the pinned activities: a multi-GPU node passes one whose pipelines run on
     every rank (gpu_worker/distributed/launch.py)."""
+    try:
+        check_configured_weights()
+    except CheckpointError as exc:  # a user's checkpoint that cannot load: say which file and key, start nothing
+        log.error("model weights do not load", error=str(exc))
+        raise SystemExit(f"node not started: {exc}") from exc
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

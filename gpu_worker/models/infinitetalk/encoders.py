@@ -70,8 +70,16 @@ def encode_audio(model: Wav2Vec2Model, samples: Tensor, frames: int) -> Tensor:
     features = model.feature_extractor(samples.to(dtype)).transpose(1, 2)  # (1, S', 512) at 50 Hz
     features = F.interpolate(features.transpose(1, 2), size=frames, mode="linear", align_corners=True)
     hidden, _ = model.feature_projection(features.transpose(1, 2))  # (1, frames, D)
-    states = model.encoder(hidden, output_hidden_states=True, return_dict=True).hidden_states
-    return torch.stack(states[1:], dim=1)[0].float()  # (frames, layers, D)
+    # Wav2Vec2Encoder.forward's steps (no mask: one unpadded input), keeping every layer's output, which is what
+    # hidden_states[1:] holds (transformers records them with hooks on the model's forward, not the encoder's).
+    encoder = model.encoder
+    hidden = encoder.dropout(encoder.layer_norm(hidden + encoder.pos_conv_embed(hidden)))
+    states = []
+    for layer in encoder.layers:
+        output = layer(hidden, attention_mask=None)
+        hidden = output[0] if isinstance(output, tuple) else output
+        states.append(hidden)
+    return torch.stack(states, dim=2)[0].float()  # (frames, layers, D)
 
 
 def audio_windows(features: Tensor, first: int, count: int, window: int, floor: int) -> Tensor:
