@@ -139,8 +139,10 @@ class StreamConfig:
     motion_frames: int = 9  # `--motion_frame` default: the previous clip's last frames, re-encoded, lead each clip
     right_latents: int = 2  # an I chunk's clean right context: N(k+1)'s first latents
     # The Wan decoder's causal receptive field, in latents: priming its cache on this many latents reproduces the
-    # cache of a decode from the video's start bit for bit (measured: test_vae.py).
-    decoder_context: int = 33
+    # cache of a decode from the video's start bit for bit. Each causal 3-tap convolution reaches 2 steps back:
+    # 12 at the latent rate (conv_in, 4 in the middle, 6 in the first up block, its time_conv) = 24 latents, 7 at
+    # twice the rate = 7, 13 at four times = 6.5: 38 (test_vae.py checks 38 is exact and 37 is not).
+    decoder_context: int = 38
     audio_context_frames: int = 25  # wav2vec2's left context before a chunk (1 s)
 
 

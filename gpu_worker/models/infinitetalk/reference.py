@@ -75,5 +75,5 @@ class InfiniteTalkReference(WanModule, ReferenceEncoder):
 
 def reference_image(reference: Reference, device: torch.device | str) -> torch.Tensor:
     """The portrait as (1, 3, H, W) float32 in [-1, 1] (multitalk.py lines 449-450)."""
-    pixels = torch.from_numpy(np.ascontiguousarray(reference["pixels"])).to(device)
+    pixels = torch.from_numpy(np.array(reference["pixels"], dtype=np.uint8)).to(device)  # a writable copy
     return pixels.permute(2, 0, 1)[None].float() / 255.0 * 2.0 - 1.0

@@ -23,7 +23,7 @@ windows. N's tail: `context`, the last `decoder_context` latents of the decode s
 (the chunk's own decoder context, then its latents), with the video latent its first is; `motion`, the latents of
 its last motion frames; `motion_audio`, their windows. The decoder primes its causal cache on `context`: I(k)
 continues N(k)'s stream; N(k+1) continues it too, skipping I(k), which does not exist yet when N(k+1) is decoded.
-With `decoder_context` ≥ the decoder's receptive field (33) the primed cache is exactly the cache of decoding
+With `decoder_context` ≥ the decoder's receptive field (38) the primed cache is exactly the cache of decoding
 the stream from the video's start (vae.py), so a chunk decodes the same after a resume on any node.
 """
 

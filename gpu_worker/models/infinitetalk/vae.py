@@ -8,8 +8,8 @@ same decoder with the same one-latent calls and a cache it keeps, so decoding a 
 whole, bit for bit (test_vae.py).
 
 The cache is activations (the last two inputs of every causal convolution: hundreds of MB at 480p), so it is not
-stored: it is rebuilt from latents. The decoder's causal receptive field is `StreamConfig.decoder_context` (33)
-latents: a fresh stream fed the 33 latents before a point holds, after them, exactly the cache a decode from
+stored: it is rebuilt from latents. The decoder's causal receptive field is `StreamConfig.decoder_context` (38)
+latents: a fresh stream fed the 38 latents before a point holds, after them, exactly the cache a decode from
 the video's start holds there (measured, test_vae.py), whatever came before. Anchors carry those latents.
 
 Latents are normalised as the original's WanVAE does (`wan/modules/vae.py`: (mu - mean) / std per channel,
