@@ -176,7 +176,10 @@ class RenderOptions:
     fps: Annotated[int, Bounds("Frames per second of the output video.", ge=1, le=60)] = 25
     chunk_frames: Annotated[int, Bounds("Frames per N chunk (about 1-2 s).", ge=2, le=250)] = 40
     first_chunk_frames: Annotated[
-        int, Bounds("Frames in the first chunk (0: chunk_frames, +1 for infinitetalk); fewer: faster first frame.", ge=0, le=250)
+        int,
+        Bounds(
+            "Frames in the first chunk (0: chunk_frames, +1 for infinitetalk); fewer: faster first frame.", ge=0, le=250
+        ),
     ] = 0
     i_frames: Annotated[int, Bounds("Frames per I chunk, the seam between two N chunks (0: none).", ge=0, le=32)] = 4
     seed: Annotated[int, Bounds("Seed: the same inputs and seed give the same frames.", ge=0, le=2**63 - 1)] = 0

@@ -85,15 +85,20 @@ def _edit_vae(root: Path, edit: object) -> None:
     torch.save(state, path)
 
 
+MISSING = r"Wan2.1_VAE.pth: missing key 'decoder.head.2.bias' \(the model expects shape \(3,\)\)"
+EXTRA = r"Wan2.1_VAE.pth: unexpected key 'decoder.extra.weight' \(shape \(2,\)\)"
+MISSHAPEN = r"Wan2.1_VAE.pth: key 'conv2.bias' has shape \(5,\), the model expects \(16,\)"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.pop("decoder.head.2.bias"), r"Wan2.1_VAE.pth: missing key 'decoder.head.2.bias' \(the model expects shape \(3,\)\)"),
-        (lambda s: s.update({"decoder.extra.weight": torch.zeros(2)}), r"Wan2.1_VAE.pth: unexpected key 'decoder.extra.weight' \(shape \(2,\)\)"),
-        (lambda s: s.update({"conv2.bias": torch.zeros(5)}), r"Wan2.1_VAE.pth: key 'conv2.bias' has shape \(5,\), the model expects \(16,\)"),
+        (lambda s: s.pop("decoder.head.2.bias"), MISSING),
+        (lambda s: s.update({"decoder.extra.weight": torch.zeros(2)}), EXTRA),
+        (lambda s: s.update({"conv2.bias": torch.zeros(5)}), MISSHAPEN),
     ],
     ids=["missing", "extra", "misshapen"],
-)  # fmt: skip
+)
 def test_a_bad_tensor_is_refused_at_node_start_naming_file_key_and_shapes(
     tiny_weights: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object, message: str
 ) -> None:

@@ -74,6 +74,9 @@ def test_a_render_resumed_on_another_node_has_the_same_frames(
 
 
 def test_off_grid_sizes_are_refused_with_what_to_fix() -> None:
-    with pytest.raises(ValueError, match=r"first_chunk_frames 0 or 1 \+ a multiple of 4 must be multiples of 4 \(got first_chunk_frames=16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"first_chunk_frames 0 or 1 \+ a multiple of 4 must be multiples of 4 \(got first_chunk_frames=16\)",
+    ):
         RenderOptions(family=Family.INFINITETALK, first_chunk_frames=16)
     assert RenderOptions(family=Family.INFINITETALK, first_chunk_frames=17).first_chunk_frames == 17
