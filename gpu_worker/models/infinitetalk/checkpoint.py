@@ -203,7 +203,11 @@ def convert(
                 model_shape = (want[0] * len(rule.parts), *want[1:]) if rule.parts else want
                 problems.append(f"{where}: key {key!r} has shape {file_shape}, the model expects {model_shape}")
                 continue
-            state[ours] = piece if piece.is_meta else piece.to(dtype) if piece.is_floating_point() else piece
+            # A copy the model owns: the file's tensors are memory maps, whose storage cannot be freed and refilled
+            # (offload and switch residency resize storages in place).
+            state[ours] = (
+                piece if piece.is_meta else piece.to(dtype if piece.is_floating_point() else piece.dtype, copy=True)
+            )
     files = ", ".join(sorted({str(path) for path in origin.values()}))
     for ours, want in expected.items():
         if ours not in state and not any(ours in problem for problem in problems):

@@ -13,8 +13,9 @@ from gpu_worker.models.infinitetalk import build_family
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
 from gpu_worker.models.infinitetalk.config import TINY
 from gpu_worker.pipeline import Pipeline
+from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import ArrayAudio, ChunkRequest, OutputSpec
-from monologue.contracts import ChunkKind, Family, RenderOptions
+from monologue.contracts import Chunk, Family, RenderOptions, Residency
 from monologue.plan import chunk_sizes, plan_chunks
 
 OPTIONS = RenderOptions(family=Family.INFINITETALK, chunk_frames=16, i_frames=4, prompt="a calm studio")
@@ -47,30 +48,60 @@ def test_the_plan_starts_on_the_wan_grid() -> None:
     ]  # fmt: skip
 
 
-def test_a_render_resumed_on_another_node_has_the_same_frames(
-    tiny_weights: Path, inputs: tuple[np.ndarray, ArrayAudio]
-) -> None:
-    portrait, audio = inputs
-    chunks = plan_chunks(30, **chunk_sizes(OPTIONS))  # N0 (17 frames), N1 (9), I0 (4)
-    first = _pipeline(tiny_weights)
-    session = first.start_session(portrait, OutputSpec(fps=25), audio)
-    frames, hashes, checkpoint = Frames(), {}, {}
-    for chunk in chunks:
-        result = first.run_chunk(session, ChunkRequest(chunk, seed=3, prompt=OPTIONS.prompt), frames)
-        hashes[chunk.name] = result.frame_hashes
-        if chunk.kind is ChunkKind.N and chunk.index == 0:
-            checkpoint = session.anchors.export()  # what the node stores after N0
-    assert [len(hashes[c.name]) for c in chunks] == [c.n_frames for c in chunks]
-    shown = np.concatenate(frames.frames)
-    assert shown.shape == (30, 64, 64, 3) and shown.std() > 1.0
-    assert len(set(hashes["N0"])) > 1  # the frames move
+CHUNKS = plan_chunks(30, **chunk_sizes(OPTIONS))  # N0 (17 frames), N1 (9), I0 (4)
 
+
+def _render(pipeline: Pipeline, session: Session, chunks: list[Chunk]) -> tuple[dict[str, list[str]], Frames]:
+    frames, hashes = Frames(), {}
+    for chunk in chunks:
+        result = pipeline.run_chunk(session, ChunkRequest(chunk, seed=3, prompt=OPTIONS.prompt), frames)
+        hashes[chunk.name] = result.frame_hashes
+    return hashes, frames
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_weights: Path, inputs: tuple[np.ndarray, ArrayAudio]) -> tuple[Session, dict[str, list[str]], dict]:  # type: ignore[type-arg]
+    """A resident render of N0 N1 I0, the anchors a node checkpoints after N0, and the frame hashes."""
+    portrait, audio = inputs
+    pipeline = _pipeline(tiny_weights)
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    hashes, frames = _render(pipeline, session, CHUNKS[:1])
+    checkpoint = session.anchors.export()
+    later, more = _render(pipeline, session, CHUNKS[1:])
+    shown = np.concatenate(frames.frames + more.frames)
+    assert shown.shape == (30, 64, 64, 3) and shown.std() > 1.0
+    return session, hashes | later, checkpoint
+
+
+def test_a_render_resumed_on_another_node_has_the_same_frames(
+    tiny_weights: Path,
+    inputs: tuple[np.ndarray, ArrayAudio],
+    baseline: tuple,  # type: ignore[type-arg]
+) -> None:
+    session, hashes, checkpoint = baseline
+    assert [len(hashes[c.name]) for c in CHUNKS] == [c.n_frames for c in CHUNKS]
+    assert len(set(hashes["N0"])) > 1  # the frames move
+    portrait, audio = inputs
     second = _pipeline(tiny_weights)  # another node: its own models, the stored reference and checkpoint
     resumed = second.start_session(portrait, OutputSpec(fps=25), audio, reference=session.reference)
     resumed.anchors.restore(checkpoint)
-    for chunk in chunks[1:]:
-        result = second.run_chunk(resumed, ChunkRequest(chunk, seed=3, prompt=OPTIONS.prompt), Frames())
-        assert result.frame_hashes == hashes[chunk.name], chunk.name
+    again, _ = _render(second, resumed, CHUNKS[1:])
+    assert again == {name: hashes[name] for name in again}
+
+
+def test_switch_residency_renders_the_same_frames(
+    tiny_weights: Path,
+    inputs: tuple[np.ndarray, ArrayAudio],
+    baseline: tuple,  # type: ignore[type-arg]
+) -> None:
+    """Only the running stage's models on the device, the others parked: the same frames, a switch figure."""
+    portrait, audio = inputs
+    pipeline = Pipeline(
+        build_family(InfiniteTalkWeights(TINY, Locations.under(tiny_weights))), residency=Residency.SWITCH
+    )
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    hashes, _ = _render(pipeline, session, CHUNKS[:1])  # N0 runs every stage, each switched in
+    assert hashes["N0"] == baseline[1]["N0"]
 
 
 def test_off_grid_sizes_are_refused_with_what_to_fix() -> None:
