@@ -180,7 +180,7 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
         image = reference_image(reference, self.device)  # (1, 3, H, W)
         frames = 1 + self.settings.vae.temporal_stride * (count - 1)
         video = torch.zeros(1, 3, frames, *image.shape[-2:], device=self.device)
-        video[:, :, 0] = image[0] if image.shape[0] == 1 else image
+        video[:, :, 0] = image
         encoded = encode(self.models["vae"], video)[0]  # type: ignore[arg-type]  # (z, count, h, w)
         mask = torch.zeros(4, count, *encoded.shape[-2:], device=self.device)
         mask[:, 0] = 1.0
