@@ -14,9 +14,11 @@ from temporalio import activity
 
 from activities.errors import activity_context
 from gpu_worker.models import build_family
+from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.pipeline import Family
 from monologue import contracts as c
 from monologue import keys
+from monologue.errors import InputError
 from monologue.media import decode_png, normalise_audio, normalise_portrait
 from monologue.storage import ObjectStore
 
@@ -48,5 +50,9 @@ class ValidateActivities:
 
 @functools.cache
 def _family(name: str) -> Family:
-    """One family per process: building it constructs its modules (no weights), too slow for every upload."""
-    return build_family(name)
+    """One family per process: building it constructs its modules (no weights), too slow for every upload. A family
+    this node has no weights for (infinitetalk unconfigured) is the request's problem to hear about: a 422."""
+    try:
+        return build_family(name)
+    except CheckpointError as exc:
+        raise InputError(f"this deployment cannot render family={name}: {exc}") from exc

@@ -31,6 +31,8 @@ from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
 from gpu_worker import node_http
+from gpu_worker.models import check_configured_weights
+from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
 from monologue import metrics, temporal_client, tracing
@@ -59,6 +61,11 @@ async def run_node(
     `node_activities` builds the pinned activities: a multi-GPU node passes one whose pipelines run on
     every rank (gpu_worker/distributed/launch.py). `handle_signals` False: a node inside another program
     (a test) leaves its signals alone."""
+    try:
+        check_configured_weights()
+    except CheckpointError as exc:  # a user's checkpoint that cannot load: say which file and key, start nothing
+        log.error("model weights do not load", error=str(exc))
+        raise SystemExit(f"node not started: {exc}") from exc
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if handle_signals:

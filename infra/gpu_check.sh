@@ -19,6 +19,9 @@
 #   record_*, gate_* render records (gpu_worker/render_record.py) bf16 resident, bf16 switch and fp32 resident
 #                   ($RECORD_VARIANTS), and the quality gate (monologue/gate.py) between them, when those exist
 #                                                                                 -> records/*.json, gate_*.out
+#   infinitetalk    the infinitetalk family's 14B DiT random-initialised at its real shapes (bf16): build time,
+#                   s per denoising step at 480p resident and in switch residency, peak memory -> infinitetalk.json
+#                   (skipped, saying so, where diffusers is not installed: the family's models come from it)
 # steps.tsv has one line per step: name, exit status (124/134/137: its timeout), seconds, limit.
 # A step's stdout and stderr go to $OUT/NAME.out and $OUT/NAME.err (the bench prints progress on stderr, so a
 # step killed by its timeout still says how far it got; bench_*.json is rewritten after every phase).
@@ -28,7 +31,7 @@ START=$(date +%s)
 DEADLINE=${DEADLINE:-455}  # seconds from start: with the last kill grace and the wrap-up, under 8 minutes
 OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-$(command -v python || command -v python3)}
-STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu bench_resident bench_switch sp_check records"}
+STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu bench_resident bench_switch sp_check records infinitetalk"}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d)
@@ -41,11 +44,13 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then  # the CPU dry run: every step tiny (the sc
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"$BENCH"}
   RECORD=${RECORD_ARGS:-"--preset tiny --resolution 512 --preview --seconds 0.2 --chunk-frames 4 --keep-frames 1"}
   SP_CHECK=${SP_CHECK_ARGS:-"--tiny --repeats 2"}
+  INFINITETALK=${INFINITETALK_ARGS:-"--preset tiny --steps 1"}
 else
   SP_CHECK=${SP_CHECK_ARGS:-"--repeats 20"}
   BENCH=${BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 50"}
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 12 --warmup-chunks 3"}
   RECORD=${RECORD_ARGS:-"--preset h200 --resolution 720p --seconds 1 --keep-frames 4"}
+  INFINITETALK=${INFINITETALK_ARGS:-"--steps 2"}
 fi
 
 SUMMARY="$OUT/steps.tsv"
@@ -149,6 +154,16 @@ if wanted records && [ -f gpu_worker/render_record.py ]; then
   done
   gate gate_switch bf16_resident bf16_switch  # switch residency must equal resident bit for bit
   gate gate_bf16 fp32_resident bf16_resident  # bf16 weights must stay within the gate's band of fp32
+fi
+
+if wanted infinitetalk; then
+  if "$PY" -c "import diffusers" > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    step infinitetalk 150 "$PY" -m gpu_worker.models.infinitetalk.gpu_timing --json-out "$OUT/infinitetalk.json" $INFINITETALK
+  else
+    echo "== infinitetalk skipped: diffusers is not installed here (pip install diffusers transformers to time it)"
+    printf 'infinitetalk\tno-diffusers\t0\t0\n' >> "$SUMMARY"
+  fi
 fi
 
 timeout 20 nvidia-smi --query-gpu=memory.used,temperature.gpu,clocks.sm --format=csv > "$OUT/nvidia_smi_end.txt" 2>&1 \

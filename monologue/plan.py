@@ -11,7 +11,9 @@ samples [f*rate/fps, (f+1)*rate/fps).
 Near the end an I chunk shrinks so that at least one frame is left for the N chunk after it; a seam
 with no room for an I frame has no I chunk. With a `stride` (the dit family's 4: its VAE makes one latent
 of every 4 frames) every size is a multiple of it and a shortened I chunk stays one, so every chunk starts
-on a multiple of the stride and only the last chunk can end off it. The incremental planner (live sessions, audio still
+on a multiple of the stride and only the last chunk can end off it. A `lead` (infinitetalk's 1: the Wan
+VAE's first latent stands for the first frame alone) makes the first chunk lead + a multiple of the stride,
+so every later boundary falls on lead + a multiple of it. The incremental planner (live sessions, audio still
 arriving) emits exactly the chunks the finite plan would, as soon as their frames exist.
 """
 
@@ -56,7 +58,7 @@ def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tupl
     return first_frame * rate // fps, (first_frame + n_frames) * rate // fps
 
 
-def _check_sizes(n_frames: int, i_frames: int, first_frames: int, stride: int) -> None:
+def _check_sizes(n_frames: int, i_frames: int, first_frames: int, stride: int, lead: int = 0) -> None:
     if n_frames < 1:
         raise ValueError(f"N chunks need at least one frame, got n_frames={n_frames}")
     if i_frames < 0:
@@ -65,11 +67,16 @@ def _check_sizes(n_frames: int, i_frames: int, first_frames: int, stride: int) -
         raise ValueError(f"the stride must be 1 or more, got {stride}")
     off_grid = {
         name: size
-        for name, size in (("n_frames", n_frames), ("i_frames", i_frames), ("first_frames", first_frames))
-        if size % stride
+        for name, size, offset in (
+            ("n_frames", n_frames, 0),
+            ("i_frames", i_frames, 0),
+            ("first_frames", first_frames, lead),
+        )
+        if (size - offset) % stride
     }
     if off_grid:
-        raise ValueError(f"chunk sizes must be multiples of the stride {stride}, got {off_grid}")
+        first = f" (first_frames: {lead} + a multiple)" if lead else ""
+        raise ValueError(f"chunk sizes must be multiples of the stride {stride}{first}, got {off_grid}")
 
 
 def chunk_sizes(options: Any) -> dict[str, int]:
@@ -77,31 +84,50 @@ def chunk_sizes(options: Any) -> dict[str, int]:
     options of a session row (a mapping)."""
     values = options if isinstance(options, Mapping) else vars(options)
     n_frames = values["chunk_frames"]
+    family = Family(str(values.get("family", Family.WARP)))
     return {
         "n_frames": n_frames,
         "i_frames": values["i_frames"],
-        "first_frames": values.get("first_chunk_frames") or n_frames,
-        "stride": Family(str(values.get("family", Family.WARP))).temporal_stride,
+        # 0 derives the first chunk from chunk_frames, plus the frames a family's first latent stands for alone.
+        "first_frames": values.get("first_chunk_frames") or n_frames + family.leading_frames,
+        "stride": family.temporal_stride,
+        "lead": family.leading_frames,
     }
 
 
 def plan_timeline(
-    total_frames: int, *, n_frames: int, i_frames: int, first_frames: int | None = None, stride: int = 1
+    total_frames: int,
+    *,
+    n_frames: int,
+    i_frames: int,
+    first_frames: int | None = None,
+    stride: int = 1,
+    lead: int = 0,
 ) -> list[Chunk]:
     """All chunks in timeline order for a video of `total_frames` frames."""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride)
+    planner = IncrementalPlanner(
+        n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride, lead=lead
+    )
     return sorted(planner.advance(total_frames, final=True), key=lambda spec: spec.first_frame)
 
 
 def plan_chunks(
-    total_frames: int, *, n_frames: int, i_frames: int = 0, first_frames: int | None = None, stride: int = 1
+    total_frames: int,
+    *,
+    n_frames: int,
+    i_frames: int = 0,
+    first_frames: int | None = None,
+    stride: int = 1,
+    lead: int = 0,
 ) -> list[Chunk]:
     """All chunks in generation order: N0 N1 I0 N2 I1 …"""
     if total_frames < 1:
         raise ValueError(f"a plan needs at least one frame, got total_frames={total_frames}")
-    planner = IncrementalPlanner(n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride)
+    planner = IncrementalPlanner(
+        n_frames=n_frames, i_frames=i_frames, first_frames=first_frames, stride=stride, lead=lead
+    )
     return list(planner.advance(total_frames, final=True))
 
 
@@ -124,11 +150,12 @@ class IncrementalPlanner:
         i_frames: int,
         first_frames: int | None = None,
         stride: int = 1,
+        lead: int = 0,
         next_frame: int = 0,
         next_index: int = 0,
     ) -> None:
-        _check_sizes(n_frames, i_frames, first_frames or n_frames, stride)
-        self.first_frames = first_frames or n_frames  # N0 may be shorter: a faster first frame
+        _check_sizes(n_frames, i_frames, first_frames or n_frames + lead, stride, lead)
+        self.first_frames = first_frames or n_frames + lead  # N0 may be shorter: a faster first frame
         if self.first_frames < 1:
             raise ValueError(f"the first chunk needs at least one frame, got first_frames={first_frames}")
         self.n_frames = n_frames

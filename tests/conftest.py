@@ -73,11 +73,23 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def stack(stack_settings: Settings) -> Iterator[Stack]:
+def infinitetalk_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random InfiniteTalk checkpoints in the original folder layout (the shared stack's node loads them)."""
+    from gpu_worker.models.infinitetalk.config import TINY
+    from gpu_worker.models.infinitetalk.make_checkpoint import write
+
+    return write(tmp_path_factory.mktemp("infinitetalk-weights"), TINY, seed=11)
+
+
+@pytest.fixture(scope="session")
+def stack(stack_settings: Settings, infinitetalk_weights: Path) -> Iterator[Stack]:
+    from gpu_worker.models import INFINITETALK_WEIGHTS_ENV
     from monologue.stack import Stack
     from tests.helpers import register_api
 
-    stack = Stack(stack_settings)
+    # The node checks these at start and renders family=infinitetalk from them (tests/test_infinitetalk_family.py).
+    env = {INFINITETALK_WEIGHTS_ENV: str(infinitetalk_weights), "MONOLOGUE_INFINITETALK_PRESET": "tiny"}
+    stack = Stack(stack_settings, env=env)
     stack.start()
     register_api(stack)
     yield stack

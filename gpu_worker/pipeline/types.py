@@ -56,11 +56,12 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
 @dataclass(frozen=True)
 class ChunkRequest:
     """A chunk to make: the timeline's `Chunk` (the one shape from the plan to here) and what the session adds
-    to every chunk, its seed and its optional text/scene prompt."""
+    to every chunk: its seed, its optional text/scene prompt and its denoising steps (0: the family's own)."""
 
     chunk: Chunk
     seed: int = 0
     prompt: str = ""
+    sampling_steps: int = 0
 
     @property
     def kind(self) -> ChunkKind:

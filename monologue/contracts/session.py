@@ -81,17 +81,26 @@ class Bounds:
 
 
 class Family(StrEnum):
-    """Model family: warp (CPU, real time) or dit (the diffusion-transformer family)."""
+    """Model family: warp (CPU, real time), dit (the diffusion-transformer family) or infinitetalk (the open
+    InfiniteTalk checkpoints: Wan2.1-I2V-14B with its audio adapter)."""
 
     WARP = "warp"
     DIT = "dit"
+    INFINITETALK = "infinitetalk"
 
     @property
     def temporal_stride(self) -> int:
-        """Video frames per latent frame: every chunk boundary but a session's end falls on a multiple of it.
+        """Video frames per latent frame: every chunk boundary but a session's end falls on the latent grid.
         The dit family's video VAE compresses 4 frames into one latent (gpu_worker/models/dit/vae.py checks
-        its checkpoint agrees); warp works frame by frame."""
-        return 4 if self is Family.DIT else 1
+        its checkpoint agrees), as does the Wan VAE of infinitetalk; warp works frame by frame."""
+        return 1 if self is Family.WARP else 4
+
+    @property
+    def leading_frames(self) -> int:
+        """Frames the first latent stands for alone before the stride starts: the Wan VAE encodes a video's
+        first frame on its own (1 + 4k frames make k + 1 latents), so infinitetalk's first chunk has 1 + 4k
+        frames and every later boundary falls on 1 + 4m; 0 for the others."""
+        return 1 if self is Family.INFINITETALK else 0
 
 
 class Residency(StrEnum):
@@ -167,7 +176,10 @@ class RenderOptions:
     fps: Annotated[int, Bounds("Frames per second of the output video.", ge=1, le=60)] = 25
     chunk_frames: Annotated[int, Bounds("Frames per N chunk (about 1-2 s).", ge=2, le=250)] = 40
     first_chunk_frames: Annotated[
-        int, Bounds("Frames in the first chunk (0: chunk_frames); fewer: faster first frame.", ge=0, le=250)
+        int,
+        Bounds(
+            "Frames in the first chunk (0: chunk_frames, +1 for infinitetalk); fewer: faster first frame.", ge=0, le=250
+        ),
     ] = 0
     i_frames: Annotated[int, Bounds("Frames per I chunk, the seam between two N chunks (0: none).", ge=0, le=32)] = 4
     seed: Annotated[int, Bounds("Seed: the same inputs and seed give the same frames.", ge=0, le=2**63 - 1)] = 0
@@ -177,20 +189,26 @@ class RenderOptions:
     sinks: Annotated[
         tuple[Sink, ...], Bounds("Publishers besides the HLS stream (S3, Kinesis Video); at most 4.", max_length=4)
     ] = ()
-    prompt: Annotated[str, Bounds("Optional scene/text conditioning (dit family).", max_length=500)] = ""
+    prompt: Annotated[str, Bounds("Optional scene/text conditioning (dit, infinitetalk).", max_length=500)] = ""
+    sampling_steps: Annotated[
+        int, Bounds("Denoising steps (0: the family's default; infinitetalk: 40, as the original).", ge=0, le=100)
+    ] = 0
 
     def __post_init__(self) -> None:
         labels = [sink.label for sink in self.sinks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")
-        stride = self.family.temporal_stride
+        stride, lead = self.family.temporal_stride, self.family.leading_frames
         sizes = {name: getattr(self, name) for name in ("chunk_frames", "first_chunk_frames", "i_frames")}
-        off_grid = {name: size for name, size in sizes.items() if size % stride}
+        # The first chunk starts the video (its first latent stands for `lead` frames alone); 0 means "derived".
+        offsets = {"chunk_frames": 0, "i_frames": 0, "first_chunk_frames": lead}
+        off_grid = {name: size for name, size in sizes.items() if size and (size - offsets[name]) % stride}
         if off_grid:
             given = ", ".join(f"{name}={size}" for name, size in off_grid.items())
+            first = f"first_chunk_frames 0 or {lead} + a multiple of {stride}" if lead else "first_chunk_frames"
             raise ValueError(
                 f"the {self.family} family makes one latent frame of every {stride} video frames, so chunk_frames, "
-                f"first_chunk_frames and i_frames must be multiples of {stride} (got {given})"
+                f"i_frames and {first} must be multiples of {stride} (got {given})"
             )
 
 

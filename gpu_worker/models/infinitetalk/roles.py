@@ -1,0 +1,233 @@
+"""InfiniteTalk's streaming clips as Monologue's chunks: audio-to-video, the (absent) super-resolution, the decoder.
+
+The latent grid. The Wan VAE makes the video's first frame one latent and every 4 frames after it one more, so
+latent 0 is frame 0 and latent j ≥ 1 frames 4j-3 .. 4j. N0 has 1 + 4k frames; every later chunk starts on 1 + 4m
+(`contracts.Family.INFINITETALK.leading_frames`).
+
+N chunks are InfiniteTalk's clips (`wan/multitalk.py` generate_infinitetalk):
+- N0 is the first clip: its first latent is the portrait's own latent, kept clean (lines 576-577, 711), so the video
+  opens on the portrait.
+- N(k) is a later clip: it opens with `motion_frames` (9) frames of N(k-1), the last the viewer saw of it, decoded
+  and encoded again as a video of their own (lines 579, 803: 1 + 2 latents), kept clean, then the chunk's own
+  latents; only those are its output (line 794). The motion frames bring their audio windows along.
+- Every clip is conditioned on the portrait: its mask marks the first frame and its I2V condition is the VAE
+  encoding of the portrait followed by grey frames, for the clip's length (lines 551-581); its image context is
+  the portrait's CLIP tokens.
+I chunks are ours: the seam between N(k) and N(k+1) is sampled as a clip with N(k)'s motion frames before it and
+N(k+1)'s first `right_latents` latents after it, both kept clean, the same in-context replacement InfiniteTalk
+uses for motion frames, on both sides. N(k+1) itself was conditioned on N(k)'s end as if the seam were absent
+(it is generated before I(k)); the I chunk bridges the two.
+
+Anchors (numpy, into checkpoints as they are). N's head: its first `right_latents` latents and their frames' audio
+windows. N's tail: `context`, the last `decoder_context` latents of the decode stream that ends with the chunk
+(the chunk's own decoder context, then its latents), with the video latent its first is; `motion`, the latents of
+its last motion frames; `motion_audio`, their windows. The decoder primes its causal cache on `context`: I(k)
+continues N(k)'s stream; N(k+1) continues it too, skipping I(k), which does not exist yet when N(k+1) is decoded.
+With `decoder_context` ≥ the decoder's receptive field (38) the primed cache is exactly the cache of decoding
+the stream from the video's start (vae.py), so a chunk decodes the same after a resume on any node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpu_worker.models.infinitetalk.reference import reference_image
+from gpu_worker.models.infinitetalk.runtime import WanModule
+from gpu_worker.models.infinitetalk.sampling import sample, timesteps
+from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
+from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
+from gpu_worker.pipeline.progress import StepProgress, no_steps
+from gpu_worker.pipeline.types import ChunkRequest
+
+
+@dataclass
+class WanLatents:
+    """A chunk's latents (z, T, h, w), the decoder context before them (z, K, h, w) or None, the frames they make."""
+
+    frames: Tensor
+    context: Tensor | None
+    video_frames: int
+
+
+def first_latent(chunk: ChunkRequest, stride: int) -> int:
+    """The video latent a chunk's first latent is; a ValueError for a chunk off the grid."""
+    if chunk.first_frame == 0:
+        return 0
+    if (chunk.first_frame - 1) % stride or (chunk.kind == "I" and chunk.n_frames % stride):
+        raise ValueError(
+            f"{chunk.name} (frames {chunk.first_frame}..{chunk.end_frame - 1}) is off the Wan VAE's latent grid: the "
+            f"infinitetalk family needs first_chunk_frames of 1 + a multiple of {stride} and chunk_frames and i_frames "
+            f"in multiples of {stride}"
+        )
+    return (chunk.first_frame - 1) // stride + 1
+
+
+def latent_count(chunk: ChunkRequest, stride: int) -> int:
+    if chunk.first_frame == 0:
+        return 1 + -(-(chunk.n_frames - 1) // stride)
+    return -(-chunk.n_frames // stride)
+
+
+def _array(tensor: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(tensor.float().cpu().numpy())
+
+
+class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
+    """A chunk's latents by InfiniteTalk's sampler; the anchors it leaves (see the module docstring)."""
+
+    model_names = ("dit", "vae")
+
+    def generate_n(
+        self,
+        reference: Reference,
+        context: dict[str, Any],
+        previous: Anchor | None,
+        chunk: ChunkRequest,
+        rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
+    ) -> A2VOutput:
+        stride = self.settings.vae.temporal_stride
+        first, count = first_latent(chunk, stride), latent_count(chunk, stride)
+        with self.running():
+            audio = context["audio"].to(self.device)
+            if previous is None:
+                if first != 0:
+                    raise ValueError(f"{chunk.name} has no previous chunk but does not start the video")
+                known, prefix = [(0, self.tensor(reference["latent"]))], 0
+                clip_audio = audio
+            else:
+                motion = self.tensor(previous["motion"])
+                known, prefix = [(0, motion)], motion.shape[1]
+                clip_audio = torch.cat([self.tensor(previous["motion_audio"]), audio])
+            latents = self._sample(reference, context, clip_audio, known, prefix + count, chunk, rng, progress)
+            own = latents[:, prefix:]
+            decoder_context = None if previous is None else self.tensor(previous["context"])
+            tail = self._tail(own, decoder_context, previous, first, audio)
+        right = self.settings.stream.right_latents
+        head_frames = (1 + stride * (right - 1)) if first == 0 else stride * right
+        head = {"latents": _array(own[:, :right]), "audio": _array(audio[:head_frames])}
+        return A2VOutput(latents=WanLatents(own, decoder_context, chunk.n_frames), head=head, tail=tail)
+
+    def generate_i(
+        self,
+        reference: Reference,
+        context: dict[str, Any],
+        left: Anchor,
+        right: Anchor,
+        chunk: ChunkRequest,
+        rng: np.random.Generator,
+        *,
+        progress: StepProgress = no_steps,
+    ) -> A2VOutput:
+        stride = self.settings.vae.temporal_stride
+        first_latent(chunk, stride)
+        count = latent_count(chunk, stride)
+        with self.running():
+            motion, after = self.tensor(left["motion"]), self.tensor(right["latents"])
+            prefix = motion.shape[1]
+            audio = torch.cat(
+                [self.tensor(left["motion_audio"]), context["audio"].to(self.device), self.tensor(right["audio"])]
+            )
+            known = [(0, motion), (prefix + count, after)]
+            latents = self._sample(
+                reference, context, audio, known, prefix + count + after.shape[1], chunk, rng, progress
+            )
+            own = latents[:, prefix : prefix + count]
+        return A2VOutput(latents=WanLatents(own, self.tensor(left["context"]), chunk.n_frames))
+
+    def _sample(
+        self,
+        reference: Reference,
+        context: dict[str, Any],
+        audio: Tensor,
+        known: list[tuple[int, Tensor]],
+        count: int,
+        chunk: ChunkRequest,
+        rng: np.random.Generator,
+        progress: StepProgress,
+    ) -> Tensor:
+        """`count` latents of one clip: noise from the chunk's generator, the portrait's I2V condition for that
+        length, the prompts, the portrait's CLIP tokens and the clip's audio windows."""
+        config, latent = self.settings, reference["latent"]
+        noise = self.tensor(rng.standard_normal((latent.shape[0], count, *latent.shape[2:]), dtype=np.float32))
+        steps = chunk.sampling_steps or config.sampling.steps
+        if int(reference["preview"][0]):
+            steps = max(1, steps // 2)
+        shift = config.sampling.shift_720 if int(reference["large"][0]) else config.sampling.shift_480
+        conditions = (context["text"], context["negative"], self.tensor(reference["clip"]), audio)
+        conditions = tuple(c.to(self.device, torch.float32) for c in conditions)  # type: ignore[assignment]
+        model = self.models["dit"]
+        return sample(
+            model,  # type: ignore[arg-type]
+            config.sampling,
+            noise,
+            self._condition(reference, count),
+            conditions,  # type: ignore[arg-type]
+            known,
+            timesteps(steps, shift, config.sampling.num_timesteps),
+            progress,
+        )
+
+    def _condition(self, reference: Reference, count: int) -> Tensor:
+        """(4 + z, count, h, w): the mask (the first frame known, multitalk.py lines 552-559) and the encoding of the
+        portrait followed by grey frames, 1 + 4 (count - 1) frames (lines 570-573)."""
+        image = reference_image(reference, self.device)  # (1, 3, H, W)
+        frames = 1 + self.settings.vae.temporal_stride * (count - 1)
+        video = torch.zeros(1, 3, frames, *image.shape[-2:], device=self.device)
+        video[:, :, 0] = image
+        encoded = encode(self.models["vae"], video)[0]  # type: ignore[arg-type]  # (z, count, h, w)
+        mask = torch.zeros(4, count, *encoded.shape[-2:], device=self.device)
+        mask[:, 0] = 1.0
+        return torch.cat([mask, encoded])
+
+    def _tail(self, own: Tensor, context: Tensor | None, previous: Anchor | None, first: int, audio: Tensor) -> Anchor:
+        """The tail anchor: the stream's last latents, and the last motion frames decoded and encoded again."""
+        stream_config, stride = self.settings.stream, self.settings.vae.temporal_stride
+        stream = own if context is None else torch.cat([context, own], dim=1)
+        stream_first = first if previous is None else int(previous["context_first"][0])
+        frames = audio.shape[0]
+        motion_frames = 1 + stride * ((min(stream_config.motion_frames, frames) - 1) // stride)
+        needed = -(-motion_frames // stride)  # trailing latents that make them (the first frame's latent makes 1)
+        decoder = DecodeStream(self.models["vae"])  # type: ignore[arg-type]
+        split = stream.shape[1] - needed
+        decoder.prime(stream[None, :, max(0, split - stream_config.decoder_context) : split])
+        decoded = decoder.decode(stream[None, :, split:])[:, :, -motion_frames:]  # (1, 3, m, H, W)
+        keep = min(stream_config.decoder_context, stream.shape[1])
+        return {
+            "context": _array(stream[:, -keep:]),
+            "context_first": np.array([stream_first + stream.shape[1] - keep], dtype=np.int64),
+            "motion": _array(encode(self.models["vae"], decoded)[0]),  # type: ignore[arg-type]
+            "motion_audio": _array(audio[frames - motion_frames :]),
+        }
+
+
+class PassThrough(SuperResolution):
+    """InfiniteTalk generates at the output size: nothing to upscale."""
+
+    def upscale(self, reference: Reference, latents: Any) -> Any:
+        return latents
+
+
+class InfiniteTalkDecoder(WanModule, Decoder):
+    """The chunk's latents → RGB frames, the causal cache primed on the decoder context (see the module docstring)."""
+
+    model_names = ("vae",)
+
+    def decode(self, reference: Reference, upscaled: WanLatents) -> np.ndarray:
+        with self.running():
+            stream = DecodeStream(self.models["vae"])  # type: ignore[arg-type]
+            if upscaled.context is not None:
+                stream.prime(upscaled.context[None].to(self.device))
+            frames = stream.decode(upscaled.frames[None].to(self.device))[0, :, : upscaled.video_frames]  # (3, F, H, W)
+            pixels = ((frames + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0)
+        if pixels.shape[0] != upscaled.video_frames:
+            raise ValueError(
+                f"{upscaled.frames.shape[1]} latents made {pixels.shape[0]} frames, not {upscaled.video_frames}"
+            )
+        return np.ascontiguousarray(pixels.cpu().numpy())

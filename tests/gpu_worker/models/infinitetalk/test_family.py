@@ -1,0 +1,113 @@
+"""The infinitetalk family renders a timeline of N and I chunks through the Pipeline from the tiny original-layout
+checkpoints, and a node that did not render the first chunks (a fresh pipeline with the stored reference and a
+checkpoint's anchors: what a node does after another was killed) renders the rest with the same frame hashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_worker.models.infinitetalk import build_family
+from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
+from gpu_worker.models.infinitetalk.config import TINY
+from gpu_worker.pipeline import Pipeline
+from gpu_worker.pipeline.pipeline import Session
+from gpu_worker.pipeline.types import ArrayAudio, ChunkRequest, OutputSpec
+from monologue.contracts import Chunk, Family, RenderOptions, Residency
+from monologue.plan import chunk_sizes, plan_chunks
+
+OPTIONS = RenderOptions(family=Family.INFINITETALK, chunk_frames=16, i_frames=4, prompt="a calm studio")
+
+
+class Frames:
+    def __init__(self) -> None:
+        self.frames: list[np.ndarray] = []
+
+    def write(self, frames: np.ndarray) -> None:
+        self.frames.append(frames.copy())
+
+
+def _pipeline(root: Path) -> Pipeline:
+    return Pipeline(build_family(InfiniteTalkWeights(TINY, Locations.under(root))))
+
+
+@pytest.fixture(scope="module")
+def inputs() -> tuple[np.ndarray, ArrayAudio]:
+    rng = np.random.default_rng(7)
+    portrait = (rng.random((90, 80, 3)) * 255).astype(np.uint8)
+    t = np.arange(16_000 * 2) / 16_000
+    return portrait, ArrayAudio((0.3 * np.sin(2 * np.pi * 220 * t) * (t % 0.5 < 0.3)).astype(np.float32))
+
+
+def test_the_plan_starts_on_the_wan_grid() -> None:
+    chunks = plan_chunks(50, **chunk_sizes(OPTIONS))
+    assert [(c.name, c.first_frame, c.n_frames) for c in chunks] == [
+        ("N0", 0, 17), ("N1", 21, 16), ("I0", 17, 4), ("N2", 41, 9), ("I1", 37, 4)
+    ]  # fmt: skip
+
+
+CHUNKS = plan_chunks(30, **chunk_sizes(OPTIONS))  # N0 (17 frames), N1 (9), I0 (4)
+
+
+def _render(pipeline: Pipeline, session: Session, chunks: list[Chunk]) -> tuple[dict[str, list[str]], Frames]:
+    frames, hashes = Frames(), {}
+    for chunk in chunks:
+        result = pipeline.run_chunk(session, ChunkRequest(chunk, seed=3, prompt=OPTIONS.prompt), frames)
+        hashes[chunk.name] = result.frame_hashes
+    return hashes, frames
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_weights: Path, inputs: tuple[np.ndarray, ArrayAudio]) -> tuple[Session, dict[str, list[str]], dict]:  # type: ignore[type-arg]
+    """A resident render of N0 N1 I0, the anchors a node checkpoints after N0, and the frame hashes."""
+    portrait, audio = inputs
+    pipeline = _pipeline(tiny_weights)
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    hashes, frames = _render(pipeline, session, CHUNKS[:1])
+    checkpoint = session.anchors.export()
+    later, more = _render(pipeline, session, CHUNKS[1:])
+    shown = np.concatenate(frames.frames + more.frames)
+    assert shown.shape == (30, 64, 64, 3) and shown.std() > 1.0
+    return session, hashes | later, checkpoint
+
+
+def test_a_render_resumed_on_another_node_has_the_same_frames(
+    tiny_weights: Path,
+    inputs: tuple[np.ndarray, ArrayAudio],
+    baseline: tuple,  # type: ignore[type-arg]
+) -> None:
+    session, hashes, checkpoint = baseline
+    assert [len(hashes[c.name]) for c in CHUNKS] == [c.n_frames for c in CHUNKS]
+    assert len(set(hashes["N0"])) > 1  # the frames move
+    portrait, audio = inputs
+    second = _pipeline(tiny_weights)  # another node: its own models, the stored reference and checkpoint
+    resumed = second.start_session(portrait, OutputSpec(fps=25), audio, reference=session.reference)
+    resumed.anchors.restore(checkpoint)
+    again, _ = _render(second, resumed, CHUNKS[1:])
+    assert again == {name: hashes[name] for name in again}
+
+
+def test_switch_residency_renders_the_same_frames(
+    tiny_weights: Path,
+    inputs: tuple[np.ndarray, ArrayAudio],
+    baseline: tuple,  # type: ignore[type-arg]
+) -> None:
+    """Only the running stage's models on the device, the others parked: the same frames, a switch figure."""
+    portrait, audio = inputs
+    pipeline = Pipeline(
+        build_family(InfiniteTalkWeights(TINY, Locations.under(tiny_weights))), residency=Residency.SWITCH
+    )
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    hashes, _ = _render(pipeline, session, CHUNKS[:1])  # N0 runs every stage, each switched in
+    assert hashes["N0"] == baseline[1]["N0"]
+
+
+def test_off_grid_sizes_are_refused_with_what_to_fix() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"first_chunk_frames 0 or 1 \+ a multiple of 4 must be multiples of 4 \(got first_chunk_frames=16\)",
+    ):
+        RenderOptions(family=Family.INFINITETALK, first_chunk_frames=16)
+    assert RenderOptions(family=Family.INFINITETALK, first_chunk_frames=17).first_chunk_frames == 17
