@@ -4,10 +4,10 @@ by session id, or by (session, chunk kind, index)) so a retried activity rewrite
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
@@ -266,16 +266,39 @@ def _aware(moment: Any) -> Any:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def claim_audio_socket(db: Session, *, session_id: str) -> bool:
-    """Mark that a live session's audio socket has connected; False if one ever did (a session takes one
-    audio stream: a second socket, or a reconnect after the first closed, is refused)."""
+def claim_audio_socket(db: Session, *, session_id: str, holder: str, stale_s: float) -> bool:
+    """Make `holder` the live session's one open audio socket; False while another holds it (and said so within
+    `stale_s`: a holder whose API process died stops saying so, and then a reconnect may take over)."""
+    now = utcnow()
+    free = or_(SessionRow.audio_socket.is_(None), SessionRow.audio_socket_at < now - timedelta(seconds=stale_s))
     result = db.execute(
         update(SessionRow)
-        .where(SessionRow.id == session_id, SessionRow.audio_samples.is_(None))
-        .values(audio_samples=0)
+        .where(SessionRow.id == session_id, free)
+        .values(audio_socket=holder, audio_socket_at=now, audio_samples=func.coalesce(SessionRow.audio_samples, 0))
     )
     db.commit()
     return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def refresh_audio_socket(db: Session, *, session_id: str, holder: str) -> bool:
+    """The open socket is still there; False if another socket has taken over meanwhile."""
+    result = db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.audio_socket == holder)
+        .values(audio_socket_at=utcnow())
+    )
+    db.commit()
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def release_audio_socket(db: Session, *, session_id: str, holder: str) -> None:
+    """The socket closed: a reconnect may take its place at once."""
+    db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.audio_socket == holder)
+        .values(audio_socket=None, audio_socket_at=None)
+    )
+    db.commit()
 
 
 def record_live_audio(db: Session, *, session_id: str, samples: int, rate: int) -> None:
