@@ -2,11 +2,12 @@
 the workflow, and watching the idle timeout, the lifetime, the key and the session (the framing is in
 `api/routes/sessions.py`'s docstring).
 
-A socket holds its session while open (`repo.claim_audio_socket`, refreshed at every re-check, so a holder whose
-API process died is taken over after a few re-checks). When it closes without `end`, the session is not ended: the
-client may reconnect (a fresh ticket, or its key) within the idle timeout and continue after the last
-acknowledged sample, which the new socket's `ready` message names; otherwise the workflow's own idle timeout ends
-the session with the audio stored (`stored_audio`)."""
+A socket holds its session while it brings audio (`repo.claim_audio_socket`; a second socket is refused, with
+`retry_after_s`, until the first has been silent for TAKEOVER_S: a client that reconnects after a drop the server
+has not noticed yet gets in then, and the old socket closes). When a socket closes without `end`, the session is
+not ended: the client may reconnect (a fresh ticket, or its key) within the idle timeout and continue after the
+last acknowledged sample, which the new socket's `ready` message names; otherwise the workflow's own idle timeout
+ends the session with the audio stored (`stored_audio`)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thi
 # WebSocket close codes (4000-4999 are the application's own).
 CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
 CLOSE_TOO_MANY = 4429
-STALE_RECHECKS = 3  # a socket claim not refreshed for this many key re-checks belongs to no live socket
+# A socket that brought no audio for this long loses its session to a new socket of the session (its client has
+# reconnected after a drop the server has not noticed yet, or its API process died); its claim is refreshed at most
+# once a second while audio comes.
+TAKEOVER_S = 3.0
+CLAIM_REFRESH_S = 1.0
 log = structlog.get_logger("api.sessions")
 
 
@@ -50,10 +55,23 @@ class AudioRefused(Exception):
     """Bad audio or a refused stream: told to the client, then the socket closes with `code`. `ends_session`: the
     session's audio ends with what is stored (bad audio, a revoked key); not when another socket took over."""
 
-    def __init__(self, message: str, code: int = CLOSE_BAD_AUDIO, *, ends_session: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int = CLOSE_BAD_AUDIO,
+        *,
+        ends_session: bool = True,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.ends_session = ends_session
+        self.retry_after_s = retry_after_s  # a socket refused for now (another is open) may try again after this
+
+    def message(self) -> dict[str, Any]:
+        """The `error` message the client gets."""
+        extra = {} if self.retry_after_s is None else {"retry_after_s": self.retry_after_s}
+        return {"type": "error", "message": str(self)} | extra
 
 
 class SessionEnds(Exception):
@@ -224,6 +242,8 @@ class SocketWatch:
         self, services: Services, session_id: str, key_id: str | None, created_at: datetime, holder: str
     ) -> None:
         self._services, self.session_id, self._key_id, self._holder = services, session_id, key_id, holder
+        self._audio_unclaimed = False  # audio came since the claim was last refreshed
+        self._claim_refresh_at = time.monotonic() + CLAIM_REFRESH_S
         self._idle_s = services.settings.render.live_idle_timeout_s
         self._lifetime_s = services.settings.limits.max_live_seconds
         self._recheck_s = services.settings.api.key_recheck_s
@@ -234,8 +254,9 @@ class SocketWatch:
         self._recheck_at = now + self._recheck_s
 
     def heard_audio(self) -> None:
-        """Audio arrived: only that keeps the session from idling out."""
+        """Audio arrived: only that keeps the session from idling out (and this socket's claim on it fresh)."""
         self._idle_until = time.monotonic() + self._idle_s
+        self._audio_unclaimed = True
 
     async def receive(self, websocket: WebSocket) -> Message | None:
         """The socket's next message, or None when a check is due first."""
@@ -257,9 +278,17 @@ class SocketWatch:
             )
         if now >= self._idle_until:
             raise SessionEnds(f"no audio for {self._idle_s:g} s: the session ends with the audio it has")
+        if self._audio_unclaimed and now >= self._claim_refresh_at:
+            self._audio_unclaimed, self._claim_refresh_at = False, now + CLAIM_REFRESH_S
+            if not await run_in_threadpool(self._refresh_claim):
+                raise _taken_over(self.session_id)
         if now >= self._recheck_at:
             await run_in_threadpool(self._recheck)
             self._recheck_at = time.monotonic() + self._recheck_s
+
+    def _refresh_claim(self) -> bool:
+        with self._services.sessions() as db:
+            return repo.refresh_audio_socket(db, session_id=self.session_id, holder=self._holder)
 
     def _recheck(self) -> None:
         if self._key_id is not None and streams.key_revoked(self._services, self._key_id):
@@ -267,13 +296,11 @@ class SocketWatch:
         with self._services.sessions() as db:
             row = repo.get_session(db, session_id=self.session_id)
             current = "gone" if row is None else row.status
-            holds = row is not None and repo.refresh_audio_socket(db, session_id=self.session_id, holder=self._holder)
+            holds = row is not None and row.audio_socket == self._holder
         if current == "gone" or current in TERMINAL:  # cancelled, or failed or completed without this socket
             raise AudioRefused(f"live session {self.session_id} is {current}: it takes no more audio", CLOSE_CONFLICT)
-        if not holds:  # this API process was taken for dead (a pause past the stale time) and another socket took over
-            raise AudioRefused(
-                f"live session {self.session_id} has another audio socket now", CLOSE_CONFLICT, ends_session=False
-            )
+        if not holds:  # silent past TAKEOVER_S, and a new socket of the session took over
+            raise _taken_over(self.session_id)
 
 
 async def serve(websocket: WebSocket, services: Services, session_id: str, principal: Principal) -> None:
@@ -291,7 +318,7 @@ async def serve(websocket: WebSocket, services: Services, session_id: str, princ
     except AudioRefused as refused:
         log.info("audio stream refused", session_id=session_id, reason=str(refused), code=refused.code)
         if websocket.client_state == WebSocketState.CONNECTED:
-            await websocket.send_json({"type": "error", "message": str(refused)})
+            await websocket.send_json(refused.message())
             await websocket.close(refused.code)
         if stream is not None and not stream.ended and refused.ends_session:
             with contextlib.suppress(AudioRefused):  # bad input or a revoked key ends the session's audio
@@ -301,6 +328,10 @@ async def serve(websocket: WebSocket, services: Services, session_id: str, princ
     finally:
         if claimed:
             await run_in_threadpool(_release, services, session_id, holder)
+
+
+def _taken_over(session_id: str) -> AudioRefused:
+    return AudioRefused(f"live session {session_id} has another audio socket now", CLOSE_CONFLICT, ends_session=False)
 
 
 def _take_slot(websocket: WebSocket, principal: Principal) -> streams.StreamSlot:
@@ -317,18 +348,19 @@ def _open_stream(
     services: Services, session_id: str, principal: Principal, holder: str
 ) -> tuple[AudioStream, SocketWatch]:
     """Claim the session for this socket and continue its audio where storage holds it."""
-    stale_s = STALE_RECHECKS * services.settings.api.key_recheck_s
     with services.sessions() as db:
         row = repo.get_session(db, session_id=session_id)
         if row is None or row.kind != c.SessionKind.LIVE or row.tenant != principal.tenant:
             raise AudioRefused(f"live session {session_id!r} not found", CLOSE_NOT_FOUND, ends_session=False)
         if row.status in TERMINAL:
             raise AudioRefused(f"live session {session_id} is already {row.status}", CLOSE_CONFLICT, ends_session=False)
-        if not repo.claim_audio_socket(db, session_id=session_id, holder=holder, stale_s=stale_s):
+        if not repo.claim_audio_socket(db, session_id=session_id, holder=holder, takeover_s=TAKEOVER_S):
             raise AudioRefused(
-                f"live session {session_id} already has an audio socket open; a session takes one at a time",
+                f"live session {session_id} already has an audio socket open; a session takes one at a time (a"
+                f" reconnect gets in once the other has been silent for {TAKEOVER_S:g} s)",
                 CLOSE_CONFLICT,
                 ends_session=False,
+                retry_after_s=TAKEOVER_S,
             )
         options = c.render_options(row.options)
         watch = SocketWatch(services, session_id, principal.key_id, row.created_at, holder)

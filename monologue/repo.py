@@ -266,11 +266,12 @@ def _aware(moment: Any) -> Any:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def claim_audio_socket(db: Session, *, session_id: str, holder: str, stale_s: float) -> bool:
-    """Make `holder` the live session's one open audio socket; False while another holds it (and said so within
-    `stale_s`: a holder whose API process died stops saying so, and then a reconnect may take over)."""
+def claim_audio_socket(db: Session, *, session_id: str, holder: str, takeover_s: float) -> bool:
+    """Make `holder` the live session's one audio socket; False while another holds it and brought audio within
+    `takeover_s`. A socket silent that long is taken over: its client has reconnected (a dropped connection the
+    server has not noticed yet), or its API process died."""
     now = utcnow()
-    free = or_(SessionRow.audio_socket.is_(None), SessionRow.audio_socket_at < now - timedelta(seconds=stale_s))
+    free = or_(SessionRow.audio_socket.is_(None), SessionRow.audio_socket_at < now - timedelta(seconds=takeover_s))
     result = db.execute(
         update(SessionRow)
         .where(SessionRow.id == session_id, free)
@@ -281,7 +282,7 @@ def claim_audio_socket(db: Session, *, session_id: str, holder: str, stale_s: fl
 
 
 def refresh_audio_socket(db: Session, *, session_id: str, holder: str) -> bool:
-    """The open socket is still there; False if another socket has taken over meanwhile."""
+    """The socket brought audio just now; False if another socket has taken over meanwhile."""
     result = db.execute(
         update(SessionRow)
         .where(SessionRow.id == session_id, SessionRow.audio_socket == holder)
@@ -289,6 +290,10 @@ def refresh_audio_socket(db: Session, *, session_id: str, holder: str) -> bool:
     )
     db.commit()
     return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def audio_socket_holder(db: Session, *, session_id: str) -> str | None:
+    return db.scalar(select(SessionRow.audio_socket).where(SessionRow.id == session_id))
 
 
 def release_audio_socket(db: Session, *, session_id: str, holder: str) -> None:

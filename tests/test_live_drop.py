@@ -21,7 +21,7 @@ from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settin
 from monologue.stack import Stack, free_port
 from monologue.storage import LocalStore
 from tests.conftest import SAMPLES
-from tests.helpers import api_key, get, register_api, wait_done, ws_connect
+from tests.helpers import api_key, get, register_api, skip_ready, wait_done, ws_connect
 
 pytestmark = pytest.mark.slow
 IDLE_TIMEOUT_S = 3.0
@@ -87,6 +87,7 @@ def _send_speech_then_vanish(url: str, drop: Any) -> dict[str, Any]:
     session = start_session(url, SAMPLES / "portrait.jpg", api_key=api_key(url))
     pcm = np.frombuffer((SAMPLES / "speech.wav").read_bytes()[44:], dtype="<i2")[: 16_000 * SENT_S]
     with ws_connect(session["links"]["audio"]) as audio:
+        skip_ready(audio)
         for offset in range(0, len(pcm), 1600):
             audio.send(pcm[offset : offset + 1600].tobytes())
             assert json.loads(audio.recv(timeout=10))["type"] == "ack"

@@ -21,11 +21,11 @@ from sqlalchemy import text
 
 from api.app import create_app
 from api.submit import TERMINAL
-from monologue.client import auth, poll
+from monologue.client import auth
 from monologue.db import alembic_config, make_engine
 from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
-from tests.helpers import postgres_database
+from tests.helpers import poll, postgres_database
 
 pytestmark = pytest.mark.slow
 CREATES = 6  # concurrent creates, split between the two APIs

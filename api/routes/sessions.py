@@ -126,7 +126,7 @@ async def session_audio(websocket: WebSocket, session_id: str) -> None:
     try:
         principal = await run_in_threadpool(_caller, services, websocket, session_id)
     except AudioRefused as refused:
-        await websocket.send_json({"type": "error", "message": str(refused)})
+        await websocket.send_json(refused.message())
         await websocket.close(refused.code)
         return
     await serve(websocket, services, session_id, principal)

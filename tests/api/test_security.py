@@ -28,12 +28,12 @@ from api.deps import require_key
 from api.submit import TERMINAL
 from monologue import apikeys, repo
 from monologue.cli import main
-from monologue.client import auth, poll, wait
+from monologue.client import auth
 from monologue.db import ApiKeyRow, make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
 from monologue.settings import Settings, get_settings
 from monologue.stack import Stack
-from tests.helpers import api_key, wav_bytes, workflow_count
+from tests.helpers import api_key, poll, skip_ready, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow
 UNKNOWN = "0123456789abcdef0123456789abcdef"  # a well-formed session id nobody has
@@ -85,7 +85,11 @@ def a_render(api_url: str, keys: dict[str, str], sample_portrait: bytes) -> dict
     files = {"portrait": ("portrait.jpg", sample_portrait), "audio": ("silence.wav", wav_bytes(np.zeros(AUDIO_RATE)))}
     created = _call(api_url, "POST", "/v1/renders", keys["tenant-a"], files=files)
     assert created.status_code == 201, created.text
-    return wait(api_url, created.json()["id"], timeout_s=240, api_key=keys["tenant-a"])
+    render = poll(
+        api_url, created.json()["id"], lambda s: s["status"] in TERMINAL, timeout_s=240, api_key=keys["tenant-a"]
+    )
+    assert render["status"] == "completed", render["error"]
+    return render
 
 
 def _call(api_url: str, method: str, path: str, key: str | None, **kwargs: Any) -> httpx.Response:
@@ -233,6 +237,7 @@ def test_a_live_session_and_its_audio_socket_are_its_tenants_alone(
     assert (code, message.replace(live["id"], UNKNOWN)) == unknown_socket
 
     with connect(socket_url, additional_headers=auth(key_a)) as socket:  # B's attempts did not take the socket
+        assert skip_ready(socket)["samples"] == 0
         socket.send(np.zeros(AUDIO_RATE, dtype="<i2").tobytes())
         assert json.loads(socket.recv(timeout=30))["type"] == "ack"
         owner = _call(api_url, "GET", f"/v1/sessions/{live['id']}", key_a)
