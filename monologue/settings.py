@@ -179,6 +179,7 @@ class WebhookSettings(BaseModel):
     max_backoff_s: float = Field(default=3600.0, gt=0, description="the longest wait between two attempts")
     give_up_after_s: float = Field(default=27 * 3600.0, gt=0, description="a delivery is retried this long")
     timeout_s: float = Field(default=10.0, gt=0, description="one attempt's time limit")
+    max_endpoints: int = Field(default=10, ge=1, description="endpoints per tenant")
 
 
 class OutboundSettings(BaseModel):

@@ -84,8 +84,13 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # Local servers stand in for the internet: 127.0.0.1 is allowed (over http), other loopback addresses
         # (127.0.0.2, …) are not, which is what the refusals are tested with.
         outbound=OutboundSettings(allowed_ranges=["127.0.0.1/32"], allow_http=True),
+        # Short back-off, and given up after a minute: endpoints other tests leave behind cost little.
         webhooks=WebhookSettings(
-            allowed_urls=["http://127.0.0.1:*"], initial_backoff_s=0.5, max_backoff_s=1.0, timeout_s=3.0
+            allowed_urls=["http://127.0.0.1:*"],
+            initial_backoff_s=0.5,
+            max_backoff_s=1.0,
+            timeout_s=3.0,
+            give_up_after_s=60.0,
         ),
         inputs=InputSettings(s3_buckets=["inputs/{tenant}"]),
     )

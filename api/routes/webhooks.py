@@ -36,6 +36,11 @@ async def create_webhook(
     """Send this tenant's session events to `url`, signed per Standard Webhooks with the secret in this answer
     (shown only here: keep it)."""
     tenant = principal.tenant or "local"
+    limit = services.settings.webhooks.max_endpoints
+    if len(repo_webhooks.list_endpoints(db, tenant=tenant)) >= limit:
+        raise HTTPException(
+            422, f"tenant {tenant} has {limit} webhook endpoints, the limit (MONOLOGUE_WEBHOOKS__MAX_ENDPOINTS)"
+        )
     problem = webhooks.url_refusal(endpoint.url, tenant=tenant, settings=services.settings)
     if problem is None:
         problem = await _address_refusal(services, endpoint.url)
