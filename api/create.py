@@ -53,18 +53,22 @@ class Created:
     replayed: bool  # the Idempotency-Key named a session made by an earlier request
 
 
-async def read_input(
-    field: str, upload: UploadFile | None, url: str | None, *, limit: int, required: bool = True
-) -> Input | None:
-    """An input from its two form fields (`portrait` or `portrait_url`): exactly one must be given."""
+async def read_inputs(given: dict[str, tuple[UploadFile | None, str | None]], *, limit: int) -> list[Input]:
+    """Each input from its two form fields (`portrait` and `portrait_url`): exactly one of them; a 422 names every
+    input that has neither."""
+    missing = [field for field, (upload, url) in given.items() if upload is None and not url]
+    if missing:
+        raise HTTPException(
+            422, "; ".join(f"{field}: send the file ({field}) or its URL ({field}_url)" for field in missing)
+        )
+    return [await _read_input(field, upload, url, limit=limit) for field, (upload, url) in given.items()]
+
+
+async def _read_input(field: str, upload: UploadFile | None, url: str | None, *, limit: int) -> Input:
     if upload is not None and url:
         raise HTTPException(422, f"{field}: send the file or {field}_url, not both")
-    if url:
-        return Input(field, url=url.strip())
     if upload is None:
-        if required:
-            raise HTTPException(422, f"{field}: send the file ({field}) or its URL ({field}_url)")
-        return None
+        return Input(field, url=(url or "").strip())
     data = await upload.read(limit + 1)
     if len(data) > limit:
         raise HTTPException(

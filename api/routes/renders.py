@@ -19,7 +19,7 @@ from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.schemas import RenderList, RenderPublic
 
 from .. import streams
-from ..create import Created, create, read_input
+from ..create import Created, create, read_inputs
 from ..deps import DbDep, Principal, ServicesDep, TenantDep
 from ..events import progress_events
 from ..files import VideoLayout, stream_file, video_file
@@ -81,18 +81,15 @@ async def create_render(
     (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one made."""
     tenant = principal.tenant or "local"
     options = validated_options(services, fields, tenant=tenant)
-    limit = services.settings.limits.max_upload_bytes
-    inputs = [
-        await read_input("portrait", portrait, portrait_url, limit=limit),
-        await read_input("audio", audio, audio_url, limit=limit),
-    ]
+    given = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
+    inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
     created = await create(
         services,
         kind=c.SessionKind.RENDER,
         tenant=tenant,
         options=options,
         given=fields,
-        inputs=[item for item in inputs if item is not None],
+        inputs=inputs,
         idempotency_key=idempotency_key,
     )
     return created_answer(response, services, db, created, principal)

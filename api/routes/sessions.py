@@ -37,7 +37,7 @@ from monologue import audio_tickets
 from monologue import contracts as c
 from monologue.schemas import AudioTicket, RenderPublic
 
-from ..create import create, read_input
+from ..create import create, read_inputs
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..inputs import OptionFields, validated_options
 from ..live_socket import CLOSE_UNAUTHORIZED, AudioRefused, serve
@@ -70,14 +70,14 @@ async def create_session(
     fields.setdefault("first_chunk_frames", services.settings.render.live_first_chunk_frames)
     options = validated_options(services, fields, tenant=tenant)
     limit = services.settings.limits.max_upload_bytes
-    portrait_input = await read_input("portrait", portrait, portrait_url, limit=limit)
+    inputs = await read_inputs({"portrait": (portrait, portrait_url)}, limit=limit)
     created = await create(
         services,
         kind=c.SessionKind.LIVE,
         tenant=tenant,
         options=options,
         given=fields,
-        inputs=[portrait_input] if portrait_input else [],
+        inputs=inputs,
         idempotency_key=idempotency_key,
     )
     answer = created_answer(response, services, db, created, principal)
