@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
@@ -217,7 +218,7 @@ async def session_events(
     session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
 ) -> Response:
     """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
-    _find(db, session_id)
+    await run_in_threadpool(_find, db, session_id)  # no database work on the event loop
     slot = renders.key_slot(request, services, access)
     watch = streams.KeyWatch(services, access.key_id)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from monologue import repo
@@ -53,7 +54,7 @@ async def playback_events(
 ) -> Response:
     """Server-sent progress events of the link's session (as `GET /v1/renders/{id}/events`), until it ends or the
     link expires (an `error` event says so)."""
-    row = _session(services, db, token)
+    row = await run_in_threadpool(_session, services, db, token)  # no database work on the event loop
     try:
         slot = streams.stream_slots(request.app.state).take(
             f"link:{row.id}", services.settings.links.max_streams_per_session

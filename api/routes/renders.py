@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from botocore.exceptions import ClientError
 from fastapi import APIRouter, File, Form, Header, HTTPException, Query, Request, Response, UploadFile, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -92,7 +93,7 @@ async def create_render(
         inputs=inputs,
         idempotency_key=idempotency_key,
     )
-    return created_answer(response, services, db, created, principal)
+    return await run_in_threadpool(created_answer, response, services, db, created, principal)
 
 
 def created_answer(
@@ -168,7 +169,7 @@ async def render_events(
 ) -> Response:
     """Server-sent events: a `progress` event (with an `id:`) whenever the render's progress changes, keep-alive
     comments between them, until it ends. A reconnect with `Last-Event-ID` resumes after that event."""
-    find(db, session_id, principal)
+    await run_in_threadpool(find, db, session_id, principal)  # no database work on the event loop
     slot = key_slot(request, services, principal)
     watch = streams.KeyWatch(services, principal.key_id)
 

@@ -80,7 +80,7 @@ async def create_session(
         inputs=inputs,
         idempotency_key=idempotency_key,
     )
-    answer = created_answer(response, services, db, created, principal)
+    answer = await run_in_threadpool(created_answer, response, services, db, created, principal)
     answer.audio_ticket = await run_in_threadpool(_ticket, services, created.session_id, principal)
     return answer
 
