@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from monologue import __version__, temporal_client, tracing
@@ -17,11 +16,11 @@ from monologue.metrics import SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
+from . import problems
 from .deps import Services
 from .guard import UploadGuard
-from .origin import HostPolicy, RequestGuard
-from .routes import health, ops, renders, sessions
-from .submit import TooManySessions, ValidationUnavailable
+from .origin import HostPolicy, RequestGuard, browser_access
+from .routes import health, ops, playback, renders, sessions, webhooks
 
 log = structlog.get_logger("api")
 
@@ -55,11 +54,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(renders.router)
     app.include_router(sessions.router)
+    app.include_router(playback.router)
+    app.include_router(webhooks.router)
     app.include_router(ops.router)
+    problems.install(app)  # every error as problem+json; the public OpenAPI schema (no /ops)
     # A /v1 body's key and size are checked before any of it is read (added first: runs after the Host checks).
     app.add_middleware(UploadGuard)
     # Host, URL and same-origin checks before any route; a conflicting setting stops the API here, at its start.
-    app.add_middleware(RequestGuard, policy=HostPolicy.from_settings(settings.api))
+    policy = HostPolicy.from_settings(settings.api, ticket_origins=settings.links.cors_origins)
+    app.add_middleware(RequestGuard, policy=policy)
+    browser_access(app, settings.links.cors_origins)  # outermost: CORS for playback links (GET only)
 
     @app.middleware("http")
     async def bind_request(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -67,15 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             response: Response = await call_next(request)
             return response
 
-    @app.exception_handler(TooManySessions)
-    async def too_many(_request: Request, err: TooManySessions) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=429)
-
-    @app.exception_handler(ValidationUnavailable)
-    async def no_validator(_request: Request, err: ValidationUnavailable) -> JSONResponse:
-        return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "10"})
-
-    tracing.instrument_app(app)  # outermost: the server span covers the guards too
+    tracing.instrument_app(app)  # outermost: the server span covers the guards and CORS too
     return app
 
 

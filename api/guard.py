@@ -19,12 +19,12 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monologue.settings import LimitSettings
 
 from .deps import Services, principal_from_headers
+from .problems import problem_response
 
 GUARDED_PREFIX = "/v1/"
 PRINCIPAL_STATE = "principal"  # request.state.principal, read by api.deps.require_key
@@ -127,6 +127,8 @@ def _too_large(limits: LimitSettings, size: str) -> str:
 async def _refuse(
     scope: Scope, receive: Receive, send: Send, status: int, detail: Any, headers: Mapping[str, str] | None = None
 ) -> None:
-    """Answer like FastAPI's HTTPException handler, and close the connection: the body stays unread."""
-    response = JSONResponse({"detail": detail}, status_code=status, headers={**(headers or {}), "Connection": "close"})
+    """Answer like the HTTPException handler (problem details), and close the connection: the body stays unread."""
+    response = problem_response(
+        status, str(detail), instance=scope["path"], headers={**(headers or {}), "Connection": "close"}
+    )
     await response(scope, receive, send)

@@ -19,12 +19,16 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from monologue.settings import ApiSettings
+
+from .problems import problem_response
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -71,9 +75,12 @@ class HostPolicy:
     names: frozenset[str]  # exact host names, loopback names and public_url's host included
     suffixes: tuple[str, ...]  # '.example.com' for each '*.example.com'
     any_host: bool  # '*' in allowed_hosts: every Host passes (no DNS-rebinding protection)
+    # Pages (MONOLOGUE_LINKS__CORS_ORIGINS) whose scripts may open an audio socket with a ticket: a ticket is a
+    # capability the page was handed, not an ambient credential a cross-site page could ride on.
+    ticket_origins: frozenset[str] = frozenset()
 
     @classmethod
-    def from_settings(cls, api: ApiSettings) -> HostPolicy:
+    def from_settings(cls, api: ApiSettings, *, ticket_origins: list[str] | None = None) -> HostPolicy:
         public_origin = _origin(str(api.public_url))
         if not public_origin:
             raise ValueError(
@@ -92,6 +99,7 @@ class HostPolicy:
             names=LOOPBACK_HOSTS | {public_host} | {p for p in patterns if not p.startswith("*")},
             suffixes=tuple(p[1:] for p in patterns if p.startswith("*.")),
             any_host="*" in patterns,
+            ticket_origins=frozenset(_origin(entry) or entry.strip() for entry in ticket_origins or []),
         )
 
     def allows_host(self, host_header: str) -> bool:
@@ -133,7 +141,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         status, message = refusal
-        response = JSONResponse({"detail": message}, status_code=status)
+        response = problem_response(status, message, instance=scope["path"])
         if scope["type"] == "http":
             await response(scope, receive, send)
         else:
@@ -154,6 +162,8 @@ class RequestGuard:
         if scope["type"] == "http" and scope["method"] in SAFE_METHODS:
             return None
         origin, site = headers.get("origin"), headers.get("sec-fetch-site")
+        if scope["type"] == "websocket" and origin is not None and self._ticket_socket(scope, origin):
+            return None
         if origin is not None and not self.policy.allows_origin(origin, host):
             return 403, (
                 f"a page at {origin} may not change anything here: only this API's own pages may"
@@ -166,6 +176,12 @@ class RequestGuard:
             )
         return None
 
+    def _ticket_socket(self, scope: Scope, origin: str) -> bool:
+        """A handshake with a ticket from a page the operator named (the socket then checks the ticket)."""
+        origins = self.policy.ticket_origins
+        named = "*" in origins or _origin(origin) in origins
+        return named and b"ticket=" in scope["query_string"]
+
 
 async def _refuse_websocket(websocket: WebSocket, response: JSONResponse) -> None:
     """Refuse the handshake with the HTTP answer where the server can send one; else close before accepting
@@ -174,3 +190,18 @@ async def _refuse_websocket(websocket: WebSocket, response: JSONResponse) -> Non
         await websocket.send_denial_response(response)
     else:
         await websocket.close(code=1008)
+
+
+def browser_access(app: FastAPI, origins: list[str]) -> None:
+    """CORS for pages at `origins` (MONOLOGUE_LINKS__CORS_ORIGINS): they may GET what needs no key, the playback
+    links. No credentials and no Authorization header cross: an API key never belongs in a browser."""
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "HEAD"],
+            allow_headers=["Range", "Last-Event-ID"],
+            expose_headers=["Content-Length", "Content-Range", "Accept-Ranges"],
+            allow_credentials=False,
+            max_age=600,
+        )

@@ -92,7 +92,7 @@ class HeldStream(StreamingResponse):
     an error or a cancellation (the body's own `finally` never runs if the client leaves before it starts)."""
 
     def __init__(
-        self, content: AsyncIterable[str], slot: StreamSlot, *, media_type: str, headers: dict[str, str]
+        self, content: AsyncIterable[str | bytes], slot: StreamSlot, *, media_type: str, headers: dict[str, str]
     ) -> None:
         super().__init__(content, media_type=media_type, headers=headers)
         self.slot = slot

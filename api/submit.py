@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,6 +29,7 @@ from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
 
 from .deps import Services
+from .errors import TooManySessions, ValidationUnavailable
 
 log = structlog.get_logger("api.submit")
 
@@ -40,14 +40,6 @@ class Uploads:
 
     portrait: bytes
     audio: bytes | None = None  # None: a live session, whose audio comes later over the audio socket
-
-
-class ValidationUnavailable(Exception):
-    """No worker checked the uploads in time (→ 503): no node is polling the shared queue, or all are busy."""
-
-
-class TooManySessions(Exception):
-    """The tenant is at its limit of concurrent sessions (→ 429)."""
 
 
 def check_tenant_limit(services: Services, tenant: str) -> None:
@@ -68,23 +60,26 @@ def _too_many(tenant: str, active: int) -> TooManySessions:
     )
 
 
-async def start_render(services: Services, *, uploads: Uploads, options: c.RenderOptions, tenant: str = "local") -> str:
-    """Check the uploads on a node, write the session row and start the workflow; undo all of it on failure.
-    InputError (→ 422) names bad input; ValidationUnavailable (→ 503) when no node checked it in time."""
-    return await _start(services, uploads, options, tenant=tenant, kind=c.SessionKind.RENDER)
-
-
-async def start_live(services: Services, *, portrait: bytes, options: c.RenderOptions, tenant: str = "local") -> str:
-    """A live session: as `start_render` with the portrait alone (the workflow waits for the audio)."""
-    return await _start(services, Uploads(portrait=portrait), options, tenant=tenant, kind=c.SessionKind.LIVE)
+async def start_session(
+    services: Services,
+    *,
+    session_id: str,
+    uploads: Uploads,
+    options: c.RenderOptions,
+    tenant: str = "local",
+    kind: c.SessionKind = c.SessionKind.RENDER,
+) -> None:
+    """Check the inputs on a node, write the session row and start the workflow; undo all of it on failure.
+    InputError (→ 422) names bad input; ValidationUnavailable (→ 503) when no node checked it in time. A live
+    session has a portrait only (the workflow waits for its audio)."""
+    await _start(services, session_id, uploads, options, tenant=tenant, kind=kind)
 
 
 async def _start(
-    services: Services, uploads: Uploads, options: c.RenderOptions, *, tenant: str, kind: c.SessionKind
-) -> str:
+    services: Services, session_id: str, uploads: Uploads, options: c.RenderOptions, *, tenant: str, kind: c.SessionKind
+) -> None:
     """The steps a new session takes, in order, with everything written undone if one fails."""
     check_tenant_limit(services, tenant)  # first: a tenant at its limit costs no node any decoding
-    session_id = uuid.uuid4().hex
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
@@ -125,7 +120,6 @@ async def _start(
                 repo.delete_session(db, session_id=session_id)
             raise
         log.info(f"{kind} started", seconds=round(seconds, 3), width=checked.width, height=checked.height)
-    return session_id
 
 
 def _stage(services: Services, session_id: str, uploads: Uploads) -> None:

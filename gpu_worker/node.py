@@ -1,10 +1,11 @@
 """The node process: one worker machine that generates frames.
 
-It polls four Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
-`record_status`, `stored_audio`, and `validate_inputs` for the API's uploads), the lease queue (`hold_node`,
-with one slot per session the node can hold: this is how a node takes a session), its own queue `node-<id>`
-(the pinned per-session work) and the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video Streams
-from storage). Heavy work runs in sync activities on a thread pool so the event loop keeps heartbeating.
+It polls five Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
+`record_status`, `stored_audio`, `notify_session_ended`, and `validate_inputs` for the API's uploads), the lease
+queue (`hold_node`, with one slot per session the node can hold: this is how a node takes a session), its own queue
+`node-<id>` (the pinned per-session work), the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video
+Streams from storage) and the webhook queue (WebhookDeliveryWorkflow and its attempts). Heavy work runs in sync
+activities on a thread pool so the event loop keeps heartbeating.
 SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
 chunks finish."""
 
@@ -30,6 +31,7 @@ from activities.node import NodeActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
+from activities.webhooks import WebhookActivities
 from gpu_worker import node_http
 from gpu_worker.models import check_configured_weights
 from gpu_worker.models.dit.checkpoint import CheckpointError
@@ -41,8 +43,10 @@ from monologue.settings import Settings
 from monologue.storage import open_store
 from workflows.render import RenderWorkflow
 from workflows.validate import ValidateInputsWorkflow
+from workflows.webhook import WebhookDeliveryWorkflow
 
 SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
+WEBHOOK_SLOTS = 16  # webhook attempts one node makes at once (async: each waits on a receiver)
 SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
 HEALTH_EVERY_S = 5.0  # how often the node checks that Temporal and its database answer (for /readyz)
 
@@ -86,6 +90,7 @@ async def run_node(
     shared = SessionActivities(store=store, sessions=sessions)
     validate = ValidateActivities(store=store)
     sinks = SinkActivities(store=store, sessions=sessions, allowed=settings.sinks)
+    hooks = WebhookActivities(sessions=sessions, settings=settings)
     faults = Faults(
         chunk_delay_s=settings.node.chunk_delay_s,
         hang_chunk=settings.node.hang_chunk,
@@ -122,6 +127,7 @@ async def run_node(
                 shared.record_status,
                 shared.stored_audio,
                 validate.validate_inputs,
+                hooks.notify_session_ended,
             ],
             activity_executor=executor,
             max_concurrent_activities=4,
@@ -163,12 +169,21 @@ async def run_node(
             default_heartbeat_throttle_interval=timedelta(seconds=1),
             graceful_shutdown_timeout=grace,
         )
+        # Webhook deliveries: their workflows and attempts on a queue of their own, so a slow receiver waits there.
+        webhook_worker = Worker(
+            client,
+            task_queue=c.webhook_task_queue(settings.temporal.task_queue),
+            workflows=[WebhookDeliveryWorkflow],
+            activities=[hooks.deliver_webhook, hooks.webhook_given_up],
+            max_concurrent_activities=WEBHOOK_SLOTS,
+            graceful_shutdown_timeout=grace,
+        )
         queues = [
             settings.temporal.task_queue,
             c.lease_task_queue(settings.temporal.task_queue),
             c.node_task_queue(node_id),
         ]
-        async with shared_worker, node_worker, lease_worker, sink_worker:
+        async with shared_worker, node_worker, lease_worker, sink_worker, webhook_worker:
             reporting = asyncio.create_task(reporter.run())
             watching = asyncio.create_task(_watch_health(health, client, engine))
             health.polling = True

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from monologue import keys
 from monologue.bench_cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
-from monologue.client import submit
+from monologue.client import Client
 from monologue.cluster import Cluster, Kill, Shape
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker
@@ -155,8 +155,8 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
 
 def _submit(cluster: Cluster, index: int, portrait: Path, audio: Path) -> str:
     url = cluster.api_urls[index % len(cluster.api_urls)]
-    created = submit(url, portrait, audio, options=OPTIONS, api_key=cluster.api_key)
-    return str(created["id"])
+    with Client(url, api_key=cluster.api_key) as client:
+        return client.create_render(portrait=portrait, audio=audio, options=OPTIONS).id
 
 
 def _rows(cluster: Cluster) -> Any:

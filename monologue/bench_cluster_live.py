@@ -14,9 +14,11 @@ import numpy as np
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
-from monologue.client import RenderFailed, auth
+from monologue.client import auth
+from monologue.client.live import MESSAGE_SAMPLES
 from monologue.cluster import Cluster
-from monologue.live_client import MESSAGE_SAMPLES, start_session
+from monologue.errors import ApiError
+from monologue.live_client import start_session
 from monologue.media import AUDIO_RATE
 
 OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": 16, "i_frames": 4, "seed": 11}
@@ -36,7 +38,7 @@ def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path) -> None:
     """Create the live session through `run.api_url` (before any kill: its audio then streams under them)."""
     try:
         session = start_session(run.api_url, portrait, options=OPTIONS, api_key=cluster.api_key)
-    except (RenderFailed, httpx.HTTPError) as err:
+    except (ApiError, httpx.HTTPError) as err:
         run.error = f"could not start: {err}"
         return
     run.session_id, run.audio_link = str(session["id"]), str(session["links"]["audio"])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monologue.client import poll, submit
+from monologue.client import Client
 from monologue.media import decode_wav, encode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
@@ -67,11 +67,17 @@ _KEY: dict[str, str] = {}  # the private stack's API key, by API URL
 
 
 def _submit(api: str, audio: Path) -> str:
-    return str(submit(api, SAMPLES / "portrait.jpg", audio, api_key=_KEY.get(api))["id"])
+    with Client(api, api_key=_KEY.get(api)) as client:
+        return client.create_render(portrait=SAMPLES / "portrait.jpg", audio=audio).id
 
 
 def _wait(api: str, session_id: str, until: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    return poll(api, session_id, lambda render: bool(until(render)), poll_s=0.02, timeout_s=1800, api_key=_KEY.get(api))
+    """Poll the session (as JSON) every 20 ms until `until` holds."""
+    with Client(api, api_key=_KEY.get(api)) as client:
+        found = client.poll(
+            session_id, lambda render: bool(until(render.model_dump(mode="json"))), poll_s=0.02, timeout_s=1800
+        )
+    return found.model_dump(mode="json")
 
 
 async def _round_trip_ms(address: str, count: int = 50) -> float:

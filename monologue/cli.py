@@ -20,6 +20,7 @@ from monologue.cli_bench import bench
 from monologue.cli_options import given_options, model_options
 from monologue.cli_renders import api_target, renders
 from monologue.cli_temporal import temporal
+from monologue.cli_webhooks import webhooks
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -38,6 +39,7 @@ def main() -> None:
 main.add_command(renders)
 main.add_command(bench)
 main.add_command(temporal)
+main.add_command(webhooks)
 
 
 def _configured() -> Settings:
@@ -134,10 +136,17 @@ def migrate() -> None:
     help="Where to write the MP4.",
 )
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
+@click.option(
+    "--layout",
+    type=click.Choice(["fragmented", "progressive"]),
+    default="fragmented",
+    show_default=True,
+    help="progressive: the MP4's index first (for editors).",
+)
 @model_options(SESSION_OPTIONS)
-def render(portrait: Path, audio: Path, output: Path, api_url: str | None, **options: Any) -> None:
+def render(portrait: Path, audio: Path, output: Path, api_url: str | None, layout: str, **options: Any) -> None:
     """Render PORTRAIT speaking AUDIO through the API and download the MP4."""
-    _render(api_url, portrait, audio, output, given_options(options, SESSION_OPTIONS))
+    _render(api_url, portrait, audio, output, given_options(options, SESSION_OPTIONS), layout)
 
 
 @main.command()
@@ -164,6 +173,7 @@ def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json
         "audio_s": round(report.audio_seconds, 2),
         "streamed_s": round(report.send_seconds, 2),
         "segments_while_streaming": report.segments_while_streaming,
+        "reconnects": report.reconnects,
         "ttff_ms": session.get("ttff_ms"),
         "latency_p50_ms": latency.get("p50_ms"),
         "latency_p95_ms": latency.get("p95_ms"),
@@ -219,38 +229,46 @@ def demo(output: Path | None, keep_running: bool | None) -> None:
             stack.stop()
 
 
-def _render(api_url: str | None, portrait: Path, audio: Path, output: Path, options: dict[str, Any]) -> None:
-    from monologue.client import RenderFailed, download, submit, wait
+def _render(
+    api_url: str | None,
+    portrait: Path,
+    audio: Path,
+    output: Path,
+    options: dict[str, Any],
+    layout: str = "fragmented",
+) -> None:
+    from monologue.client import Client, ClientError, Layout
+    from monologue.schemas import RenderPublic
 
     api_url, key = api_target(api_url)
     try:
-        created = submit(api_url, portrait, audio, options=options, api_key=key)
-        session_id = created["id"]
-        click.echo(f"render {session_id} started ({created['audio_seconds']:.1f} s of audio)")
-        bar: Any = None
-        state = {"done": 0}
+        with Client(api_url, api_key=key) as client:
+            created = client.create_render(portrait=portrait, audio=audio, options=options)
+            click.echo(f"render {created.id} started ({created.audio_seconds or 0:.1f} s of audio)")
+            bar: Any = None
+            state = {"done": 0}
 
-        def on_progress(render: dict[str, Any]) -> None:
-            nonlocal bar
-            total, done = render["progress"]["chunks_total"], render["progress"]["chunks_done"]
-            if bar is None and total:
-                bar = click.progressbar(length=total, label="chunks", show_pos=True, file=sys.stderr)
-                bar.__enter__()
-            if bar is not None:
-                bar.update(done - state["done"])
-                state["done"] = done
+            def on_progress(render: RenderPublic) -> None:
+                nonlocal bar
+                total, done = render.progress.chunks_total, render.progress.chunks_done
+                if bar is None and total:
+                    bar = click.progressbar(length=total, label="chunks", show_pos=True, file=sys.stderr)
+                    bar.__enter__()
+                if bar is not None:
+                    bar.update(done - state["done"])
+                    state["done"] = done
 
-        try:
-            render = wait(api_url, session_id, on_progress=on_progress, api_key=key)
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
-        size = download(api_url, session_id, output, api_key=key)
-    except RenderFailed as err:
+            try:
+                render = client.wait(created.id, on_progress=on_progress)
+            finally:
+                if bar is not None:
+                    bar.__exit__(None, None, None)
+            size = client.download(created.id, output, layout=Layout(layout))
+    except ClientError as err:
         raise click.ClickException(str(err)) from err
     click.echo(
-        f"wrote {output} ({size / 1e6:.1f} MB, {render['progress']['frames_total']} frames,"
-        f" first frame after {render['ttff_ms']:.0f} ms)"
+        f"wrote {output} ({size / 1e6:.1f} MB, {render.progress.frames_total} frames,"
+        f" first frame after {render.ttff_ms or 0:.0f} ms)"
     )
 
 

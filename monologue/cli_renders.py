@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import click
 
-from monologue import client
+from monologue.client import Client, ClientError
 from monologue.contracts import SessionStatus
+from monologue.schemas import RenderPublic
 from monologue.settings import get_settings
 
 api_option = click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
@@ -27,11 +27,14 @@ def api_target(api_url: str | None) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def refusals() -> Iterator[None]:
-    """The API's refusals as one line on stderr and exit status 1, never a traceback."""
+def connected(api_url: str | None) -> Iterator[Client]:
+    """A client of the API with the CLI's key; its refusals become one line on stderr and exit status 1, never a
+    traceback."""
+    url, key = api_target(api_url)
     try:
-        yield
-    except client.RenderFailed as err:
+        with Client(url, api_key=key) as client:
+            yield client
+    except ClientError as err:
         raise click.ClickException(str(err)) from err
 
 
@@ -48,15 +51,14 @@ def renders() -> None:
 @json_option
 def list_command(api_url: str | None, status: str | None, limit: int, offset: int, as_json: bool) -> None:
     """The key's sessions, newest first: id, kind, status, chunks done, created."""
-    url, key = api_target(api_url)
-    with refusals():
-        items = client.list_renders(url, status=status, limit=limit, offset=offset, api_key=key)
+    with connected(api_url) as client:
+        items = client.list_sessions(status=status, limit=limit, offset=offset)
     if as_json:
-        click.echo(json.dumps(items))
+        click.echo(json.dumps([render.model_dump(mode="json") for render in items]))
         return
     for render in items:
-        kind, status, created = render["kind"], render["status"], render["created_at"]
-        click.echo(f"{render['id']}  {kind:<6} {status:<9} {_chunks(render):>12}  {created}")
+        created = render.created_at.isoformat()
+        click.echo(f"{render.id}  {render.kind:<6} {render.status:<9} {_chunks(render):>12}  {created}")
 
 
 @renders.command("show")
@@ -64,9 +66,8 @@ def list_command(api_url: str | None, status: str | None, limit: int, offset: in
 @api_option
 def show_command(session_id: str, api_url: str | None) -> None:
     """One session, as the API shows it (JSON)."""
-    url, key = api_target(api_url)
-    with refusals():
-        click.echo(json.dumps(client.get_render(url, session_id, api_key=key), indent=2))
+    with connected(api_url) as client:
+        click.echo(client.get(session_id).model_dump_json(indent=2))
 
 
 @renders.command("cancel")
@@ -74,10 +75,9 @@ def show_command(session_id: str, api_url: str | None) -> None:
 @api_option
 def cancel_command(session_id: str, api_url: str | None) -> None:
     """Stop a session within a chunk; what was published stays playable."""
-    url, key = api_target(api_url)
-    with refusals():
-        render = client.cancel(url, session_id, api_key=key)
-    click.echo(f"render {session_id}: cancel requested ({render['status']})")
+    with connected(api_url) as client:
+        render = client.cancel(session_id)
+    click.echo(f"render {session_id}: cancel requested ({render.status})")
 
 
 @renders.command("resume")
@@ -85,33 +85,30 @@ def cancel_command(session_id: str, api_url: str | None) -> None:
 @api_option
 def resume_command(session_id: str, api_url: str | None) -> None:
     """Start a failed or cancelled session again from its last checkpoint."""
-    url, key = api_target(api_url)
-    with refusals():
-        render = client.resume(url, session_id, api_key=key)
-    click.echo(f"render {session_id}: resumed ({render['status']})")
+    with connected(api_url) as client:
+        render = client.resume(session_id)
+    click.echo(f"render {session_id}: resumed ({render.status})")
 
 
 @renders.command("watch")
 @click.argument("session_id")
 @api_option
-@click.option("--poll", "poll_s", type=click.FloatRange(0.1), default=1.0, show_default=True, help="Seconds.")
-def watch_command(session_id: str, api_url: str | None, poll_s: float) -> None:
-    """Print a line whenever the session's status or progress changes, until it ends; exit status 1 unless
-    it completed."""
-    url, key = api_target(api_url)
+def watch_command(session_id: str, api_url: str | None) -> None:
+    """Print a line whenever the session's status or progress changes (its event stream), until it ends; exit
+    status 1 unless it completed."""
     last: list[str] = []
 
-    def show(render: dict[str, Any]) -> None:
-        line = f"{render['status']:<9} {_chunks(render)}"
+    def show(render: RenderPublic) -> None:
+        line = f"{render.status:<9} {_chunks(render)}"
         if line not in last[-1:]:
             last.append(line)
             click.echo(line)
 
-    with refusals():
-        render = client.wait(url, session_id, on_progress=show, poll_s=poll_s, api_key=key)
-    click.echo(f"completed: {url}/v1/renders/{session_id}/video.mp4 ({render['progress']['frames_total']} frames)")
+    with connected(api_url) as client:
+        render = client.wait(session_id, on_progress=show)
+    click.echo(f"completed: {render.links.video} ({render.progress.frames_total} frames)")
 
 
-def _chunks(render: dict[str, Any]) -> str:
-    progress = render["progress"]
-    return f"{progress['chunks_done']}/{progress['chunks_total'] or '?'} chunks"
+def _chunks(render: RenderPublic) -> str:
+    progress = render.progress
+    return f"{progress.chunks_done}/{progress.chunks_total or '?'} chunks"

@@ -15,6 +15,7 @@ from sqlalchemy.pool import NullPool
 
 from monologue.contracts import ChunkKind, SessionKind, SessionStatus
 from monologue.localfs import private_file
+from monologue.schemas import DeliveryStatus, WebhookEvent
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -86,6 +87,10 @@ class SessionRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     audio_samples: Mapped[int | None] = mapped_column(Integer)  # live sessions: audio received so far
     latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # live: audio in → segment out p50/p95 ms
+    # Live sessions: the audio socket open now (its holder's id) and when it last said so; a claim older than a
+    # few key re-checks is stale (its API process died), so a reconnect is not locked out forever.
+    audio_socket: Mapped[str | None] = mapped_column(String(32))
+    audio_socket_at: Mapped[datetime | None]
 
 
 class ChunkRow(Base):
@@ -162,6 +167,85 @@ class ApiKeyRow(Base):
     scopes: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+
+
+class AudioTicketRow(Base):
+    """A single-use, short-lived ticket that opens one live session's audio socket (browsers cannot send an
+    Authorization header on a WebSocket). Only its SHA-256 is stored; `used_at` is set once, when it is used."""
+
+    __tablename__ = "audio_tickets"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(32))  # the API key that asked for it (None: keyless ops)
+    ticket_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None]
+
+
+class IdempotencyKeyRow(Base):
+    """An `Idempotency-Key` a tenant sent with a create: the request it came with (its SHA-256) and the session
+    it made. The primary key is the uniqueness: of two requests racing with one key, one insert wins."""
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(64))  # its row exists once the first request has recorded it
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class WebhookEndpointRow(Base):
+    """Where a tenant's session events go, signed with the endpoint's secret (shown once, when it is created)."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(128))  # whsec_<base64>: needed to sign, so kept (never shown again)
+    events: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None]
+
+
+class WebhookDeliveryRow(Base):
+    """One event for one endpoint: its id is the `webhook-id` every attempt sends, so receivers deduplicate."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    tenant: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(64), index=True)
+    event: Mapped[WebhookEvent] = mapped_column(EnumText(WebhookEvent, 32))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[DeliveryStatus] = mapped_column(EnumText(DeliveryStatus), default=DeliveryStatus.PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class WebhookAttemptRow(Base):
+    """One try of a delivery: when, how long, and what came back (a status code, or why there was none)."""
+
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    duration_ms: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 def make_engine(url: str) -> Engine:

@@ -3,10 +3,17 @@
 
     MonologueError
     ├── InputError        the caller's input cannot work; retrying will not help (HTTP 4xx, non-retryable)
-    │   └── NoFaceFound   the portrait has no detectable face
+    │   ├── NoFaceFound   the portrait has no detectable face
+    │   ├── AddressRefused  a URL a caller gave leads where the operator allows no request (SSRF)
+    │   └── InputTooLarge   a URL input is larger than the upload limit (HTTP 413)
     ├── NotFound          no such session or object (HTTP 404)
-    └── TransientError    a dependency hiccuped; retrying may help
+    ├── TransientError    a dependency hiccuped; retrying may help
+    └── ClientError       what `monologue.client` raises
+        ├── ApiError      the API refused a request: its status and problem details
+        └── SessionEnded  a session waited on ended failed or cancelled
 """
+
+from typing import Any
 
 
 class MonologueError(Exception):
@@ -21,9 +28,38 @@ class NoFaceFound(InputError):
     """The portrait has no face the detector can find."""
 
 
+class AddressRefused(InputError):
+    """A URL (an input, a webhook) names, resolves or redirects to an address or scheme no request may go to."""
+
+
+class InputTooLarge(InputError):
+    """A URL input is larger than MONOLOGUE_LIMITS__MAX_UPLOAD_BYTES."""
+
+
 class NotFound(MonologueError):
     """The session or object does not exist."""
 
 
 class TransientError(MonologueError):
     """A temporary failure (storage, database, network); safe to retry."""
+
+
+class ClientError(MonologueError):
+    """A call through `monologue.client` did not give what was asked; the message says why."""
+
+
+class ApiError(ClientError):
+    """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them."""
+
+    def __init__(self, message: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = problem or {}
+
+
+class SessionEnded(ClientError):
+    """A session that was waited on ended without a video (failed or cancelled); `session` is its last state."""
+
+    def __init__(self, message: str, *, session: Any) -> None:
+        super().__init__(message)
+        self.session = session

@@ -76,6 +76,11 @@ def final_video(session_id: str) -> str:
     return output(session_id, "final.mp4")
 
 
+def progressive_video(session_id: str) -> str:
+    """The final MP4 remuxed with its index first (made from final.mp4 at its first request, then kept)."""
+    return output(session_id, "progressive.mp4")
+
+
 def live_audio_piece(session_id: str, number: int) -> str:
     """Piece `number` of a live session's audio: LIVE_PIECE_SAMPLES samples of 16 kHz s16le mono (the last
     piece of an ended session may be shorter)."""

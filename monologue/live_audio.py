@@ -24,14 +24,17 @@ _CACHED_PIECES = 64
 
 
 class LiveAudioWriter:
-    """Appends PCM to a live session's stored audio. Not thread-safe: one writer per session (the API
-    refuses a second audio socket)."""
+    """Appends PCM to a live session's stored audio. Not thread-safe: one writer per session at a time (the API
+    lets one audio socket hold a session). A socket that reconnects continues after `stored` samples, the whole
+    pieces already in storage (`stored_live_audio`): what was buffered and never stored was never acknowledged."""
 
-    def __init__(self, store: ObjectStore, session_id: str) -> None:
+    def __init__(self, store: ObjectStore, session_id: str, *, stored: int = 0) -> None:
+        if stored % LIVE_PIECE_SAMPLES:
+            raise ValueError(f"a writer continues after whole pieces of {LIVE_PIECE_SAMPLES} samples, not {stored}")
         self._store = store
         self._session_id = session_id
         self._pending = np.zeros(0, dtype="<i2")
-        self.stored = 0  # samples in storage
+        self.stored = stored  # samples in storage
         self.ended = False
 
     def append(self, samples: np.ndarray) -> int:

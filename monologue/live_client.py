@@ -1,28 +1,21 @@
-"""Streaming speech into a live session, as a client would: `monologue live PORTRAIT AUDIO` and the tests.
+"""Streaming a speech file into a live session, as a client would: `monologue live PORTRAIT AUDIO` and the tests.
 
-The audio file is decoded to 16 kHz mono s16le (monologue.media) and sent in 20 ms messages at the pace
-of real time (or faster: `speed`), while a reader thread collects the server's acknowledgements and a
-poller watches the playlist grow, so the report shows segments published while audio still arrives.
-"""
+The file is decoded to 16 kHz mono s16le (monologue.media, so this needs the `node` extra) and streamed by
+`monologue.client`'s live helper (20 ms messages at `speed` × real time, reconnecting after a drop), while a poller
+watches the playlist grow, so the report shows segments published while audio still arrives."""
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-from websockets.sync.client import connect
 
-from monologue.client import auth, create, poll
+from monologue.client import Client, auth
 from monologue.contracts import TERMINAL
-from monologue.media import AUDIO_RATE, normalise_audio
-
-MESSAGE_SAMPLES = AUDIO_RATE // 50  # 20 ms per message, like a telephony/WebRTC frame
+from monologue.media import normalise_audio
 
 
 @dataclass
@@ -30,8 +23,9 @@ class LiveReport:
     session_id: str
     audio_seconds: float
     send_seconds: float  # wall time spent streaming the audio in
-    session: dict[str, Any]  # the session as the API reports it at the end
+    session: dict[str, Any]  # the session as the API reports it at the end (JSON)
     acks: int = 0
+    reconnects: int = 0
     segments_while_streaming: int = 0  # segments in the playlist before the last audio was sent
     errors: list[str] = field(default_factory=list)
 
@@ -39,8 +33,9 @@ class LiveReport:
 def start_session(
     api_url: str, portrait: Path, *, options: dict[str, Any] | None = None, api_key: str | None = None
 ) -> dict[str, Any]:
-    """POST the portrait; returns the live session with its audio WebSocket and stream links."""
-    return create(f"{api_url}/v1/sessions", {"portrait": portrait}, options, api_key, 60.0, "live session")
+    """POST the portrait; returns the live session (JSON) with its audio WebSocket, ticket and stream links."""
+    with Client(api_url, api_key=api_key) as client:
+        return client.create_live(portrait=portrait, options=options).model_dump(mode="json")
 
 
 def stream_live(
@@ -54,46 +49,28 @@ def stream_live(
     api_key: str | None = None,
 ) -> LiveReport:
     """Start a live session, stream `audio` into it at `speed` × real time, end it and wait for the end."""
-    pcm = np.frombuffer(normalise_audio(audio.read_bytes()).wav[44:], dtype="<i2")
-    session = start_session(api_url, portrait, options=options, api_key=api_key)
-    session_id = session["id"]
-    report = LiveReport(session_id, len(pcm) / AUDIO_RATE, 0.0, session)
-    segments = _PlaylistWatcher(session["links"]["stream"], auth(api_key))
-    segments.start()
-    try:
-        with connect(session["links"]["audio"], max_size=None, additional_headers=auth(api_key)) as socket:
-            reader = threading.Thread(target=_read_acks, args=(socket, report), daemon=True)
-            reader.start()
-            started = time.monotonic()
-            for offset in range(0, len(pcm), MESSAGE_SAMPLES):
-                due = started + offset / AUDIO_RATE / speed
-                time.sleep(max(0.0, due - time.monotonic()))
-                socket.send(pcm[offset : offset + MESSAGE_SAMPLES].tobytes())
-            report.segments_while_streaming = segments.count
-            report.send_seconds = time.monotonic() - started
-            socket.send(json.dumps({"type": "end"}))
-            reader.join(timeout=60)
-    finally:
-        segments.stop()
-    report.session = poll(
-        api_url,
-        session_id,
-        lambda s: s["status"] in TERMINAL,
-        timeout_s=wait_s,
-        api_key=api_key,
+    wav = normalise_audio(audio.read_bytes()).wav
+    pcm = wav[44:]
+    with Client(api_url, api_key=api_key) as client:
+        session = client.create_live(portrait=portrait, options=options)
+        segments = _PlaylistWatcher(session.links.stream, auth(api_key))
+        segments.start()
+        try:
+            streamed = client.stream_audio(session, pcm, speed=speed)
+            segments.stop_counting()
+        finally:
+            segments.stop()
+        final = client.poll(session.id, lambda s: s.status in TERMINAL, timeout_s=wait_s)
+    return LiveReport(
+        session_id=session.id,
+        audio_seconds=len(pcm) / 2 / 16_000,
+        send_seconds=streamed.send_seconds,
+        session=final.model_dump(mode="json"),
+        acks=streamed.acks,
+        reconnects=streamed.reconnects,
+        segments_while_streaming=segments.count_while_streaming,
+        errors=streamed.errors,
     )
-    return report
-
-
-def _read_acks(socket: Any, report: LiveReport) -> None:
-    for message in socket:
-        event = json.loads(message)
-        if event["type"] == "ack":
-            report.acks += 1
-        elif event["type"] == "error":
-            report.errors.append(event["message"])
-        elif event["type"] == "ended":
-            return
 
 
 class _PlaylistWatcher(threading.Thread):
@@ -105,6 +82,7 @@ class _PlaylistWatcher(threading.Thread):
         self._headers = headers
         self._halt = threading.Event()
         self.count = 0
+        self.count_while_streaming = 0
 
     def run(self) -> None:
         with httpx.Client(timeout=10, headers=self._headers) as http:
@@ -112,6 +90,9 @@ class _PlaylistWatcher(threading.Thread):
                 response = http.get(self._url)
                 if response.status_code == 200:
                     self.count = sum(1 for line in response.text.splitlines() if line.startswith("seg-"))
+
+    def stop_counting(self) -> None:
+        self.count_while_streaming = self.count
 
     def stop(self) -> None:
         self._halt.set()

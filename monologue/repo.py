@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
@@ -272,16 +272,44 @@ def _aware(moment: Any) -> Any:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def claim_audio_socket(db: Session, *, session_id: str) -> bool:
-    """Mark that a live session's audio socket has connected; False if one ever did (a session takes one
-    audio stream: a second socket, or a reconnect after the first closed, is refused)."""
+def claim_audio_socket(db: Session, *, session_id: str, holder: str, takeover_s: float) -> bool:
+    """Make `holder` the live session's one audio socket; False while another holds it and brought audio within
+    `takeover_s`. A socket silent that long is taken over: its client has reconnected (a dropped connection the
+    server has not noticed yet), or its API process died."""
+    now = utcnow()
+    free = or_(SessionRow.audio_socket.is_(None), SessionRow.audio_socket_at < now - timedelta(seconds=takeover_s))
     result = db.execute(
         update(SessionRow)
-        .where(SessionRow.id == session_id, SessionRow.audio_samples.is_(None))
-        .values(audio_samples=0)
+        .where(SessionRow.id == session_id, free)
+        .values(audio_socket=holder, audio_socket_at=now, audio_samples=func.coalesce(SessionRow.audio_samples, 0))
     )
     db.commit()
     return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def refresh_audio_socket(db: Session, *, session_id: str, holder: str) -> bool:
+    """The socket brought audio just now; False if another socket has taken over meanwhile."""
+    result = db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.audio_socket == holder)
+        .values(audio_socket_at=utcnow())
+    )
+    db.commit()
+    return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def audio_socket_holder(db: Session, *, session_id: str) -> str | None:
+    return db.scalar(select(SessionRow.audio_socket).where(SessionRow.id == session_id))
+
+
+def release_audio_socket(db: Session, *, session_id: str, holder: str) -> None:
+    """The socket closed: a reconnect may take its place at once."""
+    db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.audio_socket == holder)
+        .values(audio_socket=None, audio_socket_at=None)
+    )
+    db.commit()
 
 
 def record_live_audio(db: Session, *, session_id: str, samples: int, rate: int) -> None:

@@ -111,6 +111,12 @@ class ApiSettings(BaseModel):
     temporal_metrics_port: int | None = Field(
         default=None, description="the API's Temporal SDK metrics (Prometheus) on this port; unset: off"
     )
+    idempotency_ttl_s: float = Field(
+        default=24 * 3600.0, gt=0, description="an Idempotency-Key names its first session for this long"
+    )
+    events_keepalive_s: float = Field(
+        default=15.0, gt=0, description="an idle event stream sends a keep-alive comment this often"
+    )
 
 
 class NodeSettings(BaseModel):
@@ -193,6 +199,64 @@ class SinkSettings(BaseModel):
     )
 
 
+# Issue 18: what integrators' viewers, services and inputs use (links, webhooks, outbound requests, URL inputs).
+
+
+class LinkSettings(BaseModel):
+    """Signed playback links and live audio tickets: what players and browsers use instead of an API key."""
+
+    secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC key of playback links (unset: <home>/link-secret, made at first use; every API process"
+        " must share it)",
+    )
+    ttl_s: float = Field(default=3600.0, gt=0, le=7 * 86400, description="a playback link works this long")
+    ticket_ttl_s: float = Field(default=60.0, gt=0, le=3600, description="a live audio ticket works this long, once")
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="origins whose pages may read playback links (CORS, GET only; '*' any), e.g. https://app.example",
+    )
+    max_streams_per_session: int = Field(default=32, ge=1, description="open event streams per session's links")
+
+
+class WebhookSettings(BaseModel):
+    """Signed notifications of a session's end, sent to endpoints each tenant registers. A delivery is retried
+    with exponential back-off until it succeeds or `give_up_after_s` has passed."""
+
+    allowed_urls: list[str] = Field(
+        default_factory=lambda: ["https://*"],
+        description="where endpoints may point: URL patterns, '{tenant}' filled in, a trailing '*' any rest",
+    )
+    initial_backoff_s: float = Field(default=5.0, gt=0, description="the wait after the first failed attempt")
+    max_backoff_s: float = Field(default=3600.0, gt=0, description="the longest wait between two attempts")
+    give_up_after_s: float = Field(default=27 * 3600.0, gt=0, description="a delivery is retried this long")
+    timeout_s: float = Field(default=10.0, gt=0, description="one attempt's time limit")
+    max_endpoints: int = Field(default=10, ge=1, description="endpoints per tenant")
+
+
+class OutboundSettings(BaseModel):
+    """Requests to addresses a caller chooses (URL inputs, webhooks): public addresses only, checked on the
+    address actually connected to, unless the operator allows a range."""
+
+    allowed_ranges: list[str] = Field(
+        default_factory=list,
+        description="CIDR ranges reachable besides public addresses (loopback, private, link-local), e.g. 10.1.0.0/16",
+    )
+    allow_http: bool = Field(default=False, description="plain http:// besides https:// (tests, internal networks)")
+
+
+class InputSettings(BaseModel):
+    """Inputs given by URL (`portrait_url`, `audio_url`): https, or s3:// from the buckets listed here."""
+
+    s3_buckets: list[str] = Field(
+        default_factory=list,
+        description="where s3:// inputs may come from: 'bucket' or 'bucket/prefix' ('{tenant}' filled in)",
+    )
+    s3_endpoint_url: str | None = Field(default=None, description="the S3 server of s3:// inputs (unset: AWS)")
+    fetch_timeout_s: float = Field(default=30.0, gt=0, description="one input's whole download")
+    max_redirects: int = Field(default=5, ge=0, le=20)
+
+
 class RenderDefaults(defaults_model()):  # type: ignore[misc]
     """Per-session defaults (`MONOLOGUE_RENDER__<OPTION>`): every field of `contracts.RenderOptions`, derived, so a
     new option has a setting too; and how sessions are orchestrated."""
@@ -223,6 +287,10 @@ class Settings(BaseSettings):
     sinks: SinkSettings = SinkSettings()
     render: RenderDefaults = RenderDefaults()
     tracing: TracingSettings = TracingSettings()
+    links: LinkSettings = LinkSettings()
+    webhooks: WebhookSettings = WebhookSettings()
+    outbound: OutboundSettings = OutboundSettings()
+    inputs: InputSettings = InputSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

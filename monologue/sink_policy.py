@@ -132,6 +132,17 @@ def parse_endpoint(url: str) -> Endpoint | None:
     return Endpoint(scheme, host, port or DEFAULT_PORTS[scheme], parts.path.rstrip("/"))
 
 
+def s3_object_allowed(patterns: list[str], *, tenant: str, bucket: str, key: str) -> bool:
+    """Whether object `key` of `bucket` is under one of `patterns` ('bucket' or 'bucket/prefix', `{tenant}` filled
+    in, matched by whole path segments as for sinks): where inputs by s3:// URL may come from."""
+    if not TENANT.fullmatch(tenant):
+        return False
+    folders = _segments(key)[:-1]
+    if any(segment in (".", "..") for segment in _segments(key)):
+        return False
+    return any(_bucket_matches(pattern.replace("{tenant}", tenant), bucket, folders) for pattern in patterns)
+
+
 def _s3_refusal(sink: S3Sink, tenant: str, mine: SinkSettings) -> str | None:
     if sink.endpoint_url is not None and not endpoint_allowed(sink.endpoint_url, mine.s3_endpoints):
         return (

@@ -56,7 +56,17 @@ def sample_speech() -> bytes:
 
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
-    from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
+    from monologue.settings import (
+        ApiSettings,
+        InputSettings,
+        LimitSettings,
+        LinkSettings,
+        NodeSettings,
+        OutboundSettings,
+        Settings,
+        TemporalSettings,
+        WebhookSettings,
+    )
     from monologue.stack import free_port
 
     home = tmp_path_factory.mktemp("stack")
@@ -64,11 +74,26 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         home=home,
         log_format="json",
         temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
-        # Metrics, probes and Temporal's SDK metrics on ports of their own (tests/test_observability.py scrapes them).
-        api=ApiSettings(port=free_port(), temporal_metrics_port=free_port()),
+        # Metrics, probes and Temporal's SDK metrics on ports of their own (tests/test_observability.py scrapes them);
+        # event-stream keep-alives every second, so a test sees one soon.
+        api=ApiSettings(port=free_port(), temporal_metrics_port=free_port(), events_keepalive_s=1.0),
         node=NodeSettings(id="test-node", http_port=free_port(), temporal_metrics_port=free_port()),
         # Small enough that the size-limit test need not send 50 MB.
         limits=LimitSettings(max_upload_bytes=8 * 1024 * 1024),
+        # The viewer page of the playback tests is served from this origin (tests/api/test_playback_links.py).
+        links=LinkSettings(cors_origins=[f"http://127.0.0.1:{free_port()}"]),
+        # Local servers stand in for the internet: 127.0.0.1 is allowed (over http), other loopback addresses
+        # (127.0.0.2, …) are not, which is what the refusals are tested with.
+        outbound=OutboundSettings(allowed_ranges=["127.0.0.1/32"], allow_http=True),
+        # Short back-off, and given up after a minute: endpoints other tests leave behind cost little.
+        webhooks=WebhookSettings(
+            allowed_urls=["http://127.0.0.1:*"],
+            initial_backoff_s=0.5,
+            max_backoff_s=1.0,
+            timeout_s=3.0,
+            give_up_after_s=60.0,
+        ),
+        inputs=InputSettings(s3_buckets=["inputs/{tenant}"]),
     )
 
 

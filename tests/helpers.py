@@ -143,3 +143,24 @@ def postgres_database() -> Iterator[str]:
 
     with fresh_database(admin_url) as url:
         yield url
+
+
+def poll(
+    api_url: str, session_id: str, until: Any, *, timeout_s: float = 60, api_key: str | None = None
+) -> dict[str, Any]:
+    """The session (as JSON) once `until(session_json)` holds, asked for twice a second (monologue.client)."""
+    from monologue.client import Client
+
+    with Client(api_url, api_key=api_key) as client:
+        found = client.poll(session_id, lambda s: bool(until(s.model_dump(mode="json"))), timeout_s=timeout_s)
+    return found.model_dump(mode="json")
+
+
+def skip_ready(socket: Any) -> dict[str, Any]:
+    """Read an audio socket's first message, the server's `ready` (where the audio continues), and return it."""
+    import json
+
+    ready: dict[str, Any] = json.loads(socket.recv(timeout=30))
+    if ready["type"] != "ready":
+        raise AssertionError(f"expected the socket's 'ready' message first, got {ready}")
+    return ready

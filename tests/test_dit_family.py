@@ -48,5 +48,5 @@ def test_an_unknown_family_is_refused_before_anything_starts(stack: Stack) -> No
     }
     response = httpx.post(f"{url}/v1/renders", files=files, data={"family": "gan"}, headers=headers, timeout=60)
     assert response.status_code == 422, response.text
-    (problem,) = response.json()["detail"]  # the form field's own check: OpenAPI lists the families
+    (problem,) = response.json()["errors"]  # the form field's own check: OpenAPI lists the families
     assert problem["loc"] == ["body", "family"] and "'warp', 'dit' or 'infinitetalk'" in problem["msg"]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket as socket_module
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
+from monologue.client import Client
 from monologue.live_client import start_session, stream_live
 from monologue.media import normalise_audio
 from monologue.stack import Stack
@@ -149,3 +152,73 @@ def test_a_live_session_needs_a_usable_portrait(api_url: str) -> None:
     assert response.status_code == 422 and "portrait" in response.json()["detail"]
     response = post(f"{api_url}/v1/sessions", data={"fps": "0"}, files={"portrait": ("p.png", b"x")}, timeout=30)
     assert response.status_code == 422 and "fps" in response.json()["detail"]
+
+
+class _DropsOnce:
+    """Opens audio sockets like websockets' own `connect`, and drops the first one's TCP connection (no close
+    frame, no `end`: a network blip) after `after` messages, as a client losing its network mid-stream would."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.opened = after, 0
+
+    def __call__(self, url: str, **kwargs: Any) -> Any:
+        from websockets.sync.client import connect
+
+        socket = connect(url, **kwargs)
+        self.opened += 1
+        if self.opened == 1:
+            send, sent = socket.send, [0]
+
+            def send_then_drop(message: Any) -> None:
+                send(message)
+                sent[0] += 1
+                if sent[0] == self.after:
+                    socket.socket.shutdown(socket_module.SHUT_RDWR)
+
+            socket.send = send_then_drop  # type: ignore[method-assign]
+        return socket
+
+
+def test_a_dropped_audio_socket_reconnects_with_a_fresh_ticket_and_the_video_is_the_same(
+    stack: Stack, api_url: str
+) -> None:
+    """The live helper streams 3 s of speech with tickets only (no key on the socket); the first socket is cut
+    after 1.6 s, the helper takes a new ticket and continues from the sample the server says it stored. The video
+    is frame for frame the one an uninterrupted session of the same audio makes."""
+    pcm = _pcm(SPEECH)[: 16_000 * 3].tobytes()
+    hashes = []
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        for connect in (_DropsOnce(after=80), None):  # 80 messages of 20 ms
+            session = client.create_live(portrait=PORTRAIT)
+            assert session.audio_ticket is not None and "ticket=" in session.audio_ticket.url
+            report = client.stream_audio(session, pcm, speed=0, connect=connect)
+            assert report.ended is not None and report.ended["samples"] == 16_000 * 3
+            assert report.reconnects == (1 if connect else 0), report.errors
+            done = client.wait(session.id, timeout_s=120)
+            assert done.progress.frames_total == 75
+            hashes.append(_frame_hashes(stack, session.id))
+    assert hashes[0] == hashes[1]
+
+
+def test_tickets_open_one_socket_once_and_only_for_their_session(api_url: str, stack: Stack) -> None:
+    origin = stack.settings.links.cors_origins[0]
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        session = client.create_live(portrait=PORTRAIT)
+        other = client.create_live(portrait=PORTRAIT)
+        try:
+            assert session.audio_ticket is not None
+            url = session.audio_ticket.url
+            # From a browser page at the configured origin: no header but the ticket, which works once.
+            with connect(url, additional_headers={"Origin": origin}) as socket:
+                assert json.loads(socket.recv(timeout=30)) == {"type": "ready", "samples": 0, "seconds": 0.0}
+            with connect(url) as socket:
+                code, messages = _close_reason(socket)
+            assert code == 4401 and "used already" in messages[-1]["message"]
+            fresh = client.ticket(other.id).url
+            with connect(fresh.replace(other.id, session.id)) as socket:  # another session's ticket
+                assert _close_reason(socket)[0] == 4401
+            with pytest.raises(InvalidStatus):  # a page elsewhere may not open it, ticket or not
+                connect(client.ticket(session.id).url, additional_headers={"Origin": "https://elsewhere.example"})
+        finally:
+            client.cancel(session.id)
+            client.cancel(other.id)

@@ -1,8 +1,9 @@
 """Live clients that vanish without `end`: the session still ends, with a video of the audio that arrived.
 
-Two ways to vanish: the client's TCP connection drops (the API sees the socket close and ends the audio), and
-the API itself crashes mid-stream (nothing is left to end the audio: the workflow's own idle timeout does).
-Its own stack, with a 3-second idle timeout so either end comes quickly."""
+Two ways to vanish: the client's TCP connection drops (the API sees the socket close and waits for a reconnect,
+which never comes: the workflow's idle timeout ends the audio), and the API itself crashes mid-stream (nothing is
+left to end the audio: the workflow's own idle timeout does). Its own stack, with a 3-second idle timeout so either
+end comes quickly. (A client that does reconnect continues the same session: tests/test_live.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settin
 from monologue.stack import Stack, free_port
 from monologue.storage import LocalStore
 from tests.conftest import SAMPLES
-from tests.helpers import api_key, get, register_api, wait_done, ws_connect
+from tests.helpers import api_key, get, register_api, skip_ready, wait_done, ws_connect
 
 pytestmark = pytest.mark.slow
 IDLE_TIMEOUT_S = 3.0
@@ -52,7 +53,7 @@ def test_a_live_client_that_drops_its_connection_gets_a_video_of_the_audio_it_se
     session = _send_speech_then_vanish(url, drop=_drop_tcp)
     render = wait_done(url, session["id"], timeout_s=120)
     _assert_ended_with_what_was_sent(live_stack, render)
-    assert not _workflow_idled_out(live_stack, session["id"])  # the API saw the drop and ended the audio
+    assert _workflow_idled_out(live_stack, session["id"])  # no reconnect came within the idle timeout
 
 
 def test_a_live_session_whose_api_crashes_mid_stream_ends_on_the_workflow_idle_timeout(live_stack: Stack) -> None:
@@ -87,6 +88,7 @@ def _send_speech_then_vanish(url: str, drop: Any) -> dict[str, Any]:
     session = start_session(url, SAMPLES / "portrait.jpg", api_key=api_key(url))
     pcm = np.frombuffer((SAMPLES / "speech.wav").read_bytes()[44:], dtype="<i2")[: 16_000 * SENT_S]
     with ws_connect(session["links"]["audio"]) as audio:
+        skip_ready(audio)
         for offset in range(0, len(pcm), 1600):
             audio.send(pcm[offset : offset + 1600].tobytes())
             assert json.loads(audio.recv(timeout=10))["type"] == "ack"

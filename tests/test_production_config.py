@@ -18,9 +18,11 @@ from monologue import apikeys
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
 from monologue.live_client import stream_live
+from monologue.media import decode_wav, normalise_audio
 from monologue.plan import plan_timeline
 from monologue.settings import (
     ApiSettings,
+    InputSettings,
     NodeSettings,
     Settings,
     SinkSettings,
@@ -38,6 +40,7 @@ from tests.helpers import (
     register_api,
     submit,
     wait_done,
+    wav_bytes,
     workflow_count,
 )
 from tests.kvs_server import KvsServer
@@ -70,6 +73,8 @@ def production_stack(s3_server: S3Server, kvs: KvsServer, tmp_path_factory: pyte
             temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
             api=ApiSettings(port=free_port()),
             node=NodeSettings(id="prod-node"),
+            # Inputs by s3:// URL: each tenant from its own prefix of an inputs bucket.
+            inputs=InputSettings(s3_buckets=["monologue-inputs/{tenant}"], s3_endpoint_url=s3_server.endpoint_url),
             # What sessions may publish to (nothing is allowed by default): each tenant its own prefix of a
             # second bucket and its own streams, besides one shared stream.
             sinks=SinkSettings(
@@ -116,6 +121,38 @@ def test_render_on_postgres_and_s3_gives_the_same_frames(
     assert local["status"] == "completed" and root is not None
     local_manifest = (root / "sessions" / local["id"] / "out" / "frames.jsonl").read_text()
     assert _hashes(s3_manifest.decode()) == _hashes(local_manifest)
+
+
+def test_inputs_from_an_allowed_bucket_render_and_the_progressive_mp4_is_kept_in_s3(
+    production_stack: Stack, s3_server: S3Server, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    """s3:// inputs from the tenant's prefix of the inputs bucket are read with the API's credentials and checked on
+    a node; another tenant's prefix is refused. The progressive MP4, made at its first request, goes to S3."""
+    bucket = s3_server.client()
+    bucket.create_bucket(Bucket="monologue-inputs")
+    speech = wav_bytes(decode_wav(normalise_audio(sample_speech).wav)[:16_000])
+    bucket.put_object(Bucket="monologue-inputs", Key="local/in/face.jpg", Body=sample_portrait)
+    bucket.put_object(Bucket="monologue-inputs", Key="local/in/speech.wav", Body=speech)
+    bucket.put_object(Bucket="monologue-inputs", Key="acme/face.jpg", Body=sample_portrait)
+    url = str(production_stack.settings.api.public_url)
+    fields = {
+        "portrait_url": "s3://monologue-inputs/local/in/face.jpg",
+        "audio_url": "s3://monologue-inputs/local/in/speech.wav",
+    }
+    created = post(f"{url}/v1/renders", data=fields, timeout=120)
+    assert created.status_code == 201, created.text
+    others = post(
+        f"{url}/v1/renders", data=fields | {"portrait_url": "s3://monologue-inputs/acme/face.jpg"}, timeout=60
+    )
+    assert others.status_code == 422 and "MONOLOGUE_INPUTS__S3_BUCKETS" in others.json()["detail"]
+    render = wait_done(url, created.json()["id"])
+    assert render["status"] == "completed" and render["progress"]["frames_total"] == 25, render["error"]
+    progressive = get(f"{render['links']['video']}?layout=progressive", timeout=60)
+    assert (
+        progressive.status_code == 200 and progressive.content[4:8] == b"ftyp" and b"moov" in progressive.content[:64]
+    )
+    key = f"tenant-a/sessions/{render['id']}/out/progressive.mp4"
+    assert bucket.head_object(Bucket="monologue-prod", Key=key)["ContentLength"] == len(progressive.content)
 
 
 def test_a_live_session_publishes_to_an_s3_sink_every_segment_once(

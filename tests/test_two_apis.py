@@ -21,11 +21,11 @@ from sqlalchemy import text
 
 from api.app import create_app
 from api.submit import TERMINAL
-from monologue.client import auth, poll
+from monologue.client import auth
 from monologue.db import alembic_config, make_engine
 from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
 from monologue.stack import Stack, free_port
-from tests.helpers import postgres_database
+from tests.helpers import poll, postgres_database
 
 pytestmark = pytest.mark.slow
 CREATES = 6  # concurrent creates, split between the two APIs
@@ -60,10 +60,10 @@ def apis(pg_stack: Stack) -> Iterator[tuple[Send, Send]]:
     with TestClient(create_app(settings), base_url=url) as second, httpx.Client(base_url=url, timeout=60) as first:
 
         def via_first(path: str, **kwargs: Any) -> httpx.Response:
-            return first.post(path, headers=key, **kwargs)
+            return first.post(path, headers=key | kwargs.pop("headers", {}), **kwargs)
 
         def via_second(path: str, **kwargs: Any) -> httpx.Response:
-            return second.post(path, headers=key, **kwargs)
+            return second.post(path, headers=key | kwargs.pop("headers", {}), **kwargs)
 
         yield via_first, via_second
 
@@ -104,6 +104,27 @@ def test_concurrent_creates_across_two_apis_start_exactly_one_session(
     finally:
         for session_id in created:
             _end(pg_stack, apis[0], session_id)
+
+
+def test_duplicates_with_one_idempotency_key_across_two_apis_make_one_session(
+    pg_stack: Stack, apis: tuple[Send, Send], sample_portrait: bytes
+) -> None:
+    """The same create with one Idempotency-Key through both APIs at once, on PostgreSQL: one session, every answer
+    names it (the key's primary key decides, in the database)."""
+    files = {"portrait": ("p.jpg", sample_portrait)}
+    headers = {"Idempotency-Key": "two-apis-1"}
+    calls = [lambda post=apis[i % 2]: post("/v1/sessions", files=files, headers=headers) for i in range(CREATES)]
+    responses = _at_once(calls)
+    ids = {response.json().get("id") for response in responses}
+    try:
+        assert [response.status_code for response in responses] == [201] * CREATES, [r.text for r in responses]
+        assert len(ids) == 1
+        with make_engine(pg_stack.settings.db_url).connect() as connection:
+            count = connection.scalar(text("SELECT count(*) FROM sessions WHERE id = :id"), {"id": next(iter(ids))})
+            assert count == 1
+    finally:
+        for session_id in ids - {None}:
+            _end(pg_stack, apis[0], str(session_id))
 
 
 def test_concurrent_resumes_across_two_apis_resume_once(

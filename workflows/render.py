@@ -40,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
     from monologue.contracts import Chunk
 
+# Sessions that ended before webhooks existed queued no messages; their histories must not get the activity on replay.
+WEBHOOKS_PATCH = "webhooks-at-session-end"
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
 NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
 TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
@@ -128,6 +130,7 @@ class RenderWorkflow:
         self._lease.release()
         await self._publisher.wait_for_sinks(timeout_s=sink_timeout_s)
         self._set_status(c.SessionStatus.COMPLETED)
+        await self._notify(c.SessionStatus.COMPLETED)
         request, plan = self._request, self._plan
         return c.RenderResult(
             session_id=request.session_id, video_key=final.video_key, frames=plan.frames, chunks=len(plan.chunks)
@@ -241,7 +244,21 @@ class RenderWorkflow:
             session_kind=self._request.kind,
         )
         await run_shared(c.RECORD_STATUS, record, type(None))
+        await self._notify(status)
         await self._publisher.wait_for_sinks(timeout_s=SINK_DRAIN_S)  # they send what was published, then stop
+
+    async def _notify(self, status: c.SessionStatus) -> None:
+        """Queue the session's webhook messages (each is then delivered by its own workflow, so a receiver that
+        is down never holds this session open). A failure to queue them is logged; the session ends as it is."""
+        if not workflow.patched(WEBHOOKS_PATCH):
+            return
+        notice = c.NotifyEndedInput(session_id=self._request.session_id, tenant=self._request.tenant, status=status)
+        try:
+            await run_shared(c.NOTIFY_ENDED, notice, c.NotifyEndedResult)
+        except ActivityError as err:
+            workflow.logger.warning(
+                "webhooks not queued", extra={"session_id": self._request.session_id, "error": _root_message(err)}
+            )
 
 
 def _lost_checkpoint(err: ActivityError) -> int | None:

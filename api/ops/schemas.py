@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from monologue.contracts import ChunkKind, SessionKind, SessionStatus
+
 
 class OpsProgress(BaseModel):
     chunks_done: int
@@ -18,8 +20,8 @@ class OpsProgress(BaseModel):
 
 class OpsSession(BaseModel):
     id: str
-    status: str = Field(description="queued, running, completed, failed or cancelled")
-    kind: str = Field(description="render or live")
+    status: SessionStatus = Field(description=SessionStatus.__doc__)
+    kind: SessionKind = Field(description=SessionKind.__doc__)
     tenant: str
     node_id: str | None
     created_at: datetime
@@ -44,7 +46,7 @@ class OpsSessionPage(BaseModel):
 
 
 class OpsChunk(BaseModel):
-    kind: str = Field(description="N (the timeline) or I (the seam after N(index))")
+    kind: ChunkKind = Field(description="N (the timeline) or I (the seam after N(index))")
     index: int
     first_frame: int
     frames: int
@@ -74,6 +76,7 @@ class OpsLinks(BaseModel):
     video: str = Field(description="The finished MP4.")
     cancel: str = Field(description="POST: cancel the session.")
     resume: str = Field(description="POST: resume a failed or cancelled session.")
+    webhooks: str = Field(description="The session's webhook deliveries and their attempts.")
 
 
 class OpsSessionDetail(BaseModel):

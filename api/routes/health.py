@@ -14,8 +14,9 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..deps import ServicesDep
+from .renders import operation_id
 
-router = APIRouter(tags=["ops"])
+router = APIRouter(tags=["ops"], generate_unique_id_function=operation_id)
 PROBE_TIMEOUT_S = 3.0  # a check slower than this counts as down: a probe must answer within its own timeout
 
 
@@ -49,7 +50,7 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     return JSONResponse(body, status_code=503 if problems else 200)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, include_in_schema=False)  # Prometheus text, not an API
 def prometheus_metrics(request: Request) -> Response:
     """This process's metrics, and the sessions by kind and status from the database."""
     sessions: CollectorRegistry = request.app.state.metrics_registry

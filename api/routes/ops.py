@@ -9,20 +9,28 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 
-from monologue import repo, repo_nodes, repo_ops
+from monologue import repo, repo_nodes, repo_ops, repo_webhooks
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import ChunkRow, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo_nodes import aware
+from monologue.repo_webhooks import DeliveryFilter
+from monologue.schemas import WebhookDeliveryList
 
+from .. import problems, streams
 from ..deps import DbDep, OpsAccess, ServicesDep
+from ..events import progress_events
+from ..files import VideoLayout, stream_file, video_file
 from ..inputs import enum_filter
 from ..ops.schemas import (
     OpsCheckpoint,
@@ -36,10 +44,21 @@ from ..ops.schemas import (
     OpsSessionPage,
 )
 from ..origin import public_base
-from ..schemas import Problem
 from . import renders
+from .webhooks import delivery_list
 
-router = APIRouter(prefix="/ops", tags=["ops"])
+
+def operation_id(route: APIRoute) -> str:
+    """`ops_` and the route function's name: operators' operations in their own schema (`/ops/api/openapi.json`)."""
+    return f"ops_{route.name}"
+
+
+router = APIRouter(prefix="/ops", tags=["ops"], generate_unique_id_function=operation_id)
+
+
+def _enum(enum: type[StrEnum]) -> dict[str, Any]:
+    return {"enum": ["", *(member.value for member in enum)]}
+
 
 STATIC = Path(__file__).resolve().parent.parent / "ops" / "static"
 # The pages change with each release; revalidate them (FileResponse sends an ETag) rather than cache them.
@@ -93,14 +112,23 @@ def static_file(path: str) -> FileResponse:
     return FileResponse(file, headers=_REVALIDATE)
 
 
-@router.get("/api/sessions", response_model=OpsSessionPage, responses={422: {"model": Problem}})
+@router.get("/api/openapi.json", include_in_schema=False)
+def ops_schema(request: Request, access: OpsAccess) -> dict[str, Any]:
+    """The schema of `/ops/api` (the public one, `/openapi.json`, leaves the operator's routes out)."""
+    return problems.schema_for(request.app, problems.ops_routes(request.app), title="Monologue ops")
+
+
+@router.get("/api/sessions", response_model=OpsSessionPage, responses={422: {}})
 def list_sessions(
     db: DbDep,
     access: OpsAccess,
-    status: Annotated[str | None, Query(description="queued, running, completed, failed or cancelled")] = None,
+    # Strings, not enums: the pages' filters send an empty value for "any" (checked by enum_filter).
+    status: Annotated[
+        str | None, Query(description=SessionStatus.__doc__, json_schema_extra=_enum(SessionStatus))
+    ] = None,
     tenant: str | None = None,
     node: Annotated[str | None, Query(description="The node holding (or last holding) the session.")] = None,
-    kind: Annotated[str | None, Query(description="render or live")] = None,
+    kind: Annotated[str | None, Query(description=SessionKind.__doc__, json_schema_extra=_enum(SessionKind))] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=renders.MAX_OFFSET)] = 0,
 ) -> OpsSessionPage:
@@ -147,6 +175,7 @@ def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAc
             video=f"{own}/video.mp4",
             cancel=f"{own}/cancel",
             resume=f"{own}/resume",
+            webhooks=f"{own}/webhooks",
         ),
     )
 
@@ -185,12 +214,18 @@ async def resume_session(session_id: str, services: ServicesDep, db: DbDep, acce
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}, 404: {}},
 )
-def session_events(
+async def session_events(
     session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
-) -> StreamingResponse:
+) -> Response:
     """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
-    _find(db, session_id)
-    return renders.progress_events(request, services, session_id, access)
+    await run_in_threadpool(_find, db, session_id)  # no database work on the event loop
+    slot = renders.key_slot(request, services, access)
+    watch = streams.KeyWatch(services, access.key_id)
+
+    async def stop() -> str | None:
+        return streams.REVOKED if await watch.revoked() else None
+
+    return await progress_events(request, services, session_id, slot, stop)
 
 
 @router.get(
@@ -198,9 +233,11 @@ def session_events(
     response_class=Response,
     responses={200: {"content": {"video/mp4": {}}}, 404: {}, 409: {}},
 )
-def session_video(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> Response:
-    """The finished MP4. 409 until the session is completed."""
-    return renders.video_file(services, db, _find(db, session_id))
+def session_video(
+    session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess, layout: VideoLayout = VideoLayout.FRAGMENTED
+) -> Response:
+    """The finished MP4 (`?layout=progressive`: its index first). 409 until the session is completed."""
+    return video_file(services, db, _find(db, session_id), layout)
 
 
 @router.get(
@@ -211,7 +248,14 @@ def session_video(session_id: str, services: ServicesDep, db: DbDep, access: Ops
 def session_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> Response:
     """The live HLS stream: `stream.m3u8`, `init.mp4` and `seg-*.m4s`."""
     _find(db, session_id)
-    return renders.stream_file(services, session_id, name)
+    return stream_file(services, session_id, name)
+
+
+@router.get("/api/sessions/{session_id}/webhooks", response_model=WebhookDeliveryList, responses={404: {}})
+def session_webhooks(session_id: str, db: DbDep, access: OpsAccess) -> WebhookDeliveryList:
+    """The session's webhook deliveries, each with every attempt."""
+    _find(db, session_id)
+    return delivery_list(repo_webhooks.list_deliveries(db, where=DeliveryFilter(session_id=session_id)))
 
 
 @router.get("/api/nodes", response_model=OpsNodeList)
@@ -305,7 +349,7 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
         status = chunk.status if chunk else ("running" if running == (kind, index) else "pending")
         chunks.append(
             OpsChunk(
-                kind=kind,
+                kind=ChunkKind(kind),
                 index=index,
                 first_frame=first_frame,
                 frames=frames,

@@ -10,7 +10,8 @@ from typing import BinaryIO
 
 import av
 
-from .boxes import read_box
+from monologue.mp4.boxes import read_box
+
 from .mp4 import AUDIO_TRACK, VIDEO_TRACK, TrackTiming, fragment_timing
 
 _COPY_BLOCK = 1 << 20

@@ -47,11 +47,11 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError, ClientError
 
+from monologue.mp4.fragments import Movie, read_fragment, read_init
 from monologue.settings import SinkSettings
 from monologue.sink_policy import SinkRefused, data_endpoint_refusal
 
 from . import mkv
-from .fmp4_read import Movie, read_fragment, read_init
 from .kvs_wire import Acknowledgements, ConnectionFailed, Fatal, chunk, response_body
 from .sinks import Sink, SinkError
 

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .fmp4_read import Fragment, Movie, Track
+from monologue.mp4.fragments import Fragment, Movie, Track
 
 EBML = 0x1A45DFA3
 SEGMENT = 0x18538067

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .boxes import Box, box, child, full_box, iter_boxes
+from monologue.mp4.boxes import Box, box, child, full_box, iter_boxes
 
 VIDEO_TRACK = 1
 AUDIO_TRACK = 2

@@ -240,6 +240,7 @@ def test_session_detail_lists_every_chunk_in_timeline_order_with_retries_nodes_a
         "video": f"{own}/video.mp4",
         "cancel": f"{own}/cancel",
         "resume": f"{own}/resume",
+        "webhooks": f"{own}/webhooks",
     }
     assert detail["session"]["progress"]["chunks_done"] == 3 and detail["options"]["fps"] == 25
 
@@ -301,7 +302,9 @@ def test_every_ops_api_route_goes_through_the_access_hook(client: TestClient, se
     app.dependency_overrides[ops_access] = refuse
     routes = [(route.path, method) for route in ops.router.routes for method in route.methods]  # type: ignore[attr-defined]
     api = [(path, method) for path, method in routes if path.startswith("/ops/api/")]
-    assert len(api) == 8 and len(routes) == len(api) + 5  # the others: three pages, the enums module, static files
+    # The JSON routes (their schema, sessions, one session, cancel, resume, events, video, stream, webhooks, nodes)
+    # and the others: three pages, the enums module, static files.
+    assert len(api) == 10 and len(routes) == len(api) + 5
     for path, method in api:
         url = path.replace("{session_id}", "run").replace("{name}", "stream.m3u8")
         assert client.request(method, url).status_code == 403, (method, path)
@@ -373,15 +376,20 @@ def test_cancel_of_a_session_that_just_ended_is_409(client: TestClient, temporal
 
 
 def test_events_stream_progress_until_the_session_ends(client: TestClient, seeded: None) -> None:
-    """An ended session: one `progress` event, then the stream closes (a running one would go on)."""
+    """An ended session: one `progress` event with its id, then the stream closes (a running one would go on); asked
+    again with that id as Last-Event-ID, a 204: nothing new, stop reconnecting."""
     with client.stream("GET", "/ops/api/sessions/done/events") as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         body = response.read().decode()
-    event, data = body.strip().split("\n")
-    assert event == "event: progress"
+    opening, event = body.strip().split("\n\n")
+    assert opening.startswith(": ") and "retry: " in opening  # a comment and the reconnection delay
+    kind, data, event_id = event.split("\n")
+    assert kind == "event: progress" and event_id.startswith("id: ")
     render = json.loads(data.removeprefix("data: "))
     assert (render["id"], render["status"], render["progress"]["chunks_done"]) == ("done", "completed", 1)
+    again = client.get("/ops/api/sessions/done/events", headers={"Last-Event-ID": event_id.removeprefix("id: ")})
+    assert again.status_code == 204
     assert client.get("/ops/api/sessions/nope/events").status_code == 404
 
 

@@ -28,12 +28,12 @@ from api.deps import require_key
 from api.submit import TERMINAL
 from monologue import apikeys, repo
 from monologue.cli import main
-from monologue.client import auth, poll, wait
+from monologue.client import auth
 from monologue.db import ApiKeyRow, make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
 from monologue.settings import Settings, get_settings
 from monologue.stack import Stack
-from tests.helpers import api_key, wav_bytes, workflow_count
+from tests.helpers import api_key, poll, skip_ready, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow
 UNKNOWN = "0123456789abcdef0123456789abcdef"  # a well-formed session id nobody has
@@ -53,6 +53,7 @@ SESSION_ROUTES: dict[tuple[str, str], list[tuple[str, int]]] = {
     ("GET", "/v1/renders/{session_id}/events"): [("/v1/renders/{id}/events", 200)],  # ends: the render has
     ("POST", "/v1/renders/{session_id}/cancel"): [("/v1/renders/{id}/cancel", 409)],  # it is already completed
     ("POST", "/v1/renders/{session_id}/resume"): [("/v1/renders/{id}/resume", 409)],  # only failed or cancelled
+    ("POST", "/v1/sessions/{session_id}/ticket"): [("/v1/sessions/{id}/ticket", 409)],  # a render takes no audio
     # A reaches its render, which has no s3 sink (a 404 that names the sink, not the session).
     ("GET", "/v1/renders/{session_id}/sinks/{sink}/stream.m3u8"): [("/v1/renders/{id}/sinks/s3/stream.m3u8", 404)],
 }
@@ -62,6 +63,10 @@ OTHER_ROUTES = {
     ("POST", "/v1/renders"): "test_sessions_belong_to_the_tenant_that_starts_them",
     ("POST", "/v1/sessions"): "test_sessions_belong_to_the_tenant_that_starts_them",
     ("WS", "/v1/sessions/{session_id}/audio"): "test_a_live_session_and_its_audio_socket_are_its_tenants_alone",
+    ("POST", "/v1/webhooks"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
+    ("GET", "/v1/webhooks"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
+    ("DELETE", "/v1/webhooks/{endpoint_id}"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
+    ("GET", "/v1/webhooks/deliveries"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
 }
 
 
@@ -85,7 +90,11 @@ def a_render(api_url: str, keys: dict[str, str], sample_portrait: bytes) -> dict
     files = {"portrait": ("portrait.jpg", sample_portrait), "audio": ("silence.wav", wav_bytes(np.zeros(AUDIO_RATE)))}
     created = _call(api_url, "POST", "/v1/renders", keys["tenant-a"], files=files)
     assert created.status_code == 201, created.text
-    return wait(api_url, created.json()["id"], timeout_s=240, api_key=keys["tenant-a"])
+    render = poll(
+        api_url, created.json()["id"], lambda s: s["status"] in TERMINAL, timeout_s=240, api_key=keys["tenant-a"]
+    )
+    assert render["status"] == "completed", render["error"]
+    return render
 
 
 def _call(api_url: str, method: str, path: str, key: str | None, **kwargs: Any) -> httpx.Response:
@@ -128,7 +137,8 @@ def _calls(dependant: Dependant) -> set[Any]:
 
 
 def _concrete(path: str, session_id: str = UNKNOWN) -> str:
-    return path.replace("{session_id}", session_id).replace("{name}", "stream.m3u8").replace("{sink}", "s3")
+    concrete = path.replace("{session_id}", session_id).replace("{name}", "stream.m3u8").replace("{sink}", "s3")
+    return concrete.replace("{endpoint_id}", "ep_0000000000000000")
 
 
 def test_every_v1_route_is_in_the_tenant_table_and_needs_a_key(tmp_path: Path) -> None:
@@ -233,6 +243,7 @@ def test_a_live_session_and_its_audio_socket_are_its_tenants_alone(
     assert (code, message.replace(live["id"], UNKNOWN)) == unknown_socket
 
     with connect(socket_url, additional_headers=auth(key_a)) as socket:  # B's attempts did not take the socket
+        assert skip_ready(socket)["samples"] == 0
         socket.send(np.zeros(AUDIO_RATE, dtype="<i2").tobytes())
         assert json.loads(socket.recv(timeout=30))["type"] == "ack"
         owner = _call(api_url, "GET", f"/v1/sessions/{live['id']}", key_a)
@@ -241,6 +252,25 @@ def test_a_live_session_and_its_audio_socket_are_its_tenants_alone(
         assert cancelled.status_code == 202, cancelled.text
     session = poll(api_url, live["id"], lambda s: s["status"] in TERMINAL, timeout_s=60, api_key=key_a)
     assert session["status"] == "cancelled", session["error"]
+
+
+def test_webhook_endpoints_and_deliveries_are_their_tenants_alone(
+    api_url: str, keys: dict[str, str], a_render: dict[str, Any]
+) -> None:
+    """B sees none of A's endpoints or deliveries, and cannot delete A's endpoint (a 404, as for an unknown id)."""
+    key_a, key_b = keys["tenant-a"], keys["tenant-b"]
+    created = _call(api_url, "POST", "/v1/webhooks", key_a, json={"url": "http://127.0.0.1:9/a-hooks"})
+    assert created.status_code == 201, created.text
+    endpoint = created.json()["id"]
+    assert [e["id"] for e in _call(api_url, "GET", "/v1/webhooks", key_a).json()["items"]] == [endpoint]
+    assert _call(api_url, "GET", "/v1/webhooks", key_b).json()["items"] == []
+    query = f"/v1/webhooks/deliveries?session_id={a_render['id']}"
+    assert _call(api_url, "GET", query, key_b).json()["items"] == []
+    unknown = _answer(_call(api_url, "DELETE", "/v1/webhooks/ep_0000000000000000", key_b), "ep_0000000000000000")
+    assert unknown[0] == 404
+    assert _answer(_call(api_url, "DELETE", f"/v1/webhooks/{endpoint}", key_b), endpoint) == unknown
+    assert _call(api_url, "DELETE", f"/v1/webhooks/{endpoint}", key_a).status_code == 204
+    assert _call(api_url, "GET", "/v1/webhooks", key_a).json()["items"] == []
 
 
 @pytest.mark.parametrize(

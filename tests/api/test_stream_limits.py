@@ -30,6 +30,7 @@ from monologue.db import make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
 from monologue.settings import Settings
 from monologue.stack import Stack, free_port
+from tests.helpers import skip_ready
 
 pytestmark = pytest.mark.slow
 SECOND = np.zeros(AUDIO_RATE, dtype="<i2").tobytes()  # one second of (silent) speech, 16 kHz mono s16le
@@ -132,6 +133,7 @@ def test_an_idle_live_session_is_freed_despite_empty_frames(
     with serve(stack, render={"live_idle_timeout_s": 2.0}, api={"key_recheck_s": 0.5}) as url:
         session = _live_session(url, key, sample_portrait)
         with _socket(session, key) as socket:
+            skip_ready(socket)
             socket.send(SECOND)
             assert json.loads(socket.recv(timeout=30))["samples"] == AUDIO_RATE
             messages: list[dict[str, Any]] = []
@@ -161,6 +163,7 @@ def test_start_messages_do_not_keep_an_idle_live_session(
         session = _live_session(url, key, sample_portrait)
         sent = 0
         with _socket(session, key) as socket:
+            skip_ready(socket)
             try:
                 while sent < 600:  # a minute of `start` messages at most; the server ends it long before
                     socket.send(start)
@@ -184,6 +187,7 @@ def test_a_live_session_ends_at_its_lifetime_although_audio_keeps_coming(
         tenth = SECOND[: len(SECOND) // 10]
         messages: list[dict[str, Any]] = []
         with _socket(session, key) as socket:
+            skip_ready(socket)
             for _ in range(600):  # a minute of audio in real time at most; the lifetime ends it after 3 s
                 try:
                     socket.send(tenth)
@@ -210,6 +214,7 @@ def test_a_live_sessions_audio_stops_at_the_lifetime_however_fast_it_comes(
     with serve(stack, limits={"max_live_seconds": 3.0}) as url:
         session = _live_session(url, key, sample_portrait)
         with _socket(session, key) as socket:
+            skip_ready(socket)
             for _ in range(5):
                 try:
                     socket.send(SECOND)
@@ -233,6 +238,7 @@ def test_the_audio_socket_closes_when_its_session_is_cancelled(
     with serve(stack, api={"key_recheck_s": 0.3}, render={"live_idle_timeout_s": 60.0}) as url:
         session = _live_session(url, key, sample_portrait)
         with _socket(session, key) as socket:
+            skip_ready(socket)
             socket.send(SECOND)
             assert json.loads(socket.recv(timeout=30))["type"] == "ack"
             cancelled = httpx.post(f"{url}/v1/renders/{session['id']}/cancel", headers=auth(key), timeout=30)
@@ -250,6 +256,7 @@ def test_a_revoked_keys_audio_socket_is_closed_with_4401(
     with serve(stack, api={"key_recheck_s": 0.3}, render={"live_idle_timeout_s": 60.0}) as url:
         session = _live_session(url, key, sample_portrait)
         with _socket(session, key) as socket:
+            skip_ready(socket)
             socket.send(SECOND)
             assert json.loads(socket.recv(timeout=30))["type"] == "ack"
             _revoke(db, key_id)
@@ -276,9 +283,9 @@ def test_a_revoked_keys_event_stream_is_closed(stack: Stack, db: sessionmaker[An
                 assert events.status_code == 200
                 for line in events.iter_lines():  # ends only when the server closes the stream
                     lines.append(line)
-                    if line.startswith("data: ") and len(lines) == 2:  # the first progress event: revoke now
-                        _revoke(db, key_id)
-            assert lines[0] == "event: progress" and "event: error" in lines
+                    if line.startswith("data: ") and sum(seen.startswith("data: ") for seen in lines) == 1:
+                        _revoke(db, key_id)  # the first progress event: revoke now
+            assert "event: error" in lines and lines.index("event: progress") < lines.index("event: error")
             assert "revoked" in json.loads(lines[lines.index("event: error") + 1].removeprefix("data: "))["detail"]
             statuses = [json.loads(line.removeprefix("data: "))["status"] for line in lines if "status" in line]
             assert statuses and not set(statuses) & set(TERMINAL)  # the stream did not end with the session

@@ -4,9 +4,9 @@ import struct
 
 from gpu_worker.publish import SegmentWriter, StreamFormat, audio_packet_range, init_segment
 from gpu_worker.publish.audio import audio_specific_config, encode_packets
-from gpu_worker.publish.boxes import box, full_box
-from gpu_worker.publish.fmp4_read import read_fragment, read_init
 from gpu_worker.publish.video import ChunkEncoder, parameter_sets
+from monologue.mp4.boxes import box, full_box
+from monologue.mp4.fragments import read_fragment, read_init
 from tests.gpu_worker.test_publish import MemoryAudio, indexed_frames, speech_like
 
 FORMAT = StreamFormat(width=128, height=96, fps=25)

@@ -9,7 +9,7 @@ import av
 import pytest
 
 from gpu_worker.publish import SegmentWriter, StreamFormat, audio_packet_range, init_segment, mkv, probe_warnings
-from gpu_worker.publish.fmp4_read import Fragment, Movie, Sample, Track, read_fragment, read_init
+from monologue.mp4.fragments import Fragment, Movie, Sample, Track, read_fragment, read_init
 from tests.gpu_worker.test_publish import MemoryAudio, indexed_frames, read_index, speech_like, starts
 
 FPS = 25

@@ -210,7 +210,7 @@ def test_render_command_sends_the_options_it_is_given(stack: Stack, api_url: str
 def test_renders_commands_list_cancel_watch_and_resume_a_session(
     stack: Stack, api_url: str, sample_portrait: bytes
 ) -> None:
-    """`watch` ends (status 1) once the session is cancelled instead of polling on; a second cancel is refused
+    """`watch` (the event stream) ends with status 1 once the session is cancelled; a second cancel is refused
     with the API's message and no traceback."""
     created = submit(api_url, sample_portrait, wav_bytes(np.zeros(16_000 * 120, dtype=np.float32)))
     assert created.status_code == 201, created.text
@@ -219,7 +219,7 @@ def test_renders_commands_list_cancel_watch_and_resume_a_session(
     assert listed.returncode == 0 and session_id in listed.stdout
     cancelled = _cli("renders", "cancel", session_id, api_url=api_url)
     assert cancelled.returncode == 0 and "cancel requested" in cancelled.stdout, cancelled.stderr
-    watched = _cli("renders", "watch", session_id, "--poll", "0.2", api_url=api_url)
+    watched = _cli("renders", "watch", session_id, api_url=api_url)  # follows the event stream
     assert watched.returncode == 1 and "was cancelled" in watched.stderr and "Traceback" not in watched.stderr
     again = _cli("renders", "cancel", session_id, api_url=api_url)
     assert again.returncode == 1 and "409" in again.stderr and "already cancelled" in again.stderr
@@ -228,6 +228,6 @@ def test_renders_commands_list_cancel_watch_and_resume_a_session(
     resumed = _cli("renders", "resume", session_id, api_url=api_url)
     assert resumed.returncode == 0 and "resumed" in resumed.stdout, resumed.stderr
     assert _cli("renders", "cancel", session_id, api_url=api_url).returncode == 0
-    assert _cli("renders", "watch", session_id, "--poll", "0.2", api_url=api_url).returncode == 1
+    assert _cli("renders", "watch", session_id, api_url=api_url).returncode == 1
     missing = _cli("renders", "show", "no-such-session", api_url=api_url)
     assert missing.returncode == 1 and "404" in missing.stderr and "Traceback" not in missing.stderr

@@ -101,6 +101,57 @@ ADDED: dict[str, dict[str, Columns]] = {
             "revoked_at": UtcDateTime(),
         },
     },
+    "0004": {
+        "sessions": {"audio_socket": String(), "audio_socket_at": UtcDateTime()},
+        "audio_tickets": {
+            "id": String(),
+            "session_id": String(),
+            "tenant": String(),
+            "key_id": String(),
+            "ticket_hash": String(),
+            "created_at": UtcDateTime(),
+            "expires_at": UtcDateTime(),
+            "used_at": UtcDateTime(),
+        },
+        "idempotency_keys": {
+            "tenant": String(),
+            "key": String(),
+            "request_sha256": String(),
+            "session_id": String(),
+            "created_at": UtcDateTime(),
+            "expires_at": UtcDateTime(),
+        },
+        "webhook_endpoints": {
+            "id": String(),
+            "tenant": String(),
+            "url": Text(),
+            "secret": String(),
+            "events": JSON(),
+            "created_at": UtcDateTime(),
+            "disabled_at": UtcDateTime(),
+        },
+        "webhook_deliveries": {
+            "id": String(),
+            "endpoint_id": String(),
+            "tenant": String(),
+            "session_id": String(),
+            "event": String(),
+            "payload": JSON(),
+            "status": String(),
+            "attempts": Integer(),
+            "created_at": UtcDateTime(),
+            "finished_at": UtcDateTime(),
+            "error": Text(),
+        },
+        "webhook_attempts": {
+            "delivery_id": String(),
+            "attempt": Integer(),
+            "started_at": UtcDateTime(),
+            "duration_ms": Float(),
+            "status_code": Integer(),
+            "error": Text(),
+        },
+    },
 }
 REVISIONS = list(ADDED)
 
@@ -144,6 +195,8 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "error": f"error of {tag}",
             "audio_samples": 52000 + number,
             "latency": {"p50": 250.0, "p95": 410.5},
+            "audio_socket": f"socket-{tag}",
+            "audio_socket_at": moment,
         },
         "chunks": {
             "session_id": session,
@@ -194,6 +247,54 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "scopes": ["submit", "read"],
             "created_at": moment,
             "revoked_at": moment,
+        },
+        "audio_tickets": {
+            "id": f"ticket-{tag}",
+            "session_id": session,
+            "tenant": f"tenant-{tag}",
+            "key_id": f"key-{tag}",
+            "ticket_hash": "c" * 64,
+            "created_at": moment,
+            "expires_at": moment,
+            "used_at": moment,
+        },
+        "idempotency_keys": {
+            "tenant": f"tenant-{tag}",
+            "key": f"retry-{tag}",
+            "request_sha256": "d" * 64,
+            "session_id": session,
+            "created_at": moment,
+            "expires_at": moment,
+        },
+        "webhook_endpoints": {
+            "id": f"hook-{tag}",
+            "tenant": f"tenant-{tag}",
+            "url": f"https://hooks.example/{tag}",
+            "secret": f"whsec_{tag}",
+            "events": ["session.completed"],
+            "created_at": moment,
+            "disabled_at": moment,
+        },
+        "webhook_deliveries": {
+            "id": f"msg-{tag}",
+            "endpoint_id": f"hook-{tag}",
+            "tenant": f"tenant-{tag}",
+            "session_id": session,
+            "event": "session.failed",
+            "payload": {"type": "session.failed", "tag": tag},
+            "status": "delivered",
+            "attempts": 3,
+            "created_at": moment,
+            "finished_at": moment,
+            "error": "503 from the receiver",
+        },
+        "webhook_attempts": {
+            "delivery_id": f"msg-{tag}",
+            "attempt": number,
+            "started_at": moment,
+            "duration_ms": 12.5,
+            "status_code": 503,
+            "error": "service unavailable",
         },
     }
 
@@ -261,7 +362,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0002", "0003", "0001", "0002", "0003", "base", "0001", "0002", "0003"]
+PATH = ["0001", "0002", "0003", "0004", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
+PATH += ["0001", "0002", "0003", "0004"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -278,14 +380,18 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001, 0002 and 0003), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0004), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        assert counts == {"sessions": 3, "chunks": 3, "checkpoints": 2, "sinks": 1, "nodes": 1, "api_keys": 1}
-        # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks.
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 2) | dict.fromkeys(ADDED["0004"], 1)
+        assert counts == {"chunks": 4, "checkpoints": 3} | since_0003 | {"sessions": 4}
+        # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
+        # and tickets; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0003").items()}
-        assert remaining == {"sessions": 0, "chunks": 0, "checkpoints": 0, "sinks": 0, "nodes": 1, "api_keys": 1}
+            connection.execute(text("DELETE FROM webhook_endpoints"))
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0004").items()}
+        kept = {"nodes": 2, "api_keys": 2, "idempotency_keys": 1}  # no parent row: kept
+        assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()
 

@@ -55,6 +55,7 @@ class FakeNodes:
         self.lose_checkpoint = lose_checkpoint
         self.calls: list[str] = []
         self.ended: c.RecordStatusInput | None = None
+        self.notified: list[c.SessionStatus] = []  # the session ends whose webhooks were queued
         # Like a real node: run a chunk only after the one scheduled before it (same epoch), never a stale one.
         self.done: tuple[int, int] = (-1, -1)  # (epoch, position)
         self.epoch = 0
@@ -83,7 +84,12 @@ class FakeNodes:
             self.calls.append(f"stored audio {self.stored_samples}")
             return c.StoredAudioResult(samples=self.stored_samples)
 
-        return [prepare, publish, record_status, stored_audio]
+        @activity.defn(name=c.NOTIFY_ENDED)
+        def notify_session_ended(request: c.NotifyEndedInput) -> c.NotifyEndedResult:
+            self.notified.append(request.status)
+            return c.NotifyEndedResult(deliveries=0)
+
+        return [prepare, publish, record_status, stored_audio, notify_session_ended]
 
     def lease(self, node_id: str) -> list[object]:
         @activity.defn(name=c.HOLD_NODE)
@@ -200,6 +206,7 @@ async def test_chunks_run_in_generation_order_and_publish_in_timeline_order(env:
     assert set(published) <= {40, 84, 97}
     assert fake.calls.index("publish 40") > fake.calls.index("N0 0+40")
     assert (result.frames, result.chunks, result.video_key) == (97, 5, "final")
+    assert fake.notified == [c.SessionStatus.COMPLETED]  # its webhooks queued once, at the end
 
 
 async def test_a_chunk_that_cannot_succeed_fails_the_session_with_its_message(env: WorkflowEnvironment) -> None:
@@ -212,6 +219,7 @@ async def test_a_chunk_that_cannot_succeed_fails_the_session_with_its_message(en
     assert fake.ended.error == "model: cannot render this"
     assert fake.ended.published_frames == 40  # N0 went out; the stream is closed there
     assert "model: cannot render this" in str(failure.value.cause)
+    assert fake.notified == [c.SessionStatus.FAILED]
 
 
 async def test_a_lost_checkpoint_regenerates_from_its_n_chunk(env: WorkflowEnvironment) -> None:
@@ -229,6 +237,7 @@ async def test_continue_as_new_keeps_the_same_chunk_sequence(env: WorkflowEnviro
     assert [call for call in renewed.calls if call[0] in "NI"] == [call for call in plain.calls if call[0] in "NI"]
     assert result.frames == 300
     assert sum(call.startswith("lease") for call in renewed.calls) > 3  # one lease per run
+    assert renewed.notified == [c.SessionStatus.COMPLETED]  # once for the session, not once per run
 
 
 async def test_continue_as_new_carries_the_whole_input_but_the_resume_point(env: WorkflowEnvironment) -> None:

@@ -93,13 +93,17 @@ function signIn(problem) {
 export function readEvents(url, onEvent, onLost) {
   const controller = new AbortController();
   const stopped = () => controller.signal.aborted;
+  let lastId = null; // sent back as Last-Event-ID: a reconnect gets only what changed since
   (async () => {
     let delay = 1000;
     while (!stopped()) {
       try {
-        const response = await request(url, { headers: { Accept: "text/event-stream" }, signal: controller.signal });
+        const headers = { Accept: "text/event-stream", ...(lastId ? { "Last-Event-ID": lastId } : {}) };
+        const response = await request(url, { headers, signal: controller.signal });
+        if (response.status === 204) return; // ended, and nothing new since lastId
         for await (const event of parseEvents(response.body)) {
           delay = 1000;
+          if (event.id) lastId = event.id;
           onEvent(event);
         }
       } catch {
@@ -114,12 +118,13 @@ export function readEvents(url, onEvent, onLost) {
   return () => controller.abort();
 }
 
-/** The events of a text/event-stream body; only the `event:` and `data:` fields (all our streams use). */
+/** The events of a text/event-stream body: their `event:`, `data:` and `id:` fields (comments are keep-alives). */
 async function* parseEvents(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   let type = "message";
   let data = [];
+  let id = null;
   for (;;) {
     const { value, done } = await reader.read();
     if (done) return;
@@ -127,11 +132,13 @@ async function* parseEvents(body) {
     buffer = lines.pop(); // the line still arriving
     for (const line of lines.map((text) => text.replace(/\r$/, ""))) {
       if (line === "") {
-        if (data.length) yield { type, data: data.join("\n") };
+        if (data.length) yield { type, data: data.join("\n"), id };
         type = "message";
         data = [];
+        id = null;
       } else if (line.startsWith("event:")) type = line.slice(6).trim();
       else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      else if (line.startsWith("id:")) id = line.slice(3).trim();
     }
   }
 }

@@ -20,7 +20,7 @@ setupTimeline(timeline, $("chunk-detail"));
 
 // The API's links carry its public URL; this page may be open under another allowed name, so it calls the
 // same paths on its own origin (a cross-origin call would need CORS and could not carry the key).
-const OWN_LINKS = ["stream", "events", "video", "cancel", "resume"];
+const OWN_LINKS = ["stream", "events", "video", "cancel", "resume", "webhooks"];
 
 async function refresh() {
   detail = await getJSON(`/ops/api/sessions/${encodeURIComponent(sessionId)}`);
@@ -33,6 +33,26 @@ async function refresh() {
   }
   if (!stopEvents && !followed) follow();
   if (!player) startPlayer();
+  showWebhooks((await getJSON(detail.links.webhooks)).items);
+}
+
+// Each webhook message of the session with its attempts: how many, and what the receiver said last.
+function showWebhooks(deliveries) {
+  $("webhooks-none").hidden = deliveries.length > 0;
+  const rows = deliveries.map((delivery) => {
+    const last = delivery.attempts.at(-1);
+    const answer = last ? (last.status_code ?? last.error ?? "–") : "not tried yet";
+    return el(
+      "tr",
+      { "data-status": delivery.status },
+      el("td", {}, el("code", {}, delivery.id)),
+      el("td", {}, delivery.event),
+      el("td", {}, el("span", { class: `badge status-${delivery.status}` }, delivery.status)),
+      el("td", { class: "attempts" }, String(delivery.attempts.length)),
+      el("td", {}, String(answer)),
+    );
+  });
+  $("webhooks").tBodies[0].replaceChildren(...rows);
 }
 
 function showFacts({ session, links, chunks, width, height, options }) {

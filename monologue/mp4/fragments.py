@@ -1,4 +1,5 @@
-"""Reading our fMP4 back: track descriptions from the init segment and the samples of each fragment.
+"""Reading our fMP4 back: track descriptions from the init segment and the samples of each fragment (or only where
+they are: `index_fragment`, for a remux that copies them).
 
 Live outputs that do not take fMP4 (Kinesis Video Streams takes Matroska) repackage the stored segments instead of
 re-encoding them: this module recovers what mp4.py wrote, the codec private data (the avcC record, the AAC
@@ -12,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field, replace
 
-from .boxes import Box, child, iter_boxes
+from monologue.mp4.boxes import Box, child, iter_boxes
 
 # tfhd flags
 _TFHD_BASE_DATA_OFFSET = 0x000001
@@ -188,21 +189,72 @@ def read_fragment(data: bytes, movie: Movie) -> Fragment:
     moof = next((found for found in iter_boxes(data) if found.kind == b"moof"), None)
     if moof is None:
         raise ValueError("segment holds no moof box")
-    (sequence_number,) = struct.unpack_from(">I", data, child(data, moof, b"mfhd").payload_start + 4)
-    fragment = Fragment(sequence_number)
+    fragment = Fragment(_sequence_number(data, moof))
+    for track_id, runs in _index(data, moof, movie).items():
+        for run in runs:
+            for ref in run:
+                if ref.offset + ref.size > len(data):
+                    raise ValueError(f"track {track_id} sample {ref.number} runs past the end of the segment")
+                sample = Sample(
+                    bytes(data[ref.offset : ref.offset + ref.size]),
+                    ref.decode_time,
+                    ref.duration,
+                    ref.composition_offset,
+                    ref.keyframe,
+                )
+                fragment.samples.setdefault(track_id, []).append(sample)
+    return fragment
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Where one sample of a fragment is (`offset`: from the moof's first byte, plus what the caller adds) and its
+    timing, without its bytes: what a remux needs to copy it."""
+
+    offset: int
+    size: int
+    decode_time: int
+    duration: int
+    composition_offset: int
+    keyframe: bool
+    number: int  # its place among its track's samples in the fragment
+
+
+def index_fragment(moof: bytes, movie: Movie, *, offset: int = 0) -> dict[int, list[list[SampleRef]]]:
+    """Per track ID, the samples one moof box describes, one list per trun (a trun's samples are contiguous), with
+    `offset` (where the moof starts in its file) added to every sample's position. Reads the moof alone."""
+    found = next(iter_boxes(moof), None)
+    if found is None or found.kind != b"moof":
+        raise ValueError("expected a moof box")
+    runs = _index(moof, found, movie, origin=offset)
+    return {
+        track_id: [[replace(ref, offset=ref.offset + offset) for ref in run] for run in track_runs]
+        for track_id, track_runs in runs.items()
+    }
+
+
+def _sequence_number(data: bytes, moof: Box) -> int:
+    return int(struct.unpack_from(">I", data, child(data, moof, b"mfhd").payload_start + 4)[0])
+
+
+def _index(data: bytes, moof: Box, movie: Movie, origin: int = 0) -> dict[int, list[list[SampleRef]]]:
+    runs: dict[int, list[list[SampleRef]]] = {}
     previous_end = moof.start  # "base of the first traf is the moof; of the next ones, the end of the previous data"
     for traf in _children(data, moof, b"traf"):
-        samples, previous_end = _traf_samples(data, moof, traf, movie, previous_end)
         track_id = _tfhd_track(data, child(data, traf, b"tfhd"))
-        fragment.samples.setdefault(track_id, []).extend(samples)
-    return fragment
+        numbered = sum(len(run) for run in runs.get(track_id, []))
+        found, previous_end = _traf_runs(data, moof, traf, movie, previous_end, numbered, origin)
+        runs.setdefault(track_id, []).extend(found)
+    return runs
 
 
 def _tfhd_track(data: bytes, tfhd: Box) -> int:
     return int(struct.unpack_from(">I", data, tfhd.payload_start + 4)[0])
 
 
-def _traf_samples(data: bytes, moof: Box, traf: Box, movie: Movie, previous_end: int) -> tuple[list[Sample], int]:
+def _traf_runs(
+    data: bytes, moof: Box, traf: Box, movie: Movie, previous_end: int, numbered: int, origin: int
+) -> tuple[list[list[SampleRef]], int]:
     tfhd = child(data, traf, b"tfhd")
     _, flags = _full_box_header(data, tfhd)
     track_id = _tfhd_track(data, tfhd)
@@ -213,6 +265,7 @@ def _traf_samples(data: bytes, moof: Box, traf: Box, movie: Movie, previous_end:
     base = previous_end
     if flags & _TFHD_BASE_DATA_OFFSET:
         (base,) = struct.unpack_from(">Q", data, position)
+        base -= origin  # a file offset; `data` starts at file offset `origin`
         position += 8
     elif flags & _TFHD_BASE_IS_MOOF:
         base = moof.start
@@ -227,7 +280,7 @@ def _traf_samples(data: bytes, moof: Box, traf: Box, movie: Movie, previous_end:
     if tfdt:
         version, _ = _full_box_header(data, tfdt[0])
         (decode_time,) = struct.unpack_from(">Q" if version == 1 else ">I", data, tfdt[0].payload_start + 4)
-    samples: list[Sample] = []
+    runs: list[list[SampleRef]] = []
     data_position = base
     for trun in _children(data, traf, b"trun"):
         version, run_flags = _full_box_header(data, trun)
@@ -239,6 +292,7 @@ def _traf_samples(data: bytes, moof: Box, traf: Box, movie: Movie, previous_end:
         if run_flags & _TRUN_FIRST_SAMPLE_FLAGS:
             (first_flags,) = struct.unpack_from(">I", data, position)
             position += 4
+        run: list[SampleRef] = []
         for index in range(count):
             duration, size, sample_flags, offset = defaults["duration"], defaults["size"], defaults["flags"], 0
             if run_flags & _TRUN_DURATION:
@@ -255,16 +309,10 @@ def _traf_samples(data: bytes, moof: Box, traf: Box, movie: Movie, previous_end:
                 position += 4
             if index == 0 and first_flags is not None:
                 sample_flags = first_flags
-            if data_position + size > len(data):
-                raise ValueError(f"track {track_id} sample {len(samples)} runs past the end of the segment")
-            sample = Sample(
-                bytes(data[data_position : data_position + size]),
-                decode_time,
-                duration,
-                offset,
-                not sample_flags & _NON_SYNC_SAMPLE,
-            )
-            samples.append(sample)
+            keyframe = not sample_flags & _NON_SYNC_SAMPLE
+            run.append(SampleRef(data_position, size, decode_time, duration, offset, keyframe, numbered))
+            numbered += 1
             data_position += size
             decode_time += duration
-    return samples, data_position
+        runs.append(run)
+    return runs, data_position

@@ -1,0 +1,157 @@
+"""Webhook activities: queueing a session's messages when it ends (shared queue) and delivering each one (webhook
+queue), recording every attempt.
+
+`notify_session_ended` writes one delivery row per endpoint of the tenant that takes the event (its id derived
+from the session, event, endpoint and workflow run, so a retry finds the same rows) and starts one
+WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook` sends one attempt, signed for that
+attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it, and
+raises for anything but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is
+a non-retryable refusal. Async activities: their work is network waits; database calls run on a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import structlog
+from sqlalchemy.orm import sessionmaker
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+
+from activities.errors import activity_context
+from monologue import contracts as c
+from monologue import outbound, repo, repo_webhooks, webhooks
+from monologue.db import utcnow
+from monologue.errors import AddressRefused
+from monologue.schemas import DeliveryStatus
+from monologue.settings import Settings
+
+_ERROR_CHARS = 500  # of a receiver's answer kept with an attempt
+
+
+class WebhookActivities:
+    def __init__(self, *, sessions: sessionmaker[Any], settings: Settings) -> None:
+        self._sessions = sessions
+        self._settings = settings
+
+    @activity.defn(name=c.NOTIFY_ENDED)
+    async def notify_session_ended(self, request: c.NotifyEndedInput) -> c.NotifyEndedResult:
+        """Queue the session's messages for its tenant's endpoints and start their deliveries."""
+        with activity_context(session_id=request.session_id) as log:
+            run_id = activity.info().workflow_run_id or ""
+            queued = await asyncio.to_thread(self._queue, request, run_id)
+            client = activity.client()
+            settings = self._settings.webhooks
+            for delivery_id in queued:
+                deliver = c.WebhookInput(
+                    delivery_id=delivery_id,
+                    initial_backoff_s=settings.initial_backoff_s,
+                    max_backoff_s=settings.max_backoff_s,
+                    give_up_after_s=settings.give_up_after_s,
+                    timeout_s=settings.timeout_s,
+                )
+                with contextlib.suppress(WorkflowAlreadyStartedError):  # a retry of this activity: started already
+                    await client.start_workflow(
+                        c.WEBHOOK_WORKFLOW,
+                        deliver,
+                        id=c.webhook_workflow_id(delivery_id),
+                        task_queue=c.webhook_task_queue(self._settings.temporal.task_queue),
+                    )
+            log.info("webhooks queued", status=request.status, deliveries=len(queued))
+            return c.NotifyEndedResult(deliveries=len(queued))
+
+    def _queue(self, request: c.NotifyEndedInput, run_id: str) -> list[str]:
+        event = webhooks.EVENT_OF.get(request.status)
+        if event is None:
+            return []
+        with self._sessions() as db:
+            row = repo.get_session(db, session_id=request.session_id)
+            if row is None:
+                return []
+            message = webhooks.payload(row, event, self._settings)
+            queued = []
+            for endpoint in repo_webhooks.subscribed(db, tenant=request.tenant, event=event):
+                delivery_id = webhooks.delivery_id(
+                    session_id=row.id, event=event, endpoint_id=endpoint.id, run_id=run_id
+                )
+                repo_webhooks.create_delivery(
+                    db,
+                    delivery_id=delivery_id,
+                    endpoint_id=endpoint.id,
+                    tenant=request.tenant,
+                    session_id=row.id,
+                    event=event,
+                    payload=message | {"id": delivery_id},
+                )
+                queued.append(delivery_id)
+            return queued
+
+    @activity.defn(name=c.DELIVER_WEBHOOK)
+    async def deliver_webhook(self, request: c.WebhookInput) -> None:
+        """One attempt: sign, send, record; raise unless the receiver answered 2xx."""
+        attempt = activity.info().attempt
+        found = await asyncio.to_thread(self._message, request.delivery_id)
+        if found is None:
+            return  # delivered already (an earlier attempt's answer arrived late) or gone with its endpoint
+        url, secret, tenant, body = found
+        refusal = webhooks.url_refusal(url, tenant=tenant, settings=self._settings)
+        if refusal is not None:
+            await asyncio.to_thread(self._record, request.delivery_id, attempt, time.monotonic(), None, refusal)
+            raise ApplicationError(refusal, type=c.WEBHOOK_REFUSED, non_retryable=True)
+        started = time.monotonic()
+        status: int | None = None
+        error: str | None = None
+        try:
+            async with outbound.guarded_client(self._settings.outbound, timeout_s=request.timeout_s) as client:
+                headers = webhooks.headers(secret, request.delivery_id, int(time.time()), body)
+                response = await client.post(url, content=body, headers=headers)
+            status = response.status_code
+            if not response.is_success:
+                error = f"{status} {response.reason_phrase}: {response.text[:_ERROR_CHARS]}"
+        except AddressRefused as err:
+            await asyncio.to_thread(self._record, request.delivery_id, attempt, started, None, str(err))
+            raise ApplicationError(str(err), type=c.WEBHOOK_REFUSED, non_retryable=True) from None
+        except httpx.HTTPError as err:
+            error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        await asyncio.to_thread(self._record, request.delivery_id, attempt, started, status, error)
+        if error is not None:
+            raise ApplicationError(f"attempt {attempt} to {url}: {error}")
+        structlog.get_logger("activity").info("webhook delivered", delivery_id=request.delivery_id, attempt=attempt)
+
+    def _message(self, delivery_id: str) -> tuple[str, str, str, bytes] | None:
+        with self._sessions() as db:
+            delivery = repo_webhooks.get_delivery(db, delivery_id=delivery_id)
+            if delivery is None or delivery.status != DeliveryStatus.PENDING:
+                return None
+            endpoint = repo_webhooks.get_endpoint(db, endpoint_id=delivery.endpoint_id)
+            if endpoint is None or endpoint.disabled_at is not None:
+                repo_webhooks.give_up(db, delivery_id=delivery_id, error="the endpoint was deleted")
+                return None
+            return endpoint.url, endpoint.secret, delivery.tenant, webhooks.body(delivery.payload)
+
+    def _record(self, delivery_id: str, attempt: int, started: float, status: int | None, error: str | None) -> None:
+        took = timedelta(seconds=time.monotonic() - started)
+        with self._sessions() as db:
+            repo_webhooks.record_attempt(
+                db,
+                delivery_id=delivery_id,
+                attempt=attempt,
+                started_at=utcnow() - took,
+                duration_ms=round(took.total_seconds() * 1000, 1),
+                status_code=status,
+                error=error,
+                delivered=error is None,
+            )
+
+    @activity.defn(name=c.WEBHOOK_GIVEN_UP)
+    async def webhook_given_up(self, request: c.WebhookGivenUpInput) -> None:
+        """The retry period is over (or the endpoint was refused): the delivery failed."""
+        await asyncio.to_thread(self._give_up, request)
+
+    def _give_up(self, request: c.WebhookGivenUpInput) -> None:
+        with self._sessions() as db:
+            repo_webhooks.give_up(db, delivery_id=request.delivery_id, error=request.error)

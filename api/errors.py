@@ -1,0 +1,21 @@
+"""The API's own error types, each answered with its status as problem details (`api/problems.py`).
+
+    Exception
+    ├── TooManySessions        the tenant is at its limit of concurrent sessions (429)
+    ├── ValidationUnavailable  no node checked a new session's inputs in time (503)
+    └── IdempotencyConflict    an Idempotency-Key came back with another request (422)
+
+Routes raise FastAPI's HTTPException for everything else; `monologue.errors.InputError` from below becomes a 422
+where a route calls into it."""
+
+
+class TooManySessions(Exception):
+    """The tenant is at its limit of concurrent sessions (→ 429)."""
+
+
+class ValidationUnavailable(Exception):
+    """No worker checked the uploads in time (→ 503): no node is polling the shared queue, or all are busy."""
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different request (→ 422; the message says so)."""

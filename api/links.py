@@ -1,0 +1,117 @@
+"""Signed playback links: what a viewer's player opens instead of sending the tenant's API key.
+
+A link is `<public_url>/play/<token>/<file>`, the token `<session id>.<expiry>.<signature>`: HMAC-SHA256 under the
+links' secret (MONOLOGUE_LINKS__SECRET, else `<home>/link-secret`) over its purpose, the session and the expiry.
+The token is a path segment, not a query parameter, so the HLS playlist's relative links (`init.mp4`,
+`seg-N00000.m4s`) resolve under the same signed path and any player (Safari, iOS, a TV, hls.js, a plain <video>)
+plays without a header or a rewritten playlist. A token opens one session's stream, segments, video and events,
+read-only, until it expires; nothing else. Expiries are rounded up to the minute, so a session asked for twice
+in a minute gives the same links (players and caches see one URL)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import hmac
+import math
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from monologue.localfs import private_dir
+from monologue.schemas import PlaybackLinks
+from monologue.settings import LinkSettings, Settings
+
+from .origin import public_base
+
+PLAY_PREFIX = "/play"
+_PURPOSE = b"monologue-playback-v1"
+_TOKEN = re.compile(r"(?P<session>[0-9a-zA-Z_-]{1,64})\.(?P<expires>[0-9]{1,12})\.(?P<signature>[A-Za-z0-9_-]{43})")
+_ROUND_S = 60
+
+
+class LinkRefused(Exception):
+    """A token that opens nothing: not one of ours, tampered with, or expired (→ 403; the message says which)."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a valid token opens: one session, read-only, until `expires`."""
+
+    session_id: str
+    expires: int  # Unix seconds
+
+
+def link_key(settings: Settings) -> bytes:
+    """The HMAC key: the setting, else `<home>/link-secret` (made at first use, 0600, shared by the API processes
+    of one machine; several machines must set MONOLOGUE_LINKS__SECRET to one value)."""
+    if settings.links.secret is not None:
+        return settings.links.secret.get_secret_value().encode()
+    return _key_file(settings.home)
+
+
+@functools.cache
+def _key_file(home: Path) -> bytes:
+    path = private_dir(home) / "link-secret"
+    if not path.exists():
+        # Written whole under a temporary name, then linked into place: of two processes starting at once, one
+        # link wins and both read its key (a plain create could be read empty by the second).
+        draft = path.with_name(f".link-secret.{os.getpid()}.{secrets.token_hex(4)}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(secrets.token_hex(32))
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_bytes().strip()
+
+
+def sign(key: bytes, session_id: str, expires: int) -> str:
+    return f"{session_id}.{expires}.{_signature(key, session_id, expires)}"
+
+
+def verify(key: bytes, token: str, *, now: float | None = None) -> Grant:
+    """The grant of a valid, unexpired token; LinkRefused otherwise."""
+    match = _TOKEN.fullmatch(token)
+    if match is None:
+        raise LinkRefused("this is not a playback link (ask the API for the session's links.playback)")
+    session_id, expires = match["session"], int(match["expires"])
+    if not hmac.compare_digest(match["signature"], _signature(key, session_id, expires)):
+        raise LinkRefused("this playback link's signature is not valid (was it changed?)")
+    if (time.time() if now is None else now) >= expires:
+        at = datetime.fromtimestamp(expires, UTC).isoformat()
+        raise LinkRefused(f"this playback link expired at {at}; ask the API for the session again for fresh links")
+    return Grant(session_id, expires)
+
+
+def expiry(links: LinkSettings, *, now: float | None = None) -> int:
+    """When links made now expire: the TTL from now, rounded up to the minute."""
+    moment = (time.time() if now is None else now) + links.ttl_s
+    return math.ceil(moment / _ROUND_S) * _ROUND_S
+
+
+def playback_links(settings: Settings, session_id: str) -> PlaybackLinks:
+    """A session's signed links, built from public_url (never from the request's Host)."""
+    expires = expiry(settings.links)
+    base = f"{public_base(settings.api)}{PLAY_PREFIX}/{sign(link_key(settings), session_id, expires)}"
+    return PlaybackLinks(
+        stream=f"{base}/stream.m3u8",
+        video=f"{base}/video.mp4",
+        progressive=f"{base}/video.mp4?layout=progressive",
+        events=f"{base}/events",
+        expires_at=datetime.fromtimestamp(expires, UTC),
+    )
+
+
+def _signature(key: bytes, session_id: str, expires: int) -> str:
+    message = b"\n".join((_PURPOSE, session_id.encode(), str(expires).encode()))
+    digest = hmac.new(key, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

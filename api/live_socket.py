@@ -1,0 +1,388 @@
+"""One live session's audio socket: decoding, resampling and storing the audio it brings, acknowledging it, telling
+the workflow, and watching the idle timeout, the lifetime, the key and the session (the framing is in
+`api/routes/sessions.py`'s docstring).
+
+A socket holds its session while it brings audio (`repo.claim_audio_socket`; a second socket is refused, with
+`retry_after_s`, until the first has been silent for TAKEOVER_S: a client that reconnects after a drop the server
+has not noticed yet gets in then, and the old socket closes). When a socket closes without `end`, the session is
+not ended: the client may reconnect (a fresh ticket, or its key) within the idle timeout and continue after the
+last acknowledged sample, which the new socket's `ready` message names; otherwise the workflow's own idle timeout
+ends the session with the audio stored (`stored_audio`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import structlog
+from fastapi import WebSocket
+from fastapi.concurrency import run_in_threadpool
+from starlette.types import Message
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+from temporalio.service import RPCError
+
+from monologue import contracts as c
+from monologue import repo
+from monologue.live_audio import LiveAudioWriter, stored_live_audio
+from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
+from monologue.repo_nodes import aware
+
+from . import streams
+from .deps import Principal, Services
+from .live_resample import PcmResampler, ResamplerMissing
+from .submit import TERMINAL
+
+MAX_MESSAGE_BYTES = 1 << 20  # one audio message: 1 MiB (about 32 s of 16 kHz mono)
+MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thinned out
+# WebSocket close codes (4000-4999 are the application's own).
+CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
+CLOSE_TOO_MANY = 4429
+# A socket that brought no audio for this long loses its session to a new socket of the session (its client has
+# reconnected after a drop the server has not noticed yet, or its API process died); its claim is refreshed at most
+# once a second while audio comes.
+TAKEOVER_S = 3.0
+CLAIM_REFRESH_S = 1.0
+log = structlog.get_logger("api.sessions")
+
+
+class AudioRefused(Exception):
+    """Bad audio or a refused stream: told to the client, then the socket closes with `code`. `ends_session`: the
+    session's audio ends with what is stored (bad audio, a revoked key); not when another socket took over."""
+
+    def __init__(
+        self,
+        message: str,
+        code: int = CLOSE_BAD_AUDIO,
+        *,
+        ends_session: bool = True,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.ends_session = ends_session
+        self.retry_after_s = retry_after_s  # a socket refused for now (another is open) may try again after this
+
+    def message(self) -> dict[str, Any]:
+        """The `error` message the client gets."""
+        extra = {} if self.retry_after_s is None else {"retry_after_s": self.retry_after_s}
+        return {"type": "error", "message": str(self)} | extra
+
+
+class SessionEnds(Exception):
+    """The session's audio is over (an `end` message, the idle timeout, the lifetime): it completes with the
+    audio it has, and the socket closes with 1000 after an `ended` message (with this message, if any)."""
+
+
+class AudioStream:
+    """One socket's incoming audio: decode, resample, store in pieces, acknowledge, tell the workflow. `stored`: the
+    samples a previous socket of the session stored (this one continues after them)."""
+
+    def __init__(self, services: Services, session_id: str, options: c.RenderOptions, *, stored: int = 0) -> None:
+        self._services = services
+        self._session_id = session_id
+        self._writer = LiveAudioWriter(services.store, session_id, stored=stored)
+        self._planner = IncrementalPlanner(**chunk_sizes(options))
+        # The chunks the stored audio allows are planned already: this socket signals only what its audio adds.
+        list(self._planner.advance(live_frames(stored, rate=AUDIO_RATE, fps=options.fps, ended=False), final=False))
+        self._fps = options.fps
+        self._marks: list[list[float]] = []
+        self._signalled = 0
+        self._rate, self._channels = AUDIO_RATE, 1
+        self._resampler: PcmResampler | None = None
+        self._max_samples = int(services.settings.limits.max_live_seconds * AUDIO_RATE)
+        self._accepted = stored  # samples (16 kHz) taken, stored or still buffered
+        self._first_audio = stored == 0  # the session's clock (TTFF) starts with its first audio
+        self.received_audio = False  # on this socket
+
+    def configure(self, header: dict[str, Any]) -> None:
+        """The optional `start` message: the PCM's rate and channel count."""
+        if self.received_audio:
+            raise AudioRefused("'start' must be the first message on a socket, before any audio")
+        if header.get("format", "s16le") != "s16le":
+            raise AudioRefused(f"format {header.get('format')!r} is not supported; send PCM 's16le'")
+        rate, channels = header.get("sample_rate", AUDIO_RATE), header.get("channels", 1)
+        if not isinstance(rate, int) or not 8000 <= rate <= 192_000:
+            raise AudioRefused(f"sample_rate {rate!r} must be an integer from 8000 to 192000 Hz")
+        if channels not in (1, 2):
+            raise AudioRefused(f"channels {channels!r} must be 1 or 2")
+        self._rate, self._channels = rate, channels
+        if (rate, channels) != (AUDIO_RATE, 1):
+            try:
+                self._resampler = PcmResampler(rate, channels)
+            except ResamplerMissing as err:
+                raise AudioRefused(str(err)) from None
+
+    async def add(self, data: bytes) -> int:
+        """Store a binary message's audio; returns the samples stored so far (16 kHz)."""
+        if len(data) % (2 * self._channels):
+            raise AudioRefused(
+                f"a binary message of {len(data)} bytes does not hold whole samples: expected s16le PCM,"
+                f" {self._channels} channel(s), a multiple of {2 * self._channels} bytes"
+            )
+        self.received_audio = True
+        if self._first_audio:
+            self._first_audio = False
+            await run_in_threadpool(self._record, 0)
+        samples, full = self._fit(self._to_mono16k(np.frombuffer(data, dtype="<i2")))
+        stored = await run_in_threadpool(self._writer.append, samples)
+        await self._progress(stored, ended=False)
+        if full:
+            limit = self._services.settings.limits.max_live_seconds
+            raise SessionEnds(
+                f"the session's audio reached its limit of {limit:g} s (MONOLOGUE_LIMITS__MAX_LIVE_SECONDS):"
+                " it ends with the audio it has"
+            )
+        return stored
+
+    async def end(self) -> int:
+        """No more audio: store the rest, mark it ended and tell the workflow."""
+        if self._resampler is not None:
+            tail = self._resampler.flush()
+            if len(tail):
+                await run_in_threadpool(self._writer.append, self._fit(tail)[0])
+        stored = await run_in_threadpool(self._writer.finish)
+        await self._progress(stored, ended=True)
+        return stored
+
+    @property
+    def ended(self) -> bool:
+        return self._writer.ended
+
+    @property
+    def stored(self) -> int:
+        return self._writer.stored
+
+    def _fit(self, samples: np.ndarray) -> tuple[np.ndarray, bool]:
+        """The part of `samples` the session's audio limit leaves room for, and whether the limit is reached."""
+        room = max(0, self._max_samples - self._accepted)
+        samples = samples[:room]
+        self._accepted += len(samples)
+        return samples, self._accepted >= self._max_samples
+
+    def _to_mono16k(self, pcm: np.ndarray) -> np.ndarray:
+        return pcm if self._resampler is None else self._resampler.resample(pcm)
+
+    async def _progress(self, stored: int, *, ended: bool) -> None:
+        """Record the arrival, and signal the workflow when the stored audio lets it plan new chunks (about one
+        signal per chunk, so a long session's history stays small) or has ended."""
+        now_ms = time.time() * 1000
+        if not self._marks or self._marks[-1][0] < stored:
+            self._marks.append([float(stored), now_ms])
+        frames = live_frames(stored, rate=AUDIO_RATE, fps=self._fps, ended=ended)
+        unlocked = len(list(self._planner.advance(frames, final=ended))) > 0
+        if not (unlocked or ended) or (stored == self._signalled and not ended):
+            return
+        if len(self._marks) > MAX_MARKS:  # keep the newest marks and thin out the rest
+            self._marks = self._marks[-MAX_MARKS:]
+        signal = c.AudioAvailable(samples=stored, ended=ended, marks=self._marks)
+        handle = self._services.temporal.get_workflow_handle(c.render_workflow_id(self._session_id))
+        try:
+            await handle.signal(c.AUDIO_AVAILABLE, signal)
+        except RPCError as err:
+            raise AudioRefused(f"the session is no longer running ({err.message})", CLOSE_CONFLICT) from err
+        self._marks, self._signalled = [], stored
+        await run_in_threadpool(self._record, stored)
+
+    def _record(self, stored: int) -> None:
+        with self._services.sessions() as db:
+            repo.record_live_audio(db, session_id=self._session_id, samples=stored, rate=AUDIO_RATE)
+
+
+async def _receive_audio(websocket: WebSocket, stream: AudioStream, watch: SocketWatch) -> None:
+    """Take the socket's messages until the session's audio is over; then end it, say so and close."""
+    try:
+        while True:
+            await watch.check()
+            message = await watch.receive(websocket)
+            if message is None:  # a check is due
+                continue
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("bytes") is not None:
+                await _take_audio(websocket, stream, watch, message["bytes"])
+                continue
+            command = _parse_text(message.get("text") or "")
+            if command.get("type") == "start":
+                stream.configure(command)
+            elif command.get("type") == "end":
+                raise SessionEnds()
+            else:
+                raise AudioRefused(f"unknown message type {command.get('type')!r}; expected 'start' or 'end'")
+    except SessionEnds as ending:
+        stored = await stream.end()
+        reply: dict[str, Any] = {"type": "ended", "samples": stored, "seconds": stored / AUDIO_RATE}
+        if str(ending):
+            reply["message"] = str(ending)
+        log.info("audio stream ended", session_id=watch.session_id, samples=stored, reason=str(ending) or "end")
+        await websocket.send_json(reply)
+        await websocket.close(1000)
+
+
+async def _take_audio(websocket: WebSocket, stream: AudioStream, watch: SocketWatch, data: bytes) -> None:
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise AudioRefused(f"a message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+    if data:  # an empty message holds no audio: it does not keep the session from idling out
+        await stream.add(data)
+        watch.heard_audio()
+    await websocket.send_json({"type": "ack", "samples": stream.stored, "seconds": stream.stored / AUDIO_RATE})
+
+
+class SocketWatch:
+    """What an open audio socket watches besides its messages: the idle timeout and the session's lifetime (the
+    session ends: SessionEnds) and, every MONOLOGUE_API__KEY_RECHECK_S, its session ending elsewhere and its key
+    being revoked (the socket closes: AudioRefused)."""
+
+    def __init__(
+        self, services: Services, session_id: str, key_id: str | None, created_at: datetime, holder: str
+    ) -> None:
+        self._services, self.session_id, self._key_id, self._holder = services, session_id, key_id, holder
+        self._audio_unclaimed = False  # audio came since the claim was last refreshed
+        self._claim_refresh_at = time.monotonic() + CLAIM_REFRESH_S
+        self._idle_s = services.settings.render.live_idle_timeout_s
+        self._lifetime_s = services.settings.limits.max_live_seconds
+        self._recheck_s = services.settings.api.key_recheck_s
+        now = time.monotonic()
+        self._idle_until = now + self._idle_s
+        # The lifetime counts from the session's creation: the wall clock, as another API process may have made it.
+        self._lifetime_until = now + self._lifetime_s - (time.time() - aware(created_at).timestamp())
+        self._recheck_at = now + self._recheck_s
+
+    def heard_audio(self) -> None:
+        """Audio arrived: only that keeps the session from idling out (and this socket's claim on it fresh)."""
+        self._idle_until = time.monotonic() + self._idle_s
+        self._audio_unclaimed = True
+
+    async def receive(self, websocket: WebSocket) -> Message | None:
+        """The socket's next message, or None when a check is due first."""
+        wait_s = min(self._idle_until, self._lifetime_until, self._recheck_at) - time.monotonic()
+        if wait_s <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(websocket.receive(), timeout=wait_s)
+        except TimeoutError:
+            return None
+
+    async def check(self) -> None:
+        """Raise SessionEnds or AudioRefused if the socket must stop (the database only when a re-check is due)."""
+        now = time.monotonic()
+        if now >= self._lifetime_until:
+            raise SessionEnds(
+                f"the session reached its lifetime of {self._lifetime_s:g} s (MONOLOGUE_LIMITS__MAX_LIVE_SECONDS):"
+                " it ends with the audio it has"
+            )
+        if now >= self._idle_until:
+            raise SessionEnds(f"no audio for {self._idle_s:g} s: the session ends with the audio it has")
+        if self._audio_unclaimed and now >= self._claim_refresh_at:
+            self._audio_unclaimed, self._claim_refresh_at = False, now + CLAIM_REFRESH_S
+            if not await run_in_threadpool(self._refresh_claim):
+                raise _taken_over(self.session_id)
+        if now >= self._recheck_at:
+            await run_in_threadpool(self._recheck)
+            self._recheck_at = time.monotonic() + self._recheck_s
+
+    def _refresh_claim(self) -> bool:
+        with self._services.sessions() as db:
+            return repo.refresh_audio_socket(db, session_id=self.session_id, holder=self._holder)
+
+    def _recheck(self) -> None:
+        if self._key_id is not None and streams.key_revoked(self._services, self._key_id):
+            raise AudioRefused(streams.REVOKED, CLOSE_UNAUTHORIZED)
+        with self._services.sessions() as db:
+            row = repo.get_session(db, session_id=self.session_id)
+            current = "gone" if row is None else row.status
+            holds = row is not None and row.audio_socket == self._holder
+        if current == "gone" or current in TERMINAL:  # cancelled, or failed or completed without this socket
+            raise AudioRefused(f"live session {self.session_id} is {current}: it takes no more audio", CLOSE_CONFLICT)
+        if not holds:  # silent past TAKEOVER_S, and a new socket of the session took over
+            raise _taken_over(self.session_id)
+
+
+async def serve(websocket: WebSocket, services: Services, session_id: str, principal: Principal) -> None:
+    """Take one accepted socket's audio for `session_id` until the session's audio is over or the socket closes."""
+    holder = uuid.uuid4().hex
+    stream: AudioStream | None = None
+    claimed = False
+    try:
+        with _take_slot(websocket, principal):
+            opened, watch = await run_in_threadpool(_open_stream, services, session_id, principal, holder)
+            stream, claimed = opened, True
+            stored = opened.stored
+            await websocket.send_json({"type": "ready", "samples": stored, "seconds": stored / AUDIO_RATE})
+            await _receive_audio(websocket, opened, watch)
+    except AudioRefused as refused:
+        log.info("audio stream refused", session_id=session_id, reason=str(refused), code=refused.code)
+        if websocket.client_state == WebSocketState.CONNECTED:
+            await websocket.send_json(refused.message())
+            await websocket.close(refused.code)
+        if stream is not None and not stream.ended and refused.ends_session:
+            with contextlib.suppress(AudioRefused):  # bad input or a revoked key ends the session's audio
+                await stream.end()
+    except WebSocketDisconnect:
+        pass  # the client may reconnect; else the workflow's idle timeout ends the session
+    finally:
+        if claimed:
+            await run_in_threadpool(_release, services, session_id, holder)
+
+
+def _taken_over(session_id: str) -> AudioRefused:
+    return AudioRefused(f"live session {session_id} has another audio socket now", CLOSE_CONFLICT, ends_session=False)
+
+
+def _take_slot(websocket: WebSocket, principal: Principal) -> streams.StreamSlot:
+    services: Services = websocket.app.state.services
+    try:
+        return streams.stream_slots(websocket.app.state).take(
+            principal.key_id, services.settings.limits.max_streams_per_key
+        )
+    except streams.TooManyStreams as err:
+        raise AudioRefused(str(err), CLOSE_TOO_MANY, ends_session=False) from None
+
+
+def _open_stream(
+    services: Services, session_id: str, principal: Principal, holder: str
+) -> tuple[AudioStream, SocketWatch]:
+    """Claim the session for this socket and continue its audio where storage holds it."""
+    with services.sessions() as db:
+        row = repo.get_session(db, session_id=session_id)
+        if row is None or row.kind != c.SessionKind.LIVE or row.tenant != principal.tenant:
+            raise AudioRefused(f"live session {session_id!r} not found", CLOSE_NOT_FOUND, ends_session=False)
+        if row.status in TERMINAL:
+            raise AudioRefused(f"live session {session_id} is already {row.status}", CLOSE_CONFLICT, ends_session=False)
+        if not repo.claim_audio_socket(db, session_id=session_id, holder=holder, takeover_s=TAKEOVER_S):
+            raise AudioRefused(
+                f"live session {session_id} already has an audio socket open; a session takes one at a time (a"
+                f" reconnect gets in once the other has been silent for {TAKEOVER_S:g} s)",
+                CLOSE_CONFLICT,
+                ends_session=False,
+                retry_after_s=TAKEOVER_S,
+            )
+        options = c.render_options(row.options)
+        watch = SocketWatch(services, session_id, principal.key_id, row.created_at, holder)
+    samples, ended = stored_live_audio(services.store, session_id)
+    if ended:
+        _release(services, session_id, holder)
+        raise AudioRefused(
+            f"live session {session_id}'s audio has ended; it takes no more", CLOSE_CONFLICT, ends_session=False
+        )
+    return AudioStream(services, session_id, options, stored=samples), watch
+
+
+def _release(services: Services, session_id: str, holder: str) -> None:
+    with services.sessions() as db:
+        repo.release_audio_socket(db, session_id=session_id, holder=holder)
+
+
+def _parse_text(text: str) -> dict[str, Any]:
+    try:
+        command = json.loads(text)
+    except json.JSONDecodeError:
+        command = None
+    if not isinstance(command, dict):
+        raise AudioRefused('text messages must be JSON objects: {"type": "start", ...} or {"type": "end"}')
+    return command

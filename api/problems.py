@@ -1,0 +1,112 @@
+"""Every error as RFC 9457 problem details (`application/problem+json`), and the public OpenAPI schema that says so.
+
+`install(app)` registers the handlers (HTTPException, FastAPI's own validation errors, the submit errors, anything
+unexpected) and replaces the app's schema with the public one: the `/v1` and playback routes (the operator's `/ops`
+routes have their own schema, `ops_schema`), every error response a `Problem` under `application/problem+json`,
+and FastAPI's validation-error models gone. The ASGI layers in front of the routes (`guard.py`, `origin.py`) answer
+with `problem_response` too. `detail` stays a sentence saying what to fix, as before; `errors` lists FastAPI's
+validation problems one by one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from fastapi.routing import RouteContext, iter_route_contexts
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
+
+from monologue.schemas import Problem
+
+from .errors import IdempotencyConflict, TooManySessions, ValidationUnavailable
+
+PROBLEM_JSON = "application/problem+json"
+OPS_PREFIX = "/ops"
+log = structlog.get_logger("api.problems")
+
+
+def problem_response(
+    status: int, detail: str, *, instance: str | None = None, headers: Mapping[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    """One problem: `status` with its phrase as the title and `detail` naming what to fix."""
+    problem = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, instance=instance, **extra)
+    body = problem.model_dump(mode="json", exclude_none=True)
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
+
+
+def describe_errors(errors: Sequence[Any]) -> str:
+    """FastAPI's validation errors as one sentence: 'body.portrait: Field required; query.limit: …'."""
+    return "; ".join(f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in errors)
+
+
+def install(app: FastAPI) -> None:
+    """Problem details for every error, and the public OpenAPI schema."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return problem_response(err.status_code, str(err.detail), instance=request.url.path, headers=err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in err.errors()]
+        return problem_response(422, describe_errors(errors), instance=request.url.path, errors=errors)
+
+    @app.exception_handler(TooManySessions)
+    async def too_many(request: Request, err: TooManySessions) -> JSONResponse:
+        return problem_response(429, str(err), instance=request.url.path)
+
+    @app.exception_handler(IdempotencyConflict)
+    async def reused_key(request: Request, err: IdempotencyConflict) -> JSONResponse:
+        return problem_response(422, str(err), instance=request.url.path)
+
+    @app.exception_handler(ValidationUnavailable)
+    async def no_validator(request: Request, err: ValidationUnavailable) -> JSONResponse:
+        return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": "10"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unexpected error", error=str(err))
+        return problem_response(500, "an unexpected error; it is logged on the server", instance=request.url.path)
+
+    def public_schema() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            routes = [
+                route for route in iter_route_contexts(app.routes) if not (route.path or "").startswith(OPS_PREFIX)
+            ]
+            app.openapi_schema = schema_for(app, routes)
+        return app.openapi_schema
+
+    app.openapi = public_schema  # type: ignore[method-assign]
+
+
+def schema_for(app: FastAPI, routes: Sequence[BaseRoute | RouteContext], *, title: str | None = None) -> dict[str, Any]:
+    """The OpenAPI schema of `routes`, every error response a Problem under application/problem+json."""
+    schema = get_openapi(
+        title=title or app.title, version=app.version, description=app.description, routes=list(routes)
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    for model in ("HTTPValidationError", "ValidationError"):
+        components.pop(model, None)
+    problem = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for code, response in responses.items():
+                if code == "default" or int(code) >= 400:
+                    response["content"] = problem
+            if path.startswith("/v1/") and "401" not in responses:
+                responses["401"] = {"description": "No valid API key.", "content": problem}
+            responses.setdefault("default", {"description": "An error (problem details).", "content": problem})
+    return schema
+
+
+def ops_routes(app: FastAPI) -> list[RouteContext]:
+    """The operator's JSON routes (`/ops/api`), for their own schema."""
+    return [route for route in iter_route_contexts(app.routes) if (route.path or "").startswith(f"{OPS_PREFIX}/api")]

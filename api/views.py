@@ -1,0 +1,76 @@
+"""A session as the API shows it (`RenderPublic`), and finding one the caller may see: shared by the renders, live
+sessions, playback, events and webhook routes. Links are built from public_url, never from the request's Host."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import HTTPException
+from sqlalchemy.orm import Session
+
+from monologue import contracts as c
+from monologue import options as options_
+from monologue import repo
+from monologue.db import SessionRow
+from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkState, SinkStatus, SinkType
+
+from .deps import Principal, Services
+from .links import playback_links
+from .origin import public_base, public_ws_base
+
+
+def find(db: Session, session_id: str, principal: Principal) -> SessionRow:
+    """The session if the caller's tenant owns it; 404 otherwise (not 403: ids of others do not leak)."""
+    row = repo.get_session(db, session_id=session_id)
+    if row is None or (principal.tenant is not None and row.tenant != principal.tenant):
+        raise HTTPException(404, f"render {session_id!r} not found")
+    return row
+
+
+def public(services: Services, db: Session, row: SessionRow, *, ticket: AudioTicket | None = None) -> RenderPublic:
+    """The session as `GET /v1/renders/{id}` shows it; `ticket`: the audio ticket of a live session just made."""
+    settings = services.settings
+    base, ws_base = public_base(settings.api), public_ws_base(settings.api)
+    ui, namespace = settings.temporal.ui_url, settings.temporal.namespace
+    return RenderPublic(
+        id=row.id,
+        kind=row.kind,
+        status=row.status,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        options=options_.request_model().model_validate(options_.stored(c.render_options(row.options))),
+        width=row.width,
+        height=row.height,
+        audio_seconds=row.audio_seconds,
+        node_id=row.node_id,
+        ttff_ms=row.ttff_ms,
+        latency=Latency.model_validate(row.latency) if row.latency else None,
+        sinks=[
+            SinkStatus(
+                name=sink.name,
+                type=SinkType(sink.kind),
+                status=SinkState(sink.status),
+                acknowledged=sink.acknowledged,
+                error=sink.error,
+                playback=f"{base}/v1/renders/{row.id}/sinks/{sink.name}/stream.m3u8" if sink.kind == "s3" else None,
+            )
+            for sink in repo.list_sinks(db, session_id=row.id)
+        ],
+        error=row.error,
+        progress=Progress(
+            chunks_done=repo.chunks_done(db, session_id=row.id),
+            chunks_total=row.chunks_total,
+            frames_total=row.frames,
+            retries=repo.chunk_retries(db, session_id=row.id),
+        ),
+        links=RenderLinks(
+            stream=f"{base}/v1/renders/{row.id}/stream.m3u8",
+            self=f"{base}/v1/renders/{row.id}",
+            video=f"{base}/v1/renders/{row.id}/video.mp4",
+            workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",
+            audio=f"{ws_base}/v1/sessions/{row.id}/audio" if row.kind == c.SessionKind.LIVE else None,
+            playback=playback_links(settings, row.id),
+        ),
+        audio_ticket=ticket,
+    )

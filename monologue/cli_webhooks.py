@@ -1,0 +1,74 @@
+"""`monologue webhooks create|list|delete|deliveries`: the key's tenant's webhook endpoints, through the API (the
+same checks as any client's: the operator's allowed URLs and addresses), with the key the CLI uses."""
+
+from __future__ import annotations
+
+import click
+
+from monologue.cli_renders import api_option, connected, json_option
+from monologue.schemas import WebhookEvent
+
+
+@click.group()
+def webhooks() -> None:
+    """Webhook endpoints of the key's tenant: signed session events (Standard Webhooks)."""
+
+
+@webhooks.command("create")
+@click.argument("url")
+@click.option(
+    "--event",
+    "events",
+    multiple=True,
+    type=click.Choice([event.value for event in WebhookEvent]),
+    help="Only these events (default: all). Repeat for more.",
+)
+@api_option
+def create_command(url: str, events: tuple[str, ...], api_url: str | None) -> None:
+    """Send the tenant's session events to URL; prints the signing secret once."""
+    with connected(api_url) as client:
+        created = client.create_webhook(url, events=[WebhookEvent(event) for event in events] or None)
+    click.echo(f"endpoint {created.id} → {created.url} ({', '.join(created.events)})")
+    click.echo(f"secret (shown once; verifies webhook-signature): {created.secret}")
+
+
+@webhooks.command("list")
+@api_option
+@json_option
+def list_command(api_url: str | None, as_json: bool) -> None:
+    """The tenant's endpoints (never their secrets)."""
+    with connected(api_url) as client:
+        endpoints = client.list_webhooks()
+    if as_json:
+        click.echo(endpoints.model_dump_json())
+        return
+    for endpoint in endpoints.items:
+        click.echo(f"{endpoint.id}  {endpoint.url}  {','.join(endpoint.events)}")
+
+
+@webhooks.command("delete")
+@click.argument("endpoint_id")
+@api_option
+def delete_command(endpoint_id: str, api_url: str | None) -> None:
+    """Stop sending to an endpoint."""
+    with connected(api_url) as client:
+        client.delete_webhook(endpoint_id)
+    click.echo(f"deleted {endpoint_id}")
+
+
+@webhooks.command("deliveries")
+@click.option("--session", "session_id", default=None, help="Only this session's.")
+@api_option
+@json_option
+def deliveries_command(session_id: str | None, api_url: str | None, as_json: bool) -> None:
+    """Deliveries, newest first, with each attempt's answer."""
+    with connected(api_url) as client:
+        found = client.webhook_deliveries(session_id=session_id)
+    if as_json:
+        click.echo(found.model_dump_json())
+        return
+    for delivery in found.items:
+        click.echo(f"{delivery.id}  {delivery.event:<17} {delivery.status:<9} session {delivery.session_id}")
+        for attempt in delivery.attempts:
+            answer = attempt.status_code if attempt.status_code is not None else attempt.error
+            click.echo(f"    attempt {attempt.attempt}  {attempt.started_at:%H:%M:%S}  {answer}")
