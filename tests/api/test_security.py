@@ -316,7 +316,11 @@ def test_a_tenant_at_its_session_limit_gets_429_and_nothing_is_stored(
 ) -> None:
     """The API in process, on the stack's database, Temporal and storage, with a limit of one session."""
     settings = stack.settings.model_copy(
-        update={"limits": stack.settings.limits.model_copy(update={"max_sessions_per_tenant": 1})}
+        update={
+            "limits": stack.settings.limits.model_copy(update={"max_sessions_per_tenant": 1}),
+            # No Temporal SDK metrics port in this process: the shared stack's API process holds that one.
+            "api": stack.settings.api.model_copy(update={"temporal_metrics_port": None}),
+        }
     )
     with db() as session:
         key = auth(apikeys.create_key(session, tenant="tenant-limited")[1])

@@ -50,7 +50,10 @@ def serve(stack: Stack, *, api: dict[str, Any] | None = None, **groups: dict[str
     base = stack.settings
     port = free_port()
     changes: dict[str, Any] = {
-        "api": base.api.model_copy(update={"port": port, "public_url": f"http://127.0.0.1:{port}", **(api or {})})
+        # No Temporal SDK metrics port: the shared stack's API process holds that one.
+        "api": base.api.model_copy(
+            update={"port": port, "public_url": f"http://127.0.0.1:{port}", "temporal_metrics_port": None, **(api or {})}
+        )
     }
     for group, update in groups.items():
         changes[group] = getattr(base, group).model_copy(update=update)

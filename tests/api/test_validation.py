@@ -30,7 +30,8 @@ def test_uploads_no_node_checks_in_time_are_503_and_leave_nothing(
     settings = stack.settings.model_copy(
         update={
             "temporal": stack.settings.temporal.model_copy(update={"task_queue": f"unpolled-{uuid.uuid4().hex}"}),
-            "api": stack.settings.api.model_copy(update={"validate_timeout_s": 1.5}),
+            # No Temporal SDK metrics port in this process: the shared stack's API process holds that one.
+            "api": stack.settings.api.model_copy(update={"validate_timeout_s": 1.5, "temporal_metrics_port": None}),
         }
     )
     files = {"portrait": ("p.jpg", sample_portrait)}
