@@ -49,8 +49,9 @@ def stream_format(session: Session) -> StreamFormat:
 
 
 def chunk_request(request: c.GenerateChunkInput) -> ChunkRequest:
-    """The pipeline's request: the workflow's chunk as it is, with the session's seed and prompt."""
-    return ChunkRequest(request.chunk, seed=request.options.seed, prompt=request.options.prompt)
+    """The pipeline's request: the workflow's chunk as it is, with the session's seed, prompt and lip sync."""
+    options = request.options
+    return ChunkRequest(request.chunk, seed=options.seed, prompt=options.prompt, lip_sync=options.lip_sync)
 
 
 @dataclass

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monologue.contracts import Chunk, ChunkKind, Family
+from monologue.contracts import Chunk, ChunkKind, Family, LipSync, RenderOptions
+from monologue.phone_windows import PHONE_WINDOWS
 
 
 def frame_count(samples: int, *, rate: int, fps: int) -> int:
@@ -37,18 +38,28 @@ AUDIO_RATE = 16_000  # stored speech: 16 kHz mono s16le (monologue.media normali
 LIVE_LOOKAHEAD_S = 0.1
 
 
-def live_frames(samples: int, *, rate: int, fps: int, ended: bool) -> int:
+def live_lookahead(options: RenderOptions) -> int:
+    """Samples a live session must have stored past a chunk's last frame before that chunk is planned: 0.1 s,
+    or for warp's visemes the phone windows' reach (1.3 s: the window owning the mouth's last phone step must be
+    whole). Sessions from before visemes have loudness in their options, so their workflows keep 0.1 s."""
+    base = int(LIVE_LOOKAHEAD_S * AUDIO_RATE)
+    if options.family is Family.WARP and options.lip_sync is LipSync.VISEMES:
+        return max(base, PHONE_WINDOWS.lookahead_samples)
+    return base
+
+
+def live_frames(samples: int, *, rate: int, fps: int, ended: bool, lookahead: int) -> int:
     """Frames of a live session that can be generated from `samples` stored audio samples: every frame
-    once the audio has ended (as for a render), else those whose audio and look-ahead are stored."""
+    once the audio has ended (as for a render), else those whose audio and `lookahead` samples are stored."""
     if ended:
         return frame_count(samples, rate=rate, fps=fps)
-    usable = samples - int(LIVE_LOOKAHEAD_S * rate)
+    usable = samples - lookahead
     return max(0, usable * fps // rate)
 
 
-def live_samples_needed(end_frame: int, *, rate: int, fps: int) -> int:
+def live_samples_needed(end_frame: int, *, rate: int, fps: int, lookahead: int) -> int:
     """Stored samples at which `live_frames` first reaches `end_frame` (while the audio has not ended)."""
-    return -(-end_frame * rate // fps) + int(LIVE_LOOKAHEAD_S * rate)
+    return -(-end_frame * rate // fps) + lookahead
 
 
 def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tuple[int, int]:

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         IncrementalPlanner,
         chunk_sizes,
         live_frames,
+        live_lookahead,
         live_samples_needed,
         timeline_order,
     )
@@ -93,7 +94,10 @@ class SessionPlan:
         """Add the chunks the audio stored so far makes possible (all of them once it has ended)."""
         feed = self._feed
         if frames is None:
-            frames = live_frames(feed.samples, rate=AUDIO_RATE, fps=self._request.options.fps, ended=feed.ended)
+            options = self._request.options
+            frames = live_frames(
+                feed.samples, rate=AUDIO_RATE, fps=options.fps, ended=feed.ended, lookahead=live_lookahead(options)
+            )
             if feed.ended:
                 if frames < 1:
                     raise ApplicationError(
@@ -155,7 +159,10 @@ class SessionPlan:
         chunks need more audio than these."""
         marks = self._feed.marks
         for spec in new:
-            needed = live_samples_needed(spec.end_frame, rate=AUDIO_RATE, fps=self._request.options.fps)
+            options = self._request.options
+            needed = live_samples_needed(
+                spec.end_frame, rate=AUDIO_RATE, fps=options.fps, lookahead=live_lookahead(options)
+            )
             ready = next((ms for samples, ms in marks if samples >= needed), None)
             if ready is None and marks:
                 ready = marks[-1][1]  # the last chunks of an ended session: the end of the audio

@@ -1,12 +1,24 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monologue.plan import IncrementalPlanner, audio_range, frame_count, plan_chunks, plan_timeline
+from monologue.contracts import Family, LipSync, RenderOptions
+from monologue.plan import (
+    AUDIO_RATE,
+    IncrementalPlanner,
+    audio_range,
+    frame_count,
+    live_frames,
+    live_lookahead,
+    live_samples_needed,
+    plan_chunks,
+    plan_timeline,
+)
 
 totals = st.integers(1, 5_000)
 n_sizes = st.integers(1, 120)
@@ -137,3 +149,15 @@ def test_a_strided_plan_refuses_sizes_off_the_grid() -> None:
         plan_chunks(100, n_frames=40, i_frames=3, stride=4)
     with pytest.raises(ValueError, match="first_frames"):
         plan_chunks(100, n_frames=40, i_frames=4, first_frames=10, stride=4)
+
+
+def test_live_sessions_wait_for_the_lookahead_their_lip_sync_needs() -> None:
+    """0.1 s for loudness (every session from before visemes) and other families; 1.3 s for warp visemes,
+    whose last phone window must be whole (the bound is checked against the family's reads in
+    tests/gpu_worker/models/test_warp_visemes.py)."""
+    visemes = RenderOptions(lip_sync=LipSync.VISEMES)
+    assert live_lookahead(RenderOptions()) == live_lookahead(replace(visemes, family=Family.DIT)) == 1600
+    assert live_lookahead(visemes) == 20_800
+    ready = live_samples_needed(40, rate=AUDIO_RATE, fps=25, lookahead=live_lookahead(visemes))
+    assert live_frames(ready - 1, rate=AUDIO_RATE, fps=25, ended=False, lookahead=live_lookahead(visemes)) == 39
+    assert live_frames(ready, rate=AUDIO_RATE, fps=25, ended=False, lookahead=live_lookahead(visemes)) == 40
