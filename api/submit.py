@@ -26,7 +26,7 @@ from monologue.db import SessionRow
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.orchestration import orchestration_config
-from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, live_lookahead, plan_chunks
+from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
 
 from .deps import Services
@@ -227,11 +227,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
         # Its audio socket is gone: the session resumes to make video of the audio it has, then ends.
         LiveAudioWriter.mark_ended(services.store, row.id, samples)
         ended = True
-    frames = (
-        live_frames(samples, rate=AUDIO_RATE, fps=options.fps, ended=True, lookahead=live_lookahead(options))
-        if live
-        else (row.frames or 0)
-    )
+    frames = live_frames(samples, options, ended=True) if live else (row.frames or 0)
     cursor = 0
     if frames:
         with services.sessions() as db:

@@ -61,10 +61,19 @@ class PhoneWindows:
         first, end = self.steps_for(first_frame, end_frame, fps)
         return self.samples(self.owner(first))[0], self.samples(self.owner(end - 1))[1]
 
+    def frames_ready(self, samples: int, fps: int) -> int:
+        """How many frames from the start have every window their mouth reads within the first `samples`
+        samples: the largest F with `audio_for(F - 1, F, fps)[1] <= samples` (0 if none)."""
+        whole = (samples // self.step_samples - self.core_steps - self.after_steps) // self.core_steps
+        last_step = (whole + 1) * self.core_steps - 1 - self.lead_steps - self.reach_steps  # the last one owned
+        # frame_step(f) <= last_step  <=>  (2f + 1) * rate < (last_step + 1) * 2 * fps * step_samples
+        limit = (last_step + 1) * 2 * fps * self.step_samples
+        return max(0, ((limit - 1) // self.rate - 1) // 2 + 1) if limit > 0 else 0
+
     @property
     def lookahead_samples(self) -> int:
         """The most audio `audio_for` reads past the end of its last frame: the mouth's reach ahead, then the
-        rest of a window whose owned second starts there, and its context after."""
+        rest of a window whose owned second starts there, and its context after (1.3 s; 0.3 s at the least)."""
         return (self.lead_steps + self.reach_steps + self.core_steps + self.after_steps) * self.step_samples
 
 

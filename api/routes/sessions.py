@@ -42,7 +42,7 @@ from monologue import contracts as c
 from monologue import repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter
-from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames, live_lookahead
+from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 from monologue.repo_nodes import aware
 
 from .. import streams
@@ -119,8 +119,7 @@ class AudioStream:
         self._session_id = session_id
         self._writer = LiveAudioWriter(services.store, session_id)
         self._planner = IncrementalPlanner(**chunk_sizes(options))
-        self._fps = options.fps
-        self._lookahead = live_lookahead(options)  # the workflow plans with the same
+        self._options = options  # the workflow plans live chunks from the same (lip sync: the look-ahead)
         self._marks: list[list[float]] = []
         self._signalled = 0
         self._rate, self._channels = AUDIO_RATE, 1
@@ -202,7 +201,7 @@ class AudioStream:
         now_ms = time.time() * 1000
         if not self._marks or self._marks[-1][0] < stored:
             self._marks.append([float(stored), now_ms])
-        frames = live_frames(stored, rate=AUDIO_RATE, fps=self._fps, ended=ended, lookahead=self._lookahead)
+        frames = live_frames(stored, self._options, ended=ended)
         unlocked = len(list(self._planner.advance(frames, final=ended))) > 0
         if not (unlocked or ended) or (stored == self._signalled and not ended):
             return

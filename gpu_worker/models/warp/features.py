@@ -149,6 +149,12 @@ class SpeechContext(ContextGenerator):
         super().__init__()
         self.recogniser = PhoneRecogniser()
 
+    def load(self) -> None:
+        """The phone recogniser's models (0.2 s), when the node loads the family: not in a live session's
+        first chunk."""
+        self.recogniser.load()
+        super().load()
+
     def audio_range(self, chunk: ChunkRequest, fps: int, rate: int) -> tuple[int, int]:
         start, end = super().audio_range(chunk, fps, rate)
         if chunk.lip_sync is not LipSync.VISEMES:

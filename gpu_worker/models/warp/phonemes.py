@@ -129,7 +129,7 @@ class PhoneRecogniser:
 
     def _decode(self, wire: bytes) -> np.ndarray:
         """One utterance through the decoder (holding the lock): phone per step, owned steps only."""
-        decoder = self._load()
+        decoder = self.load()
         started = time.thread_time()
         decoder.reinit_feat()  # forget the noise estimate of the previous window
         decoder.start_utt()
@@ -144,7 +144,8 @@ class PhoneRecogniser:
         owned: np.ndarray = steps[windows.before_steps : windows.before_steps + windows.core_steps].copy()
         return owned
 
-    def _load(self) -> Any:
+    def load(self) -> Any:
+        """The decoder, loaded once (PocketSphinx's models from its wheel)."""
         if self._decoder is None:
             import pocketsphinx  # the node extra; a GPU-only machine without it never renders warp visemes
 

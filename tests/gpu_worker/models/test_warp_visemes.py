@@ -26,7 +26,7 @@ from gpu_worker.pipeline.stages import ChunkState, ContextStage
 from monologue.contracts import Chunk, ChunkKind, Family, LipSync, RenderOptions
 from monologue.live_audio import LiveAudio, LiveAudioWriter
 from monologue.media import decode_wav, normalise_audio
-from monologue.plan import AUDIO_RATE, IncrementalPlanner, live_frames, live_lookahead, plan_chunks
+from monologue.plan import AUDIO_RATE, IncrementalPlanner, live_frames, live_samples_needed, plan_chunks
 from monologue.storage import LocalStore
 from tests.gpu_worker.models.test_warp import SPEECH_WAV, Render, _layout, _ListSink, _RecordingRenderer, _render
 
@@ -214,8 +214,9 @@ def test_the_mouth_is_the_same_for_every_chunk_layout(
 def test_a_live_feed_with_exactly_the_planned_lookahead_renders_the_render_s_frames(
     portrait: np.ndarray, spoken: Spoken, tmp_path: Path
 ) -> None:
-    """Audio stored 0.1 s at a time; each chunk runs as soon as the live planner allows (its look-ahead and not
-    a sample more: LiveAudio refuses to read past what is stored), and the frames are the render's."""
+    """Audio stored 0.1 s at a time; each chunk runs as soon as the live planner allows (the phone windows its
+    mouth reads and not a sample more: LiveAudio refuses to read past what is stored), and the frames are the
+    render's."""
     options = RenderOptions(family=Family.WARP, lip_sync=LipSync.VISEMES, first_chunk_frames=16)
     output = OutputSpec(resolution="512", preview=True)
     reference = Pipeline(build_family()).start_session(portrait, output, ArrayAudio(spoken.samples)).reference
@@ -226,16 +227,14 @@ def test_a_live_feed_with_exactly_the_planned_lookahead_renders_the_render_s_fra
     planner = IncrementalPlanner(n_frames=40, i_frames=4, first_frames=16)
     hashes: dict[int, list[str]] = {}
     pcm = np.round(spoken.samples * 32768).astype("<i2")
-    lookahead = live_lookahead(options)
     for offset in range(0, len(pcm) + 1600, 1600):
         ended = offset >= len(pcm)
         stored = writer.finish() if ended else writer.append(pcm[offset : offset + 1600])
         audio.update(stored, ended)
-        available = live_frames(stored, rate=AUDIO_RATE, fps=FPS, ended=ended, lookahead=lookahead)
+        available = live_frames(stored, options, ended=ended)
         for chunk in planner.advance(available, final=ended):
             hashes[chunk.first_frame] = pipeline.run_chunk(session, ChunkRequest(chunk), _ListSink()).frame_hashes
     live_hashes = [digest for start in sorted(hashes) for digest in hashes[start]]
-    assert lookahead == round(1.3 * AUDIO_RATE)  # the phone windows' reach (docs/architecture.md)
     assert len(live_hashes) == len(spoken.samples) * FPS // AUDIO_RATE
     assert live_hashes == _render_with_first_chunk(portrait, spoken, output, 16)
 
@@ -297,15 +296,17 @@ def test_a_window_s_phones_depend_on_its_samples_alone(spoken: Spoken) -> None:
 
 
 @pytest.mark.parametrize("fps", [24, 25, 30, 60])
-def test_no_chunk_reads_audio_past_the_live_lookahead_and_some_need_all_of_it(fps: int) -> None:
-    """The live planner's look-ahead bounds what the context reads past any chunk's last frame (else a live
-    chunk would fail, or read what it must not), and is at most a frame and 20 ms more than some chunk needs."""
+def test_the_live_planner_waits_for_exactly_the_audio_a_chunk_reads(fps: int) -> None:
+    """`live_samples_needed` (the live planner's rule, in workflow code) covers what the warp family's context
+    reads for any chunk ending there, and is no more than what some chunk ending there reads plus 0.1 s."""
     context = build_family().context
-    lookahead = live_lookahead(RenderOptions(lip_sync=LipSync.VISEMES))
-    past = []
-    for first in range(0, 3 * fps):
-        for n_frames in (1, 4, 16, 40):
-            chunk = ChunkRequest(Chunk(ChunkKind.N, 0, first, n_frames), lip_sync=LipSync.VISEMES)
-            past.append(context.audio_range(chunk, fps, AUDIO_RATE)[1] - chunk.end_frame * AUDIO_RATE // fps)
-    assert max(past) <= lookahead
-    assert max(past) >= lookahead - AUDIO_RATE // fps - 320
+    options = RenderOptions(lip_sync=LipSync.VISEMES, fps=fps)
+    for end in range(1, 4 * fps):
+        reads = [
+            context.audio_range(ChunkRequest(Chunk(ChunkKind.N, 0, end - n, n)), fps, AUDIO_RATE)[1]
+            for n in (1, 16, 40)
+            if n <= end
+        ]
+        needed = live_samples_needed(end, options)
+        assert max(reads) <= needed
+        assert needed <= max(max(reads), -(-end * AUDIO_RATE // fps) + AUDIO_RATE // 10)
