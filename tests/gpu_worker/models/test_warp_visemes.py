@@ -125,29 +125,54 @@ class MouthMeter:
         return float((columns[-1] - columns[0] + 1) / counts.max()) if columns.size else float("nan")
 
 
-def test_lips_close_on_m_b_p_and_round_on_o_u_in_the_rendered_frames(spoken: Spoken, spoken_render: Render) -> None:
-    """Against the words' forced alignment: the inner-lip gap is near zero inside m, b and p (the portrait
-    shows 4 rows of teeth at rest) and the mouth is rounder (width / height lower) on oo/oh than on ee/eh."""
-    meter, frames = MouthMeter(spoken_render), spoken_render.frames
+@dataclass
+class MouthShapes:
+    rest: float  # the portrait's own gap (its teeth)
+    closed_gaps: np.ndarray  # (m/b/p frames,) rows between the lips
+    vowel_gaps: np.ndarray
+    round_ratio: float  # median width / height of the inner mouth on oo/oh
+    spread_ratio: float  # … and on ee/eh
+
+    def line(self, name: str) -> str:
+        return (
+            f"{name}: m/b/p median gap {np.median(self.closed_gaps):.1f} rows (rest {self.rest:.0f}, vowels"
+            f" {np.median(self.vowel_gaps):.1f}), {np.mean(self.closed_gaps <= 1):.0%} at most 1 row;"
+            f" width/height oo/oh {self.round_ratio:.2f} vs ee/eh {self.spread_ratio:.2f}"
+        )
+
+
+def _shapes(render: Render, spoken: Spoken) -> MouthShapes:
+    meter, frames = MouthMeter(render), render.frames
     closed = _frames_inside(spoken, {"M", "B", "P"}, len(frames))
     rounded = _frames_inside(spoken, {"UW", "UH", "OW", "W"}, len(frames))
     spread = _frames_inside(spoken, {"IY", "IH", "EY", "EH"}, len(frames))
     vowels = _frames_inside(spoken, {"AA", "AE", "AH", "AY", "UW", "OW", "IY", "EY"}, len(frames))
-    gaps = np.array([meter.gap(frames[f]) for f in closed])
-    vowel_gaps = np.array([meter.gap(frames[f]) for f in vowels])
-    rest = meter.gap(spoken_render.session.reference["portrait"])
-    round_ratio = np.nanmedian([meter.width_over_height(frames[f]) for f in rounded])
-    spread_ratio = np.nanmedian([meter.width_over_height(frames[f]) for f in spread])
-    # docs/benchmarks.md cites this line (shown by `pytest -rP`).
-    print(
-        f"m/b/p frames: median gap {np.median(gaps):.1f} rows (rest {rest:.0f}, vowels {np.median(vowel_gaps):.1f}),"
-        f" {np.mean(gaps <= 1):.0%} at most 1 row; width/height oo/oh {round_ratio:.2f} vs ee/eh {spread_ratio:.2f}"
+    assert len(closed) >= 15 and len(rounded) >= 15 and len(spread) >= 15
+    return MouthShapes(
+        rest=meter.gap(render.session.reference["portrait"]),
+        closed_gaps=np.array([meter.gap(frames[f]) for f in closed]),
+        vowel_gaps=np.array([meter.gap(frames[f]) for f in vowels]),
+        round_ratio=float(np.nanmedian([meter.width_over_height(frames[f]) for f in rounded])),
+        spread_ratio=float(np.nanmedian([meter.width_over_height(frames[f]) for f in spread])),
     )
 
-    assert len(closed) >= 15 and len(rounded) >= 15 and len(spread) >= 15
-    assert rest >= 3 and np.median(gaps) <= 1.0 and np.mean(gaps <= 1) >= 0.5
-    assert np.median(vowel_gaps) >= rest  # vowels are not closed: the lips part over the teeth
-    assert round_ratio < 0.8 * spread_ratio
+
+def test_lips_close_on_m_b_p_and_round_on_o_u_in_the_rendered_frames(
+    portrait: np.ndarray, spoken: Spoken, spoken_render: Render
+) -> None:
+    """Against the words' forced alignment: the inner-lip gap is near zero inside m, b and p (the portrait
+    shows 4 rows of teeth at rest) and the mouth is rounder (width / height lower) on oo/oh than on ee/eh;
+    loudness lip sync, measured the same way, does neither."""
+    visemes = _shapes(spoken_render, spoken)
+    loudness = _shapes(
+        _render(portrait, spoken.samples, OutputSpec(resolution="512"), lip_sync=LipSync.LOUDNESS), spoken
+    )
+    print(visemes.line("visemes"), loudness.line("loudness"), sep="\n")  # docs/benchmarks.md cites these lines
+
+    assert visemes.rest >= 3 and np.median(visemes.closed_gaps) <= 1.0 and np.mean(visemes.closed_gaps <= 1) >= 0.5
+    assert np.median(visemes.vowel_gaps) >= visemes.rest  # vowels are not closed: the lips part over the teeth
+    assert visemes.round_ratio < 0.8 * visemes.spread_ratio
+    assert np.median(loudness.closed_gaps) > visemes.rest and loudness.round_ratio > 0.8 * loudness.spread_ratio
 
 
 def test_loudness_lip_sync_renders_exactly_the_frames_it_rendered_before_visemes(portrait: np.ndarray) -> None:
