@@ -49,9 +49,15 @@ def stream_format(session: Session) -> StreamFormat:
 
 
 def chunk_request(request: c.GenerateChunkInput) -> ChunkRequest:
-    """The pipeline's request: the workflow's chunk as it is, with the session's seed, prompt and steps."""
+    """The pipeline's request: the workflow's chunk as it is, with the session's seed, prompt, steps and lip sync."""
     options = request.options
-    return ChunkRequest(request.chunk, seed=options.seed, prompt=options.prompt, sampling_steps=options.sampling_steps)
+    return ChunkRequest(
+        request.chunk,
+        seed=options.seed,
+        prompt=options.prompt,
+        sampling_steps=options.sampling_steps,
+        lip_sync=options.lip_sync,
+    )
 
 
 @dataclass

@@ -89,8 +89,8 @@ class AudioStream:
         self._writer = LiveAudioWriter(services.store, session_id, stored=stored)
         self._planner = IncrementalPlanner(**chunk_sizes(options))
         # The chunks the stored audio allows are planned already: this socket signals only what its audio adds.
-        list(self._planner.advance(live_frames(stored, rate=AUDIO_RATE, fps=options.fps, ended=False), final=False))
-        self._fps = options.fps
+        list(self._planner.advance(live_frames(stored, options, ended=False), final=False))
+        self._options = options  # the workflow plans live chunks from the same (lip sync: the look-ahead)
         self._marks: list[list[float]] = []
         self._signalled = 0
         self._rate, self._channels = AUDIO_RATE, 1
@@ -174,7 +174,7 @@ class AudioStream:
         now_ms = time.time() * 1000
         if not self._marks or self._marks[-1][0] < stored:
             self._marks.append([float(stored), now_ms])
-        frames = live_frames(stored, rate=AUDIO_RATE, fps=self._fps, ended=ended)
+        frames = live_frames(stored, self._options, ended=ended)
         unlocked = len(list(self._planner.advance(frames, final=ended))) > 0
         if not (unlocked or ended) or (stored == self._signalled and not ended):
             return

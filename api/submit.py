@@ -221,7 +221,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
         # Its audio socket is gone: the session resumes to make video of the audio it has, then ends.
         LiveAudioWriter.mark_ended(services.store, row.id, samples)
         ended = True
-    frames = live_frames(samples, rate=AUDIO_RATE, fps=options.fps, ended=True) if live else (row.frames or 0)
+    frames = live_frames(samples, options, ended=True) if live else (row.frames or 0)
     cursor = 0
     if frames:
         with services.sessions() as db:

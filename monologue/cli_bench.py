@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from monologue.contracts import Residency
+from monologue.contracts import LipSync, Residency
 from monologue.settings import get_settings
 
 
@@ -20,13 +20,24 @@ def bench() -> None:
 @click.option("--resolution", type=click.Choice(["source", "512", "720p", "1080p"]), default="720p", show_default=True)
 @click.option("--preview", is_flag=True, help="Half resolution, same motion.")
 @click.option("--family", default="warp", show_default=True)
+@click.option(
+    "--lip-sync",
+    type=click.Choice([mode.value for mode in LipSync]),
+    default=LipSync.VISEMES.value,
+    show_default=True,
+    help="warp: mouth shapes from phonemes, or loudness alone (sessions from before visemes).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
-def bench_pipeline_command(minutes: float, resolution: str, preview: bool, family: str, as_json: bool) -> None:
+def bench_pipeline_command(
+    minutes: float, resolution: str, preview: bool, family: str, lip_sync: str, as_json: bool
+) -> None:
     """Render MINUTES of real speech through the pipeline and encoder; print fps, realtime factor,
-    per-stage ms per chunk (p50/p95), encode share and peak RSS."""
+    per-stage ms per chunk (p50/p95) and per second of audio, encode share and peak RSS."""
     from gpu_worker.bench import bench_pipeline, report_json
 
-    report = bench_pipeline(minutes=minutes, resolution=resolution, preview=preview, family=family)
+    report = bench_pipeline(
+        minutes=minutes, resolution=resolution, preview=preview, family=family, lip_sync=LipSync(lip_sync)
+    )
     click.echo(report_json(report) if as_json else report.table())
 
 

@@ -29,12 +29,15 @@ SINKS = "sinks"  # the one option that is a list of dataclasses (a tagged union)
 
 
 def option_fields(cls: Any = RenderOptions) -> list[tuple[str, Any, Bounds, Any]]:
-    """(name, type, bounds, default) per field of an options dataclass, in definition order."""
+    """(name, type, bounds, default) per field of an options dataclass, in definition order; the default is
+    a new session's (`Bounds.new_sessions` where given)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     found = []
     for spec in dataclasses.fields(cls):
         base, bounds = _split(hints[spec.name])
         default = spec.default if spec.default is not dataclasses.MISSING else ...
+        if bounds.new_sessions is not None:  # what new sessions get; the dataclass default is for old inputs
+            default = bounds.new_sessions
         found.append((spec.name, base, bounds, default))
     return found
 

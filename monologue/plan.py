@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monologue.contracts import Chunk, ChunkKind, Family
+from monologue.contracts import Chunk, ChunkKind, Family, LipSync, RenderOptions
+from monologue.phone_windows import PHONE_WINDOWS
 
 
 def frame_count(samples: int, *, rate: int, fps: int) -> int:
@@ -39,18 +40,29 @@ AUDIO_RATE = 16_000  # stored speech: 16 kHz mono s16le (monologue.media normali
 LIVE_LOOKAHEAD_S = 0.1
 
 
-def live_frames(samples: int, *, rate: int, fps: int, ended: bool) -> int:
-    """Frames of a live session that can be generated from `samples` stored audio samples: every frame
-    once the audio has ended (as for a render), else those whose audio and look-ahead are stored."""
+def _visemes(options: RenderOptions) -> bool:
+    return options.family is Family.WARP and options.lip_sync is LipSync.VISEMES
+
+
+def live_frames(samples: int, options: RenderOptions, *, ended: bool, rate: int = AUDIO_RATE) -> int:
+    """Frames of a live session that can be generated from `samples` stored audio samples: every frame once
+    the audio has ended (as for a render), else those whose audio and look-ahead are stored: 0.1 s, and with
+    warp's visemes every phone window their mouth reads (0.3 to 1.3 s past the frame, `monologue.phone_windows`).
+    Sessions from before visemes have loudness in their options, so their workflows decide as they always did."""
     if ended:
-        return frame_count(samples, rate=rate, fps=fps)
-    usable = samples - int(LIVE_LOOKAHEAD_S * rate)
-    return max(0, usable * fps // rate)
+        return frame_count(samples, rate=rate, fps=options.fps)
+    frames = max(0, (samples - int(LIVE_LOOKAHEAD_S * rate)) * options.fps // rate)
+    if _visemes(options):
+        frames = min(frames, PHONE_WINDOWS.frames_ready(samples, options.fps))
+    return frames
 
 
-def live_samples_needed(end_frame: int, *, rate: int, fps: int) -> int:
+def live_samples_needed(end_frame: int, options: RenderOptions, *, rate: int = AUDIO_RATE) -> int:
     """Stored samples at which `live_frames` first reaches `end_frame` (while the audio has not ended)."""
-    return -(-end_frame * rate // fps) + int(LIVE_LOOKAHEAD_S * rate)
+    needed = -(-end_frame * rate // options.fps) + int(LIVE_LOOKAHEAD_S * rate)
+    if _visemes(options):
+        needed = max(needed, PHONE_WINDOWS.audio_for(end_frame - 1, end_frame, options.fps)[1])
+    return needed
 
 
 def audio_range(first_frame: int, n_frames: int, *, rate: int, fps: int) -> tuple[int, int]:

@@ -52,6 +52,7 @@ def baseline(durable_stack: Stack, sample_portrait: bytes, sample_speech: bytes)
     url = str(durable_stack.settings.api.public_url)
     render = wait_done(url, submit(url, sample_portrait, sample_speech).json()["id"])
     assert render["status"] == "completed", render["error"]
+    assert render["options"]["lip_sync"] == "visemes"  # so every kill, resume and live test here covers visemes
     return {"render": render, "hashes": _hashes(durable_stack, render["id"])}
 
 

@@ -111,7 +111,9 @@ def test_mouth_opens_during_speech_and_closes_during_silence(rendered: Rendered)
     cavity = _dark_fraction(rendered.frames[:, region[0], region[1]])  # (T,)
     closed = _dark_fraction(rendered.portrait[region][None])[0]
     assert cavity[silence].max() <= closed + 0.02
-    assert np.percentile(cavity[speech], 75) > closed + 0.08
+    # Visemes (the default) drop the jaw fully only on open vowels (ah, eh); ee, oo and most consonants open
+    # it a little and m, b, p close it, so a quarter of the speech frames show at least 4 % more mouth.
+    assert np.percentile(cavity[speech], 75) > closed + 0.04
 
 
 def test_pixels_away_from_the_head_stay_the_portrait(rendered: Rendered) -> None:

@@ -60,6 +60,7 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     assert 0 < latency["p50_ms"] <= latency["p95_ms"] <= latency["max_ms"]
     first_ms = 1000 * session["options"]["first_chunk_frames"] / session["options"]["fps"]
     assert session["options"]["first_chunk_frames"] == 16  # live sessions start with a short chunk (a setting)
+    assert session["options"]["lip_sync"] == "visemes"  # new sessions' default: phone windows, 1.3 s look-ahead
     assert session["ttff_ms"] >= first_ms  # the first chunk needs its own audio first
     video = get(session["links"]["video"], timeout=30)
     frames, video_seconds, audio_seconds = decode_video(video.content)

@@ -19,7 +19,6 @@ with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
     from monologue.contracts import Chunk
     from monologue.plan import (
-        AUDIO_RATE,
         IncrementalPlanner,
         chunk_sizes,
         live_frames,
@@ -93,7 +92,7 @@ class SessionPlan:
         """Add the chunks the audio stored so far makes possible (all of them once it has ended)."""
         feed = self._feed
         if frames is None:
-            frames = live_frames(feed.samples, rate=AUDIO_RATE, fps=self._request.options.fps, ended=feed.ended)
+            frames = live_frames(feed.samples, self._request.options, ended=feed.ended)
             if feed.ended:
                 if frames < 1:
                     raise ApplicationError(
@@ -155,7 +154,7 @@ class SessionPlan:
         chunks need more audio than these."""
         marks = self._feed.marks
         for spec in new:
-            needed = live_samples_needed(spec.end_frame, rate=AUDIO_RATE, fps=self._request.options.fps)
+            needed = live_samples_needed(spec.end_frame, self._request.options)
             ready = next((ms for samples, ms in marks if samples >= needed), None)
             if ready is None and marks:
                 ready = marks[-1][1]  # the last chunks of an ended session: the end of the audio

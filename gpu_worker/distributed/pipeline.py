@@ -99,12 +99,6 @@ class SessionMirrors:
         return key in self._sessions
 
 
-def audio_window(chunk: ChunkRequest, fps: int, rate: int, margin_frames: tuple[int, int]) -> tuple[int, int]:
-    """The sample range ContextStage reads for `chunk` (keep the two in step)."""
-    before, after = margin_frames
-    return (chunk.first_frame - before) * rate // fps, (chunk.end_frame + after) * rate // fps
-
-
 def anchors_read_by(chunk: ChunkRequest) -> list[AnchorKey]:
     """The anchors AudioToVideoStage reads for `chunk`."""
     if chunk.kind == "N":
@@ -261,7 +255,7 @@ class DistributedPipeline(Pipeline):
         key = self._keys.get(id(session))
         if key is None:
             raise ValueError("this session was not started by this DistributedPipeline")
-        start, end = audio_window(chunk, session.output.fps, session.audio.rate, self.family.context.margin_frames)
+        start, end = self.family.context.audio_range(chunk, session.output.fps, session.audio.rate)
         samples = session.audio.read(start, end)
         anchors = {name: session.anchors.get(*name) for name in anchors_read_by(chunk)}
         extras = {"session": session, "sink": sink, "progress": progress}  # rank 0's alone

@@ -94,6 +94,13 @@ class ContextGenerator(Module, ABC):
     # Audio frames the context needs before and after the chunk (smoothing, look-ahead).
     margin_frames: tuple[int, int] = (0, 0)
 
+    def audio_range(self, chunk: ChunkRequest, fps: int, rate: int) -> tuple[int, int]:
+        """The [start, end) samples `context` reads for `chunk` (the only audio a chunk's frames depend on):
+        its frames plus `margin_frames`. A family whose context reads more overrides it; a live session must
+        have stored the audio up to `end` before the chunk runs (`monologue.plan.live_samples_needed`)."""
+        before, after = self.margin_frames
+        return (chunk.first_frame - before) * rate // fps, (chunk.end_frame + after) * rate // fps
+
     @abstractmethod
     def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]: ...
 

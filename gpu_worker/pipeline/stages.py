@@ -47,10 +47,8 @@ class ContextStage:
 
     def run(self, session: Session, state: ChunkState) -> None:
         module = session.family.context
-        before, after = module.margin_frames
         chunk, fps, audio = state.chunk, session.output.fps, session.audio
-        start = (chunk.first_frame - before) * audio.rate // fps
-        end = (chunk.end_frame + after) * audio.rate // fps
+        start, end = module.audio_range(chunk, fps, audio.rate)
         state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps)
         state.context = module.context(state.window, chunk, state.rng)
 

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from monologue.contracts import Chunk, ChunkKind
+from monologue.contracts import Chunk, ChunkKind, LipSync
 
 Resolution = Literal["source", "512", "720p", "1080p"]
 # Short side in pixels for each named resolution; "source" keeps the portrait's own size.
@@ -56,12 +56,14 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
 @dataclass(frozen=True)
 class ChunkRequest:
     """A chunk to make: the timeline's `Chunk` (the one shape from the plan to here) and what the session adds
-    to every chunk: its seed, its optional text/scene prompt and its denoising steps (0: the family's own)."""
+    to every chunk: its seed, its optional text/scene prompt, its denoising steps (0: the family's own) and how
+    the lips move (warp)."""
 
     chunk: Chunk
     seed: int = 0
     prompt: str = ""
     sampling_steps: int = 0
+    lip_sync: LipSync = LipSync.VISEMES
 
     @property
     def kind(self) -> ChunkKind:

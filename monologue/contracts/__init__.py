@@ -31,6 +31,9 @@ from monologue.contracts.session import (
     KvsSink as KvsSink,
 )
 from monologue.contracts.session import (
+    LipSync as LipSync,
+)
+from monologue.contracts.session import (
     RenderOptions as RenderOptions,
 )
 from monologue.contracts.session import (

@@ -78,6 +78,10 @@ class Bounds:
     le: float | None = None
     pattern: str | None = None
     max_length: int | None = None
+    # The default a new session gets (the HTTP form, the settings, the CLI), where it differs from the field's
+    # dataclass default, which is what an input recorded before the option existed means (a running session's
+    # Temporal payloads and stored rows have no such field). None: the dataclass default serves both.
+    new_sessions: object = None
 
 
 class Family(StrEnum):
@@ -119,6 +123,14 @@ class Resolution(StrEnum):
     SQUARE_512 = "512"
     HD_720 = "720p"
     HD_1080 = "1080p"
+
+
+class LipSync(StrEnum):
+    """How the warp family moves the lips: visemes (mouth shapes from phoneme timings, scaled by loudness) or
+    loudness (the opening follows loudness alone; the behaviour of sessions from before visemes)."""
+
+    VISEMES = "visemes"
+    LOUDNESS = "loudness"
 
 
 _SINK_NAME = Bounds("Unique per session; default: type.", pattern=r"^[a-z0-9-]{0,32}$")
@@ -193,6 +205,9 @@ class RenderOptions:
     sampling_steps: Annotated[
         int, Bounds("Denoising steps (0: the family's default; infinitetalk: 40, as the original).", ge=0, le=100)
     ] = 0
+    # Sessions from before this option have no field: they keep loudness (their chunks already published, their
+    # checkpoints and, live, their workflow's shorter look-ahead all assume it); new sessions get visemes.
+    lip_sync: Annotated[LipSync, Bounds(LipSync.__doc__ or "", new_sessions=LipSync.VISEMES)] = LipSync.LOUDNESS
 
     def __post_init__(self) -> None:
         labels = [sink.label for sink in self.sinks]
@@ -215,10 +230,12 @@ class RenderOptions:
 def render_options(values: dict[str, object]) -> RenderOptions:
     """RenderOptions from plain values already validated (a stored session's options, a model_dump)."""
     sinks = tuple(_sink(spec) for spec in values.get("sinks") or ())  # type: ignore[attr-defined]
-    enums = {
+    enums: dict[str, object] = {
         "resolution": Resolution(str(values.get("resolution", Resolution.SOURCE))),
         "family": Family(str(values.get("family", Family.WARP))),
     }
+    if "lip_sync" in values:  # a row stored before the option has none: the dataclass default (loudness)
+        enums["lip_sync"] = LipSync(str(values["lip_sync"]))
     return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]
 
 

@@ -52,7 +52,12 @@ def serve(stack: Stack, *, api: dict[str, Any] | None = None, **groups: dict[str
     changes: dict[str, Any] = {
         # No Temporal SDK metrics port: the shared stack's API process holds that one.
         "api": base.api.model_copy(
-            update={"port": port, "public_url": f"http://127.0.0.1:{port}", "temporal_metrics_port": None, **(api or {})}
+            update={
+                "port": port,
+                "public_url": f"http://127.0.0.1:{port}",
+                "temporal_metrics_port": None,
+                **(api or {}),
+            }
         )
     }
     for group, update in groups.items():

@@ -32,7 +32,11 @@ def test_an_option_added_to_the_dataclass_reaches_the_schema_the_form_the_defaul
     request = options_.request_model(WithExtra)
     schema = request.model_json_schema()["properties"]["mouth_scale"]
     assert (schema["minimum"], schema["maximum"], schema["default"]) == (0.5, 2.0, 1.0)
-    assert request.model_validate({"mouth_scale": 1.5}).to_options() == WithExtra(mouth_scale=1.5)
+    # New sessions' lip sync is not the dataclass default (which is what inputs from before the option mean).
+    new_session = dataclasses.replace(WithExtra(), lip_sync=c.LipSync.VISEMES)
+    assert request.model_validate({"mouth_scale": 1.5}).to_options() == dataclasses.replace(
+        new_session, mouth_scale=1.5
+    )
     with pytest.raises(ValidationError, match="mouth_scale"):
         request.model_validate({"mouth_scale": 3})
 
@@ -42,7 +46,9 @@ def test_an_option_added_to_the_dataclass_reaches_the_schema_the_form_the_defaul
 
     defaults = options_.defaults_model(WithExtra)()
     assert defaults.mouth_scale == 1.0  # type: ignore[attr-defined]
-    assert options_.merge(defaults, {"mouth_scale": 0.6}, WithExtra) == WithExtra(mouth_scale=0.6)
+    assert options_.merge(defaults, {"mouth_scale": 0.6}, WithExtra) == dataclasses.replace(
+        new_session, mouth_scale=0.6
+    )
 
     @click.command()
     @model_options(request)
@@ -92,3 +98,14 @@ def test_dit_chunk_sizes_off_its_latent_grid_are_refused_naming_the_options() ->
     with pytest.raises(ValidationError, match=r"multiples of 4 \(got chunk_frames=42, i_frames=3\)"):
         options_.merge(defaults, {"family": "dit", "chunk_frames": 42, "i_frames": 3})
     assert options_.merge(defaults, {"family": "warp", "chunk_frames": 42, "i_frames": 3}).i_frames == 3
+
+
+def test_new_sessions_get_visemes_and_inputs_from_before_the_option_keep_loudness(tmp_path: Path) -> None:
+    """`Bounds(new_sessions=...)`: the form, settings and CLI offer visemes; a stored row or a Temporal payload
+    without the field (a session from before the option) means loudness, the dataclass default."""
+    settings = Settings(home=tmp_path)
+    assert options_.merge(settings.render, {}).lip_sync is c.LipSync.VISEMES
+    assert options_.request_model().model_json_schema()["properties"]["lip_sync"]["default"] == "visemes"
+    assert c.render_options({"fps": 25}).lip_sync is c.LipSync.LOUDNESS
+    assert c.render_options(options_.stored(c.RenderOptions(lip_sync=c.LipSync.VISEMES))).lip_sync is c.LipSync.VISEMES
+    assert c.RenderOptions().lip_sync is c.LipSync.LOUDNESS

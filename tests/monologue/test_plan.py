@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monologue.plan import IncrementalPlanner, audio_range, frame_count, plan_chunks, plan_timeline
+from monologue.contracts import Family, LipSync, RenderOptions
+from monologue.plan import (
+    AUDIO_RATE,
+    IncrementalPlanner,
+    audio_range,
+    frame_count,
+    live_frames,
+    live_samples_needed,
+    plan_chunks,
+    plan_timeline,
+)
 
 totals = st.integers(1, 5_000)
 n_sizes = st.integers(1, 120)
@@ -137,3 +147,22 @@ def test_a_strided_plan_refuses_sizes_off_the_grid() -> None:
         plan_chunks(100, n_frames=40, i_frames=3, stride=4)
     with pytest.raises(ValueError, match="first_frames"):
         plan_chunks(100, n_frames=40, i_frames=4, first_frames=10, stride=4)
+
+
+def test_loudness_live_sessions_wait_for_a_tenth_of_a_second_past_a_chunk_as_before() -> None:
+    """Every session from before visemes (loudness in its options) and other families: 0.1 s, as always."""
+    for options in (RenderOptions(), RenderOptions(lip_sync=LipSync.VISEMES, family=Family.DIT)):
+        assert live_samples_needed(40, options) == 40 * 640 + 1600
+        assert live_frames(40 * 640 + 1600, options, ended=False) == 40
+        assert live_frames(40 * 640 + 1599, options, ended=False) == 39
+
+
+@given(samples=st.integers(0, 400_000), fps=st.sampled_from([1, 24, 25, 30, 60]))
+def test_a_visemes_live_session_plans_exactly_the_frames_whose_audio_is_stored(samples: int, fps: int) -> None:
+    """`live_frames` is the largest frame count whose `live_samples_needed` is stored: the planner, the API's
+    signals and the latency marks agree, and no frame waits longer than its phone windows need."""
+    options = RenderOptions(lip_sync=LipSync.VISEMES, fps=fps)
+    frames = live_frames(samples, options, ended=False)
+    assert frames == 0 or live_samples_needed(frames, options) <= samples
+    assert live_samples_needed(frames + 1, options) > samples
+    assert live_samples_needed(frames + 1, options) - (frames + 1) * AUDIO_RATE // fps <= 1.3 * AUDIO_RATE + 1

@@ -1,7 +1,9 @@
-"""Per-frame speech features for the mouth: how loud, and what the spectrum says about the lips' shape.
+"""Per-frame speech features for the mouth: how loud, what the spectrum says about the lips' shape, and (with
+visemes) the mouth shape the phones around the frame ask for.
 
-Each frame's features come from a window centred on that frame alone, so a frame's values are the same
-whichever chunk computes them: what makes the mouth meet itself exactly across chunk seams.
+Each frame's features come from a window centred on that frame alone, and its phones from the fixed phone
+windows that own them (`monologue.phone_windows`), so a frame's values are the same whichever chunk computes
+them: what makes the mouth meet itself exactly across chunk seams, live or resumed.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from gpu_worker.models.warp.phonemes import PhoneRecogniser
+from gpu_worker.models.warp.visemes import viseme_targets
 from gpu_worker.pipeline.module import ContextGenerator
 from gpu_worker.pipeline.types import AudioWindow, ChunkRequest
+from monologue.contracts import LipSync
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class SpeechFeatures:
     level_db: np.ndarray  # (F,) loudness, dBFS
     spread: np.ndarray  # (F,) -1 rounded … +1 spread
     hiss: np.ndarray  # (F,) share of energy in the fricative band, 0..1
+    # With visemes: (V, 5) mouth targets (`visemes.TARGET_NAMES`) of frames [viseme_first_frame, + V).
+    visemes: np.ndarray | None = None
+    viseme_first_frame: int = 0
 
     def has(self, frame: int) -> bool:
         return self.first_frame <= frame < self.first_frame + self.level_db.size
@@ -53,14 +61,21 @@ class SpeechFeatures:
         index = frame - self.first_frame
         return float(self.level_db[index]), float(self.spread[index]), float(self.hiss[index])
 
+    def shape(self, frame: int) -> np.ndarray | None:
+        """(5,) the viseme targets of a frame of the chunk, or None when lips follow loudness alone."""
+        return None if self.visemes is None else self.visemes[frame - self.viseme_first_frame]
+
     def to_context(self) -> dict[str, Any]:
-        return {
+        context = {
             "fps": self.fps,
             "first_frame": self.first_frame,
             "level_db": self.level_db,
             "spread": self.spread,
             "hiss": self.hiss,
         }
+        if self.visemes is not None:
+            context |= {"visemes": self.visemes, "viseme_first_frame": self.viseme_first_frame}
+        return context
 
     @classmethod
     def from_context(cls, context: dict[str, Any]) -> SpeechFeatures:
@@ -70,6 +85,8 @@ class SpeechFeatures:
             level_db=context["level_db"],
             spread=context["spread"],
             hiss=context["hiss"],
+            visemes=context.get("visemes"),
+            viseme_first_frame=int(context.get("viseme_first_frame", 0)),
         )
 
 
@@ -118,16 +135,46 @@ def speech_features(
 
 
 class SpeechContext(ContextGenerator):
-    """Per-frame loudness, lip spread and hiss for a chunk and its margins.
+    """Per-frame loudness, lip spread and hiss for a chunk and its margins; with visemes, also each of the
+    chunk's frames' mouth targets from the phones of the windows that own the steps around it.
 
     The margin before covers the I chunk before an N chunk, so the N chunk can carry the mouth's smoothing
-    across that gap on real audio; the margin after is the mouth's look-ahead.
+    across that gap on real audio; the margin after is the mouth's look-ahead. Visemes read the whole phone
+    windows those frames need (up to 1.3 s past the chunk: `PhoneWindows.lookahead_samples`).
     """
 
     margin_frames = (8, 2)
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.recogniser = PhoneRecogniser()
+
+    def load(self) -> None:
+        """The phone recogniser's models (0.2 s), when the node loads the family: not in a live session's
+        first chunk."""
+        self.recogniser.load()
+        super().load()
+
+    def audio_range(self, chunk: ChunkRequest, fps: int, rate: int) -> tuple[int, int]:
+        start, end = super().audio_range(chunk, fps, rate)
+        if chunk.lip_sync is not LipSync.VISEMES:
+            return start, end
+        windows = self.recogniser.windows
+        if rate != windows.rate:
+            raise ValueError(f"phone windows are laid out at {windows.rate} Hz, the audio is {rate} Hz")
+        phone_start, phone_end = windows.audio_for(chunk.first_frame, chunk.end_frame, fps)
+        return min(start, phone_start), max(end, phone_end)
+
     def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]:
-        """Features for frames [first_frame - 8, end_frame + 2); no randomness (the rng is left untouched)."""
+        """Features for frames [first_frame - 8, end_frame + 2), visemes for the chunk's own frames; no
+        randomness (the rng is left untouched)."""
         before, after = self.margin_frames
         features = speech_features(window, chunk.first_frame - before, chunk.end_frame + after)
-        return features.to_context()
+        context = features.to_context()
+        if chunk.lip_sync is LipSync.VISEMES:
+            windows = self.recogniser.windows
+            first_step, end_step = windows.steps_for(chunk.first_frame, chunk.end_frame, window.fps)
+            phones = self.recogniser.track(window.samples, window.start_sample, first_step, end_step)
+            targets = viseme_targets(phones, first_step, chunk.first_frame, chunk.end_frame, window.fps, windows)
+            context |= {"visemes": targets, "viseme_first_frame": chunk.first_frame}
+        return context

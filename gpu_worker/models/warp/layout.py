@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
 from functools import cache
+from math import ceil
 
 import cv2
 import numpy as np
@@ -36,6 +37,9 @@ class DetectionConfig:
     eye_tolerance_y: float = 0.10
     # The visible eye is narrower than the cascade's box, which includes the lids and some brow.
     eye_box_to_half_width: float = 0.36
+    # Faces found past the first pass are enlarged to this size to look for their eyes (at 70 px the eyes are
+    # too small for the eye cascade; real faces then show both, textures mistaken for faces do not).
+    confirm_face_px: int = 200
 
 
 DETECTION = DetectionConfig()
@@ -106,18 +110,17 @@ def _cascade(name: str) -> cv2.CascadeClassifier:
     return classifier
 
 
-def _largest(boxes: np.ndarray) -> tuple[int, int, int, int] | None:
-    """Largest box; ties broken by position so the answer never depends on detection order."""
+def _by_size(boxes: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Boxes largest first; ties broken by position so the answer never depends on detection order."""
     candidates = [(int(x), int(y), int(w), int(h)) for x, y, w, h in np.asarray(boxes).reshape(-1, 4)]
-    if not candidates:
-        return None
-    return max(candidates, key=lambda box: (box[2] * box[3], -box[1], -box[0]))
+    return sorted(candidates, key=lambda box: (box[2] * box[3], -box[1], -box[0]), reverse=True)
 
 
-def _find_eyes(
+def _matched_eyes(
     equalised: np.ndarray, face: tuple[int, int, int, int], config: DetectionConfig
-) -> tuple[tuple[float, float], tuple[float, float], float]:
-    """(left centre, right centre, half-width) in working pixels; geometry fills in what the cascade misses."""
+) -> list[tuple[float, float, float] | None]:
+    """The cascade's eye nearest where each eye should be, (centre x, centre y, half-width) in working pixels,
+    or None where no hit is close enough."""
     x, y, w, h = face
     top, bottom = y + round(0.12 * h), y + round(0.62 * h)
     roi = np.ascontiguousarray(equalised[top:bottom, x : x + w])
@@ -125,12 +128,8 @@ def _find_eyes(
     hits = _cascade(config.eye_cascade).detectMultiScale(
         roi, scaleFactor=1.1, minNeighbors=4, minSize=(size, size), maxSize=(round(0.45 * w), round(0.45 * w))
     )
-    expected = [
-        (x + config.eye_across * w, y + config.eye_down * h),
-        (x + (1 - config.eye_across) * w, y + config.eye_down * h),
-    ]
     found: list[tuple[float, float, float] | None] = []
-    for expected_x, expected_y in expected:
+    for expected_x, expected_y in _expected_eyes(face, config):
         best: tuple[float, float, float, float] | None = None
         for hit_x, hit_y, hit_w, hit_h in np.asarray(hits).reshape(-1, 4):
             centre_x, centre_y = x + hit_x + hit_w / 2, top + hit_y + hit_h / 2
@@ -141,6 +140,24 @@ def _find_eyes(
             if best is None or distance < best[0]:
                 best = (distance, centre_x, centre_y, hit_w * config.eye_box_to_half_width)
         found.append(None if best is None else best[1:])
+    return found
+
+
+def _expected_eyes(face: tuple[int, int, int, int], config: DetectionConfig) -> list[tuple[float, float]]:
+    x, y, w, h = face
+    return [
+        (x + config.eye_across * w, y + config.eye_down * h),
+        (x + (1 - config.eye_across) * w, y + config.eye_down * h),
+    ]
+
+
+def _find_eyes(
+    equalised: np.ndarray, face: tuple[int, int, int, int], config: DetectionConfig
+) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """(left centre, right centre, half-width) in working pixels; geometry fills in what the cascade misses."""
+    x, _, w, _ = face
+    expected = _expected_eyes(face, config)
+    found = _matched_eyes(equalised, face, config)
     left, right = found
     mid_x = x + w / 2
     # One eye found: a frontal face is close to symmetric, so mirror it rather than trust pure geometry.
@@ -159,33 +176,81 @@ def _find_eyes(
 def detect_layout(image: np.ndarray, config: DetectionConfig = DETECTION) -> Layout:
     """Face, eyes and mouth of the largest frontal face in an RGB (H, W, 3) uint8 portrait; deterministic.
 
-    Raises NoFaceFound when there is no face large enough to animate.
+    Detection runs on a copy with a `work_long_side` long side first; where that finds nothing (a small face in
+    a wide picture, 36 px at that size, is below what the strict cascades find), on copies twice as large up
+    to the picture's own size. Raises NoFaceFound, naming the smallest face it accepts, when none is found.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"portrait must be (H, W, 3) uint8 RGB, got {image.shape} {image.dtype}")
     height, width = image.shape[:2]
-    scale = config.work_long_side / max(height, width)
+    long_side, smallest = config.work_long_side, 0.0
+    while True:
+        size = min(long_side, max(height, width)) if long_side > config.work_long_side else long_side
+        # Passes past the first confirm their face by its eyes: at full size the cascades also see faces in
+        # brick walls and cell tissue, whose "eyes" the eye cascade does not find.
+        found, smallest = _detect_at(image, size / max(height, width), config, confirm=size > config.work_long_side)
+        if found is not None:
+            return found
+        if size >= max(height, width):
+            break
+        long_side *= 2
+    short = min(height, width)
+    raise NoFaceFound(
+        "portrait: no face found; send a front-facing portrait where the face is clearly visible and at least "
+        f"{ceil(smallest)} px tall ({100 * smallest / short:.0f}% of this {width}x{height} picture's shorter side)"
+    )
+
+
+def _detect_at(
+    image: np.ndarray, scale: float, config: DetectionConfig, *, confirm: bool
+) -> tuple[Layout | None, float]:
+    """The layout found on a copy scaled by `scale` (None if no face), and the smallest face (in the
+    picture's own pixels) that pass accepts; with `confirm`, only a face whose two eyes are found counts."""
+    height, width = image.shape[:2]
     work_size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    work = cv2.resize(image, work_size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    if work_size == (width, height):
+        work = image
+    else:
+        work = cv2.resize(image, work_size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
     grey = cv2.cvtColor(work, cv2.COLOR_RGB2GRAY)
-    saturation = cv2.cvtColor(work, cv2.COLOR_RGB2HSV)[:, :, 1]
     equalised = cv2.equalizeHist(grey)
     min_face = max(24, round(config.min_face_share * min(grey.shape)))
-
     face: tuple[int, int, int, int] | None = None
     for name in config.face_cascades:
         boxes = _cascade(name).detectMultiScale(
             equalised, scaleFactor=1.1, minNeighbors=8, minSize=(min_face, min_face)
         )
-        face = _largest(np.asarray(boxes))
+        candidates = _by_size(np.asarray(boxes))
+        face = next((box for box in candidates if not confirm or _eyes_confirm(grey, box, config)), None)
         if face is not None:
             break
     if face is None:
-        raise NoFaceFound(
-            "portrait: no face found; send a front-facing portrait where the face is clearly visible and at "
-            f"least {round(100 * config.min_face_share)}% of the picture's shorter side"
-        )
+        return None, min_face / scale
+    saturation = cv2.cvtColor(work, cv2.COLOR_RGB2HSV)[:, :, 1]
+    return _layout(equalised, grey, saturation, face, scale, config), min_face / scale
 
+
+def _eyes_confirm(grey: np.ndarray, face: tuple[int, int, int, int], config: DetectionConfig) -> bool:
+    """Both eyes where a face has them, found by the eye cascade on the face enlarged to `confirm_face_px`."""
+    x, y, w, h = face
+    margin = w // 2
+    x0, y0 = max(0, x - margin), max(0, y - margin)
+    x1, y1 = min(grey.shape[1], x + w + margin), min(grey.shape[0], y + h + margin)
+    factor = config.confirm_face_px / w
+    crop = cv2.resize(grey[y0:y1, x0:x1], None, fx=factor, fy=factor, interpolation=cv2.INTER_CUBIC)
+    box = (round((x - x0) * factor), round((y - y0) * factor), round(w * factor), round(h * factor))
+    return all(eye is not None for eye in _matched_eyes(cv2.equalizeHist(crop), box, config))
+
+
+def _layout(
+    equalised: np.ndarray,
+    grey: np.ndarray,
+    saturation: np.ndarray,
+    face: tuple[int, int, int, int],
+    scale: float,
+    config: DetectionConfig,
+) -> Layout:
+    """The layout of a face box found in working pixels, in the picture's own pixels."""
     left_eye, right_eye, eye_half_width = _find_eyes(equalised, face, config)
     lips = find_lips(grey, saturation, face)
     fx, fy, fw, fh = face

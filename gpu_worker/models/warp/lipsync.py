@@ -1,7 +1,9 @@
 """Lip sync: speech features → how open the mouth is and how the lips are shaped, frame by frame.
 
 A smoothing filter with a little look-ahead (lips move just before the sound): its state is all the mouth
-carries from one frame to the next, so it is the mouth's part of every anchor.
+carries from one frame to the next, so it is the mouth's part of every anchor. With visemes the filter still
+decides how far the voice opens the jaw; the frame's viseme targets (stateless: they come from the phones
+around the frame) decide the shape, and how much of that opening the shape lets through.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class MouthDynamics:
     # the lips fully meet and rest in pauses.
     closed_below: float = 0.03
     neutral_within: float = 0.03
+    # Visemes: the shapes show as much as there is voice (the filtered opening times this, at most 1), so a
+    # phone heard in a pause does not twitch the lips; pressed lips seal the opening between these presses.
+    voice_gain: float = 3.0
+    seal_from: float = 0.3
+    sealed_at: float = 0.7
 
 
 DYNAMICS = MouthDynamics()
@@ -97,6 +104,21 @@ class MouthFilter:
         opening = max(0.0, (float(state[0]) - closed) / (1.0 - closed))
         width = float(np.clip(state[1], -1.0, 1.0))
         return opening, 0.0 if abs(width) < neutral else width
+
+    def viseme_parameters(self, state: np.ndarray, targets: np.ndarray) -> tuple[float, float, float, float, float]:
+        """(opening, width, press, tuck, pucker) as rendered, from the filter's state and a frame's viseme
+        targets (`visemes.TARGET_NAMES`): loudness scales the opening the shape allows."""
+        dynamics = self.dynamics
+        loud, _ = self.parameters(state)
+        voice = min(1.0, dynamics.voice_gain * max(0.0, float(state[0])))
+        shape_opening, width, press, tuck, pucker = (float(value) for value in targets)
+        press *= voice
+        seal = min(max((press - dynamics.seal_from) / (dynamics.sealed_at - dynamics.seal_from), 0.0), 1.0)
+        opening = loud * shape_opening * (1.0 - seal * seal * (3.0 - 2.0 * seal))
+        width *= voice
+        shaped = (press, tuck * voice, pucker * voice)
+        press, tuck, pucker = (0.0 if value < dynamics.neutral_within else value for value in shaped)
+        return opening, 0.0 if abs(width) < dynamics.neutral_within else width, press, tuck, pucker
 
     def nod(self, state: np.ndarray) -> np.ndarray:
         """(3,) pose offset (roll, shift x, shift y) that speaking adds to the idle sway."""

@@ -97,7 +97,7 @@ class WarpMotion(AudioToVideo):
         head: Anchor | None = None
         for index in range(chunk.n_frames):
             state = self._step(state, idle, mouth, features, pose_noise[index], float(blink_uniforms[index]))
-            latents[index] = self._latent(state, idle, mouth, idle.closure(state.blink))
+            latents[index] = self._latent(state, idle, mouth, idle.closure(state.blink), features.shape(state.frame))
             if index == 0:
                 head = state.to_anchor()
         return A2VOutput(latents=latents, head=head, tail=state.to_anchor())
@@ -118,10 +118,16 @@ class WarpMotion(AudioToVideo):
         )
 
     @staticmethod
-    def _latent(state: MotionState, idle: IdleMotion, mouth: MouthFilter, closure: float) -> np.ndarray:
-        opening, width = mouth.parameters(state.mouth)
+    def _latent(
+        state: MotionState, idle: IdleMotion, mouth: MouthFilter, closure: float, shape: np.ndarray | None
+    ) -> np.ndarray:
+        """One frame's parameters; `shape` is its viseme targets (None: the lips follow loudness alone)."""
         roll, shift_x, shift_y = idle.limited(state.pose + mouth.nod(state.mouth))
-        return np.array([opening, width, roll, shift_x, shift_y, closure], dtype=np.float32)
+        if shape is None:
+            opening, width = mouth.parameters(state.mouth)
+            return np.array([opening, width, roll, shift_x, shift_y, closure, 0.0, 0.0, 0.0], dtype=np.float32)
+        opening, width, press, tuck, pucker = mouth.viseme_parameters(state.mouth, shape)
+        return np.array([opening, width, roll, shift_x, shift_y, closure, press, tuck, pucker], dtype=np.float32)
 
     def generate_i(
         self,
@@ -160,5 +166,5 @@ class WarpMotion(AudioToVideo):
             # A blink begun before the gap carries on; one the right anchor began inside the gap shows too.
             closure = max(idle.closure(start.blink + offset), idle.closure(end.blink - (end.frame - frame)))
             state = MotionState(frame, pose, start.velocity, mouth_state, 0)
-            latents[index] = self._latent(state, idle, mouth, closure)
+            latents[index] = self._latent(state, idle, mouth, closure, features.shape(frame))
         return A2VOutput(latents=latents)

@@ -4,6 +4,11 @@ The lower face is warped so that the line between the lips tears open into a len
 lip and chin move down, the corners follow halfway, the cheeks stretch smoothly), and the gap is filled
 from the session's fixed inner-mouth texture (teeth under the upper lip, a dark cavity behind), which is
 anchored to the upper lip so the teeth never swim or flicker.
+
+Viseme shapes move the portrait's own lips in the same warp: pressed lips (m, b, p) stretch the upper lip
+down over any teeth the portrait shows until it meets the lower lip, and thin both; a tucked lower lip (f, v)
+rises under the upper teeth; puckered lips (oo, oh) pull the corners in and look fuller, pushed forward.
+All of it stays inside the head's support, so the background never changes.
 """
 
 from __future__ import annotations
@@ -46,9 +51,41 @@ class MouthShape:
     feather: float = 1 / 90
     # A trace of the lips shows through the darkest cavity, as in real mouths where nothing is pure black.
     cavity_opacity: float = 0.97
+    # Visemes. The upper lip's height (face heights) that stretches over the teeth when the lips press; the lips
+    # thin by this share when fully pressed; teeth are covered across this share of the lips' half-width.
+    upper_lip: float = 0.05
+    press_thinning: float = 0.12
+    teeth_across: float = 1.0
+    # A tucked lower lip rises this far (face heights) under the upper teeth, fading out this far below.
+    tuck_rise: float = 0.025
+    tuck_fade: float = 0.12
+    # Puckered lips: corners in by this share of the half-width, the opening this much narrower, the lips
+    # this much taller about the lip line (pushed forward, they look fuller).
+    pucker_in: float = 0.18
+    pucker_narrow: float = 0.3
+    pucker_fuller: float = 0.15
 
 
 MOUTH = MouthShape()
+
+
+@dataclass(frozen=True)
+class MouthPose:
+    """One frame's mouth (see `parameters`): opening, width, and the viseme shapes press, tuck, pucker."""
+
+    opening: float
+    width: float
+    press: float = 0.0
+    tuck: float = 0.0
+    pucker: float = 0.0
+
+    @property
+    def at_rest(self) -> bool:
+        return self.opening <= 0.0 and self.width == 0.0 and self.press == self.tuck == self.pucker == 0.0
+
+    @property
+    def shaped(self) -> bool:
+        return self.press > 0.0 or self.tuck > 0.0 or self.pucker > 0.0
 
 
 def _smoothstep(values: np.ndarray) -> np.ndarray:
@@ -68,9 +105,12 @@ class MouthWarp:
         support: np.ndarray,
         texture: np.ndarray,
         shape: MouthShape = MOUTH,
+        *,
+        teeth_rows: float | None = None,
     ) -> None:
         """layout in frame coordinates; origin (x0, y0) of the head crop; support (h, w) bool, True where the
-        head may move (the jaw never moves anything outside it)."""
+        head may move (the jaw never moves anything outside it); teeth_rows, the upper teeth the portrait
+        shows above the line (None: the usual height if it shows any)."""
         self._shape = shape
         self._texture = texture  # (rows, columns, 3) uint8, row 0 at the lip line
         self._texture_centre = (texture.shape[1] - 1) / 2
@@ -111,6 +151,11 @@ class MouthWarp:
         self._spread_profile = np.where(np.abs(across) <= 1.0, across, np.sign(across) * fade).astype(np.float32)
         band = np.abs(from_line) - shape.lip_band * face
         self._lip_profile = (1.0 - _smoothstep(band / (shape.lip_fade * face))).astype(np.float32)
+        self._from_line = from_line.astype(np.float32)  # (bh, bw) rows below the closed lip line
+        # The viseme shapes act on the lips alone: full between the corners, gone just beyond them.
+        self._mouth_profile = (1.0 - _smoothstep((np.abs(across) - 0.8) / 0.6)).astype(np.float32)  # (bw,)
+        teeth = layout.teeth_showing * shape.teeth_height * face if teeth_rows is None else teeth_rows
+        self._teeth = teeth  # visible upper teeth above the line, in rows
         self._dirty = False
 
     def _line(self, columns: np.ndarray) -> np.ndarray:
@@ -120,11 +165,36 @@ class MouthWarp:
         line: np.ndarray = self._mouth_y + self._rise * across**3
         return line
 
-    def _cavity_half_width(self, width: float) -> float:
-        """The gap's half-width: wider for spread lips, narrower for rounded ones."""
+    def _cavity_half_width(self, width: float, pucker: float) -> float:
+        """The gap's half-width: wider for spread lips, narrower for rounded and puckered ones."""
         shape = self._shape
         stretch = shape.spread * max(width, 0.0) - shape.rounding * max(-width, 0.0)
-        return self._lips * shape.cavity_width * (1.0 + stretch)
+        half_width = self._lips * shape.cavity_width * (1.0 + stretch)
+        if pucker > 0.0:
+            half_width *= 1.0 - shape.pucker_narrow * pucker
+        return half_width
+
+    def _shape_shift(self, pose: MouthPose) -> np.ndarray:
+        """(bh, bw) the rows' extra inverse shift (source row = row - shift) for press, tuck and pucker."""
+        shape, below = self._shape, self._from_line  # (bh, bw) rows under the lip line (negative: above)
+        shift = np.zeros(below.shape, dtype=np.float64)
+        if pose.press > 0.0 and self._teeth > 0.0:
+            # The upper lip [line - teeth - lip, line - teeth] stretched over [line - teeth - lip, line].
+            lip, teeth = shape.upper_lip * self._face, self._teeth
+            cover = float(_smoothstep(np.array(pose.press)))
+            over = np.clip(below + teeth + lip, 0.0, None) * (below <= 0.0)
+            across = (self._columns - self._mouth_x) / (self._lips * shape.teeth_across)
+            flat = np.sqrt(np.clip(1.0 - np.abs(across) ** 3, 0.0, 1.0))  # (bw,) flat over the teeth, 0 at corners
+            shift += cover * teeth / (teeth + lip) * over * flat
+        # Lips pressed thin (magnification < 1 about the line) or puckered fuller (> 1); source = line + d / m.
+        magnification = (1.0 - shape.press_thinning * pose.press) * (1.0 + shape.pucker_fuller * pose.pucker)
+        if magnification != 1.0:
+            shift += below * (1.0 - 1.0 / magnification) * self._lip_profile
+        if pose.tuck > 0.0:  # the lower lip's rim moves up, under the line (and the upper teeth)
+            fade = 1.0 - _smoothstep(below / (shape.tuck_fade * self._face))
+            shift -= pose.tuck * shape.tuck_rise * self._face * fade * (below > 0.0)
+        weighted: np.ndarray = shift * (self._mouth_profile[None, :] * self._support)
+        return weighted
 
     def _gap(self, columns: np.ndarray, drop: float, half_width: float) -> np.ndarray:
         """Opening height per column: full at the centre, closing to nothing at the corners."""
@@ -132,19 +202,19 @@ class MouthWarp:
         gap: np.ndarray = drop * np.sqrt(np.clip(1.0 - across * across, 0.0, 1.0))
         return gap
 
-    def apply(self, opening: float, width: float, source: np.ndarray, work: np.ndarray) -> None:
+    def apply(self, pose: MouthPose, source: np.ndarray, work: np.ndarray) -> None:
         """Animate the mouth of `work` (h, w, 3) uint8 from the untouched crop `source`; a closed, neutral
         mouth leaves the jaw box exactly as in `source`."""
         rows, columns = self.box
-        if opening <= 0.0 and width == 0.0:
+        if pose.at_rest:
             if self._dirty:
                 work[rows, columns] = source[rows, columns]
                 self._dirty = False
             return
         self._dirty = True
-        shape = self._shape
+        shape, opening, width = self._shape, pose.opening, pose.width
         drop = opening * shape.max_drop * self._face
-        half_width = self._cavity_half_width(width)
+        half_width = self._cavity_half_width(width, pose.pucker)
         gap = self._gap(self._columns, drop, half_width)  # (bw,)
         top = self._line(self._columns) + 0.5 * (drop - gap)  # (bw,) upper edge of the gap
         # Inverse map, rows: inside the gap the lip line is stretched (the cavity covers it), below it the
@@ -156,6 +226,9 @@ class MouthWarp:
         smooth = self._cheek * (drop - gap)[None, :]
         shift_y = (torn + smooth) * (self._horizontal[None, :] * self._support)
         corners = self._lips * (shape.spread * max(width, 0.0) - shape.rounding * max(-width, 0.0))
+        if pose.shaped:  # (loudness lip sync never gets here: its frames are computed exactly as before)
+            corners -= self._lips * shape.pucker_in * pose.pucker
+            shift_y = shift_y + self._shape_shift(pose)
         shift_x = (corners * self._lip_profile) * (self._spread_profile[None, :] * self._support)
         map_x = self._grid_x - shift_x.astype(np.float32)
         map_y = self._grid_y - shift_y.astype(np.float32)

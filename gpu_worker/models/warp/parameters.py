@@ -17,6 +17,11 @@ SHIFT_X = 3
 SHIFT_Y = 4
 # Eyelid closure: 0 open, 1 shut.
 BLINK = 5
+# Viseme shapes (0 with loudness lip sync, which then renders as it always did), 0..1 each: lips pressed
+# together (m, b, p), lower lip tucked under the upper teeth (f, v), lips pushed forward (oo, oh).
+PRESS = 6
+TUCK = 7
+PUCKER = 8
 
-PARAMETER_COUNT = 6
-PARAMETER_NAMES = ("opening", "width", "roll", "shift_x", "shift_y", "blink")
+PARAMETER_COUNT = 9
+PARAMETER_NAMES = ("opening", "width", "roll", "shift_x", "shift_y", "blink", "press", "tuck", "pucker")

@@ -14,7 +14,7 @@ import numpy as np
 
 from gpu_worker.models.warp.head import head_region, upsample
 from gpu_worker.models.warp.layout import Layout, detect_layout
-from gpu_worker.models.warp.texture import mouth_texture
+from gpu_worker.models.warp.texture import mouth_texture, visible_teeth
 from gpu_worker.pipeline.module import Reference, ReferenceEncoder
 from gpu_worker.pipeline.types import OutputSpec, frame_size
 
@@ -63,7 +63,8 @@ class WarpReference(ReferenceEncoder):
     Layout, output pixels); head_box (4,) int64 [x0, y0, x1, y1], the only pixels that ever change;
     head_coarse (r, c) float32, the head's weight on a coarse grid over head_box; head_mask (y1-y0, x1-x0)
     float32, that weight per pixel (0 exactly where pixels never change); mouth_texture (rows, columns, 3)
-    uint8, the inner mouth shown between the lips.
+    uint8, the inner mouth shown between the lips; teeth_rows (1,) float64, the upper teeth the portrait shows
+    above the mouth line, in rows (pressed lips cover them; references stored before visemes lack it).
     """
 
     def check(self, portrait: np.ndarray) -> None:
@@ -91,6 +92,7 @@ class WarpReference(ReferenceEncoder):
             "head_coarse": coarse,
             "head_mask": upsample(coarse, x1 - x0, y1 - y0),
             "mouth_texture": mouth_texture(framed, layout),
+            "teeth_rows": np.array([visible_teeth(framed, layout)], dtype=np.float64),
         }
 
 

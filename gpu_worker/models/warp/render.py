@@ -12,7 +12,7 @@ import numpy as np
 from gpu_worker.models.warp import parameters as p
 from gpu_worker.models.warp.eyes import EyeLid
 from gpu_worker.models.warp.head import HeadWarp
-from gpu_worker.models.warp.mouth import MouthWarp
+from gpu_worker.models.warp.mouth import MouthPose, MouthWarp
 from gpu_worker.models.warp.reference import reference_layout
 from gpu_worker.pipeline.module import Decoder, Reference, SuperResolution
 
@@ -29,7 +29,8 @@ class FaceRig:
         self._work = self._source.copy()  # (h, w, 3) the head with this frame's mouth and eyelids
         support = reference["head_mask"] > 0.0
         self._head = HeadWarp(reference["head_box"], reference["head_coarse"], layout)
-        self._mouth = MouthWarp(layout, (x0, y0), support, reference["mouth_texture"])
+        teeth = float(reference["teeth_rows"][0]) if "teeth_rows" in reference else None
+        self._mouth = MouthWarp(layout, (x0, y0), support, reference["mouth_texture"], teeth_rows=teeth)
         crop_shape = (y1 - y0, x1 - x0)
         self._eyes = [
             EyeLid(layout.left_eye_x - 0.5 - x0, layout.left_eye_y - 0.5 - y0, layout.eye_half_width, crop_shape),
@@ -39,7 +40,8 @@ class FaceRig:
     def render(self, parameters: np.ndarray, out: np.ndarray) -> None:
         """One frame into `out` (H, W, 3) uint8 from one parameter vector (PARAMETER_COUNT,)."""
         np.copyto(out, self.portrait)
-        self._mouth.apply(float(parameters[p.OPENING]), float(parameters[p.WIDTH]), self._source, self._work)
+        pose = MouthPose(*(float(parameters[index]) for index in (p.OPENING, p.WIDTH, p.PRESS, p.TUCK, p.PUCKER)))
+        self._mouth.apply(pose, self._source, self._work)
         for eye in self._eyes:
             eye.apply(float(parameters[p.BLINK]), self._source, self._work)
         self._head.apply(

@@ -36,14 +36,9 @@ def _region(image: np.ndarray, x0: float, x1: float, y0: float, y1: float) -> np
     return image[top : max(bottom, top + 1), left : max(right, left + 1)].reshape(-1, 3).astype(np.float64)
 
 
-def mouth_texture(portrait: np.ndarray, layout: Layout, shape: MouthShape = MOUTH) -> np.ndarray:
-    """(rows, columns, 3) uint8: row 0 is just under the upper lip, the middle column the mouth centre.
-
-    portrait (H, W, 3) uint8 and layout at the output resolution.
-    """
-    face, lips = layout.face_height, max(layout.mouth_half_width, 1.0)
-    rows = int(np.ceil(shape.max_drop * face * 1.25)) + 3
-    half_columns = int(np.ceil(lips * 1.3)) + 2
+def _skin_luma(portrait: np.ndarray, layout: Layout) -> float:
+    """The cheeks' median grey: how the face is lit."""
+    face = layout.face_height
     centre_x = layout.face_x + layout.face_width / 2
     cheeks = np.concatenate(
         [
@@ -63,7 +58,38 @@ def mouth_texture(portrait: np.ndarray, layout: Layout, shape: MouthShape = MOUT
             ),
         ]
     )
-    skin = float(np.median(cheeks @ _LUMA))
+    return float(np.median(cheeks @ _LUMA))
+
+
+def visible_teeth(portrait: np.ndarray, layout: Layout) -> float:
+    """Rows of upper teeth the portrait shows above its mouth line (0 when it shows none): how far pressed
+    lips (m, b, p) must stretch the upper lip down to meet the lower one. Portrait and layout at the output size."""
+    if not layout.teeth_showing:
+        return 0.0
+    face, lips = layout.face_height, max(layout.mouth_half_width, 1.0)
+    skin = _skin_luma(portrait, layout)
+    height, width = portrait.shape[:2]
+    left = int(np.clip(round(layout.mouth_x - 0.5 * lips), 0, width - 1))
+    right = int(np.clip(round(layout.mouth_x + 0.5 * lips), left + 1, width))
+    line = int(np.clip(np.floor(layout.mouth_y - 0.5), 0, height - 1))  # the last pixel row above the line
+    rows = 0
+    for row in range(line, max(-1, line - round(0.15 * face)), -1):  # upwards from the line
+        luma = portrait[row, left:right].astype(np.float64) @ _LUMA
+        if ((luma > skin * _TEETH_BRIGHTER) & (luma > 110)).mean() < 0.5:
+            break
+        rows += 1
+    return float(rows + 1) if rows else 0.0  # and the row half lip, half teeth above them
+
+
+def mouth_texture(portrait: np.ndarray, layout: Layout, shape: MouthShape = MOUTH) -> np.ndarray:
+    """(rows, columns, 3) uint8: row 0 is just under the upper lip, the middle column the mouth centre.
+
+    portrait (H, W, 3) uint8 and layout at the output resolution.
+    """
+    face, lips = layout.face_height, max(layout.mouth_half_width, 1.0)
+    rows = int(np.ceil(shape.max_drop * face * 1.25)) + 3
+    half_columns = int(np.ceil(lips * 1.3)) + 2
+    skin = _skin_luma(portrait, layout)
     light = float(np.clip(skin / _REFERENCE_SKIN, 0.5, 1.15))
 
     lips_region = _region(

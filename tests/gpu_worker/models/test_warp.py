@@ -20,7 +20,7 @@ from gpu_worker.models.warp.reference import cover_crop
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, SuperResolution, frame_size
 from gpu_worker.pipeline.module import Reference
 from gpu_worker.pipeline.pipeline import Session
-from monologue.contracts import Chunk
+from monologue.contracts import Chunk, LipSync
 from monologue.errors import NoFaceFound
 from monologue.media import decode_wav, normalise_audio
 
@@ -38,17 +38,19 @@ LONG_TEXT = (
 )
 
 
-def _plan(total_frames: int, seed: int = 0, n_frames: int = 40, i_frames: int = 4) -> list[ChunkRequest]:
+def _plan(
+    total_frames: int, seed: int = 0, n_frames: int = 40, i_frames: int = 4, lip_sync: LipSync = LipSync.VISEMES
+) -> list[ChunkRequest]:
     """Chunks in generation order (N0 N1 I0 N2 I1 …): N chunks of n_frames, I chunks of i_frames between them."""
     timeline: list[ChunkRequest] = []
     first, index = 0, 0
     while first < total_frames:
         size = min(n_frames, total_frames - first)
-        timeline.append(ChunkRequest(Chunk("N", index, first, size), seed))
+        timeline.append(ChunkRequest(Chunk("N", index, first, size), seed, lip_sync=lip_sync))
         first += size
         gap = min(i_frames, total_frames - first - 1)  # leave at least one frame for the next N chunk
         if gap > 0:
-            timeline.append(ChunkRequest(Chunk("I", index, first, gap), seed))
+            timeline.append(ChunkRequest(Chunk("I", index, first, gap), seed, lip_sync=lip_sync))
             first += gap
         index += 1
     n_chunks = [chunk for chunk in timeline if chunk.kind == "N"]
@@ -93,7 +95,12 @@ class Render:
 
 
 def _render(
-    portrait: np.ndarray, audio: np.ndarray, output: OutputSpec, seed: int = 0, total_frames: int | None = None
+    portrait: np.ndarray,
+    audio: np.ndarray,
+    output: OutputSpec,
+    seed: int = 0,
+    total_frames: int | None = None,
+    lip_sync: LipSync = LipSync.VISEMES,
 ) -> Render:
     family = build_family()
     recorder = _RecordingRenderer(family.super_resolution)
@@ -101,7 +108,7 @@ def _render(
     pipeline = Pipeline(family)
     session = pipeline.start_session(portrait, output, ArrayAudio(audio))
     total = total_frames if total_frames is not None else len(audio) * output.fps // RATE
-    order = _plan(total, seed)
+    order = _plan(total, seed, lip_sync=lip_sync)
     frames, hashes = {}, {}
     for chunk in order:
         sink = _ListSink()
