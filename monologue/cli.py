@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from monologue.cli_options import given_options, model_options
 from monologue.cli_renders import api_target, renders
 from monologue.cli_temporal import temporal
 from monologue.cli_webhooks import webhooks
+from monologue.exit import exit_when_done
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
@@ -96,22 +94,7 @@ def node() -> None:
     """Run one node: poll the shared queue and this node's own queue."""
     from gpu_worker.node import run_node
 
-    _exit_when_done(lambda: asyncio.run(run_node(_configured())))
-
-
-def _exit_when_done(run: Callable[[], None]) -> None:
-    """Run a server process's main function, then exit at once with its status: the interpreter's own teardown
-    can wait forever on Temporal's native threads retrying a server that is gone."""
-    code = 0
-    try:
-        run()
-    except BaseException:  # reported, then the process exits non-zero
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    exit_when_done(lambda: asyncio.run(run_node(_configured())))
 
 
 @main.command()

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from monologue import contracts as c
+from monologue.exit import exit_when_done
 from monologue.settings import get_settings
 
 
@@ -29,7 +30,10 @@ def temporal() -> None:
 def check_command() -> None:
     """Connect as the services do; print the server's version and the search attributes. Exit 1 when one of
     Monologue's is missing (and MONOLOGUE_TEMPORAL__SEARCH_ATTRIBUTES is on)."""
-    report = asyncio.run(_check())
+    exit_when_done(lambda: _report(asyncio.run(_check())))
+
+
+def _report(report: dict[str, Any]) -> None:
     click.echo(f"temporal: {report['address']} namespace {report['namespace']}, server {report['server']}")
     for name, present in report["attributes"].items():
         click.echo(f"  search attribute {name}: {'registered' if present else 'MISSING'}")
@@ -40,7 +44,10 @@ def check_command() -> None:
 @temporal.command("setup")
 def setup_command() -> None:
     """Register Monologue's search attributes on the namespace (idempotent)."""
-    added = asyncio.run(_setup())
+    exit_when_done(lambda: _report_added(asyncio.run(_setup())))
+
+
+def _report_added(added: list[str]) -> None:
     click.echo(f"search attributes: {', '.join(added) or 'all registered already'}")
 
 
