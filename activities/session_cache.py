@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
+from activities.heartbeat import beating
 from activities.pipelines import Pipelines
 from gpu_worker.pipeline import OutputSpec, Progress
 from gpu_worker.pipeline.pipeline import Session
@@ -72,6 +73,9 @@ class SessionCache:
         # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
         progress("encoding the reference" if reference is None else "restoring the session")
         session = pipeline.start_session(portrait, output_spec(options), audio, reference)
+        if options.transcript.strip():  # CPU work over the whole speech (about 0.2 s a minute): nothing can hang
+            with beating("aligning the speech to its transcript"):
+                pipeline.prepare_speech(session, options.transcript)
         if reference is None:
             self._store.put(keys.reference(session_id), save_tensors(session.reference))
         return session

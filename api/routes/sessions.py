@@ -69,6 +69,8 @@ async def create_session(
     # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
     fields.setdefault("first_chunk_frames", services.settings.render.live_first_chunk_frames)
     options = validated_options(services, fields, tenant=tenant)
+    if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
+        raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")
     limit = services.settings.limits.max_upload_bytes
     inputs = await read_inputs({"portrait": (portrait, portrait_url)}, limit=limit)
     created = await create(

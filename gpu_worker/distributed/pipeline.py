@@ -40,6 +40,7 @@ from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline, Session
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec
+from monologue.errors import InputError
 
 FamilyBuilder = Callable[[str], Family]
 AnchorKey = tuple[str, int, str]  # (chunk kind, index, "head" | "tail")
@@ -248,6 +249,10 @@ class DistributedPipeline(Pipeline):
         self._keys[id(session)] = work.key
         weakref.finalize(session, self._keys.pop, id(session), None)
         return session
+
+    def prepare_speech(self, session: Session, transcript: str) -> None:
+        """Not on a multi-rank node yet: the ranks' mirrored sessions would each need the prepared speech."""
+        raise InputError("a transcript (warp forced alignment) runs on one-rank nodes only")
 
     def run_chunk(
         self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from gpu_worker.pipeline.progress import StepProgress, no_steps
-from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, OutputSpec
+from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest, OutputSpec
+from monologue.errors import InputError
 
 # Named arrays: what crosses chunks (anchors) or is computed once per session (the reference
 # conditioning). Flat and numpy so they serialise to safetensors as they are.
@@ -100,6 +101,12 @@ class ContextGenerator(Module, ABC):
         have stored the audio up to `end` before the chunk runs (`monologue.plan.live_samples_needed`)."""
         before, after = self.margin_frames
         return (chunk.first_frame - before) * rate // fps, (chunk.end_frame + after) * rate // fps
+
+    def prepare(self, audio: AudioSource, transcript: str) -> Any:
+        """Work over the session's whole speech done once, when the session starts (and again when it is rebuilt
+        on another node: it must be deterministic); every chunk's window carries the result as `prepared`.
+        Only called with a transcript; a family that takes none refuses it."""
+        raise InputError(f"the {type(self).__name__} context takes no transcript")
 
     @abstractmethod
     def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]: ...

@@ -111,6 +111,7 @@ class Session:
     audio: AudioSource
     reference: Reference
     anchors: AnchorStore = field(default_factory=AnchorStore)
+    prepared: Any = None  # the context module's work over the whole speech (`ContextGenerator.prepare`), if any
 
     @property
     def frame_width(self) -> int:
@@ -228,6 +229,11 @@ class Pipeline:
                 self._switch.enter(Role.REFERENCE)
             reference = self.family.reference.encode(portrait, output)
         return Session(family=self.family, output=output, audio=audio, reference=reference)
+
+    def prepare_speech(self, session: Session, transcript: str) -> None:
+        """Let the context module prepare the session's whole speech with its transcript, before the first
+        chunk (CPU work; done again, deterministically, when the session is rebuilt on another node)."""
+        session.prepared = self.family.context.prepare(session.audio, transcript)
 
     def run_chunk(
         self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress

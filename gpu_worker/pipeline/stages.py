@@ -49,7 +49,7 @@ class ContextStage:
         module = session.family.context
         chunk, fps, audio = state.chunk, session.output.fps, session.audio
         start, end = module.audio_range(chunk, fps, audio.rate)
-        state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps)
+        state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps, prepared=session.prepared)
         state.context = module.context(state.window, chunk, state.rng)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -130,6 +130,9 @@ class AudioWindow:
     start_sample: int  # absolute index of samples[0]; may be negative (zeros before the audio starts)
     rate: int
     fps: int
+    # What the context module prepared from the whole speech when the session started (`ContextGenerator.prepare`,
+    # e.g. the warp family's alignment to a transcript); None when it prepared nothing.
+    prepared: Any = None
 
     def frame_start(self, frame: int) -> int:
         """Index into `samples` where absolute frame `frame` begins."""

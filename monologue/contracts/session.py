@@ -179,6 +179,11 @@ class KvsSink:
 Sink = S3Sink | KvsSink
 
 
+# A transcript travels with every chunk's activity input (the options do): 10,000 characters is about 11 minutes
+# of speech at 15 characters a second, and keeps a long render's history well inside Temporal's limits.
+TRANSCRIPT_MAX_CHARS = 10_000
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     """A session's options: THE definition. The HTTP schema, the settings' per-render defaults
@@ -208,8 +213,21 @@ class RenderOptions:
     # Sessions from before this option have no field: they keep loudness (their chunks already published, their
     # checkpoints and, live, their workflow's shorter look-ahead all assume it); new sessions get visemes.
     lip_sync: Annotated[LipSync, Bounds(LipSync.__doc__ or "", new_sessions=LipSync.VISEMES)] = LipSync.LOUDNESS
+    transcript: Annotated[
+        str,
+        Bounds(
+            "Optional: the words spoken (warp visemes, renders): lips follow forced alignment to them instead of "
+            "recognised phones. English words of the pronunciation dictionary; about 11 minutes of speech at most.",
+            max_length=TRANSCRIPT_MAX_CHARS,
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
+        if self.transcript.strip() and (self.family is not Family.WARP or self.lip_sync is not LipSync.VISEMES):
+            raise ValueError(
+                f"transcript: only the warp family's visemes follow a transcript (got family={self.family}, "
+                f"lip_sync={self.lip_sync}); leave it out or use family=warp, lip_sync=visemes"
+            )
         labels = [sink.label for sink in self.sinks]
         if len(set(labels)) != len(labels):
             raise ValueError(f"sink names must be unique within a session (got {labels}); set 'name'")

@@ -49,6 +49,8 @@ def _state(stack: Stack) -> tuple[set[str], list[Path], int]:
         ("portrait_has_no_face", 422, "face"),
         ("empty_portrait_file", 422, "empty"),
         ("fps_out_of_range", 422, "fps"),
+        ("transcript_with_loudness", 422, "transcript: only the warp family's visemes"),
+        ("transcript_too_long", 422, "transcript"),
     ],
 )
 def test_bad_input_is_refused_and_leaves_nothing(
@@ -79,10 +81,29 @@ def test_bad_input_is_refused_and_leaves_nothing(
         portrait = b""
     elif case == "fps_out_of_range":
         options = {"fps": 0}
+    elif case == "transcript_with_loudness":
+        options = {"transcript": "hello there", "lip_sync": "loudness"}
+    elif case == "transcript_too_long":
+        options = {"transcript": "word " * 2001}
     before = _state(stack)
     response = submit(api_url, portrait, audio, **options)
     assert response.status_code == expected_status, response.text
     assert message in response.json()["detail"].lower()
+    assert _state(stack) == before
+
+
+def test_a_live_session_with_a_transcript_is_refused_and_leaves_nothing(
+    stack: Stack, api_url: str, sample_portrait: bytes
+) -> None:
+    before = _state(stack)
+    response = post(
+        f"{api_url}/v1/sessions",
+        data={"transcript": "hello there"},
+        files={"portrait": ("p.jpg", sample_portrait)},
+        timeout=30,
+    )
+    assert response.status_code == 422, response.text
+    assert "transcript: live sessions" in response.json()["detail"]
     assert _state(stack) == before
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from gpu_worker.models.warp.alignment import AlignedPhones, TranscriptAligner
 from gpu_worker.models.warp.phonemes import PhoneRecogniser
 from gpu_worker.models.warp.visemes import viseme_targets
 from gpu_worker.pipeline.module import ContextGenerator
-from gpu_worker.pipeline.types import AudioWindow, ChunkRequest
+from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest
 from monologue.contracts import LipSync
 
 
@@ -136,7 +137,8 @@ def speech_features(
 
 class SpeechContext(ContextGenerator):
     """Per-frame loudness, lip spread and hiss for a chunk and its margins; with visemes, also each of the
-    chunk's frames' mouth targets from the phones of the windows that own the steps around it.
+    chunk's frames' mouth targets from the phones of the windows that own the steps around it, or, when the
+    session has a transcript, from its forced alignment over the whole speech (`prepare`).
 
     The margin before covers the I chunk before an N chunk, so the N chunk can carry the mouth's smoothing
     across that gap on real audio; the margin after is the mouth's look-ahead. Visemes read the whole phone
@@ -148,6 +150,11 @@ class SpeechContext(ContextGenerator):
     def __init__(self) -> None:
         super().__init__()
         self.recogniser = PhoneRecogniser()
+        self.aligner = TranscriptAligner()
+
+    def prepare(self, audio: AudioSource, transcript: str) -> AlignedPhones:
+        """The transcript's phones aligned to the whole speech, once per session."""
+        return self.aligner.align(audio, transcript)
 
     def load(self) -> None:
         """The phone recogniser's models (0.2 s), when the node loads the family: not in a live session's
@@ -174,7 +181,10 @@ class SpeechContext(ContextGenerator):
         if chunk.lip_sync is LipSync.VISEMES:
             windows = self.recogniser.windows
             first_step, end_step = windows.steps_for(chunk.first_frame, chunk.end_frame, window.fps)
-            phones = self.recogniser.track(window.samples, window.start_sample, first_step, end_step)
+            if isinstance(window.prepared, AlignedPhones):
+                phones = window.prepared.between(first_step, end_step)
+            else:
+                phones = self.recogniser.track(window.samples, window.start_sample, first_step, end_step)
             targets = viseme_targets(phones, first_step, chunk.first_frame, chunk.end_frame, window.fps, windows)
             context |= {"visemes": targets, "viseme_first_frame": chunk.first_frame}
         return context

@@ -26,7 +26,7 @@ PHONES = tuple(
     "SIL AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH UH UW V W Y Z ZH".split()  # noqa: SIM905
 )
 SILENCE = 0
-_PHONE_IDS = {name: index for index, name in enumerate(PHONES)}
+PHONE_IDS = {name: index for index, name in enumerate(PHONES)}
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class PhoneRecogniser:
         windows = self.windows
         steps = np.zeros(windows.window_samples // windows.step_samples, dtype=np.uint8)
         for segment in decoder.seg():
-            steps[segment.start_frame : segment.end_frame + 1] = _PHONE_IDS.get(segment.word, SILENCE)
+            steps[segment.start_frame : segment.end_frame + 1] = PHONE_IDS.get(segment.word, SILENCE)
         self.decoded += 1
         self.decode_cpu_s += time.thread_time() - started
         owned: np.ndarray = steps[windows.before_steps : windows.before_steps + windows.core_steps].copy()

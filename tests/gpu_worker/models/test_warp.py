@@ -101,12 +101,15 @@ def _render(
     seed: int = 0,
     total_frames: int | None = None,
     lip_sync: LipSync = LipSync.VISEMES,
+    transcript: str = "",
 ) -> Render:
     family = build_family()
     recorder = _RecordingRenderer(family.super_resolution)
     family.super_resolution = recorder
     pipeline = Pipeline(family)
     session = pipeline.start_session(portrait, output, ArrayAudio(audio))
+    if transcript:
+        pipeline.prepare_speech(session, transcript)
     total = total_frames if total_frames is not None else len(audio) * output.fps // RATE
     order = _plan(total, seed, lip_sync=lip_sync)
     frames, hashes = {}, {}
