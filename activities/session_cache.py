@@ -73,7 +73,7 @@ class SessionCache:
         # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
         progress("encoding the reference" if reference is None else "restoring the session")
         session = pipeline.start_session(portrait, output_spec(options), audio, reference)
-        if options.transcript.strip():  # CPU work over the whole speech (about 0.2 s a minute): nothing can hang
+        if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang
             with beating("aligning the speech to its transcript"):
                 pipeline.prepare_speech(session, options.transcript)
         if reference is None:
