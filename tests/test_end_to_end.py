@@ -209,3 +209,36 @@ def _dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
 
     kernel = np.ones((2 * pixels + 1, 2 * pixels + 1), np.uint8)
     return cv2.dilate(mask.astype(np.uint8), kernel) > 0
+
+
+# The bundled sample's words (infra/make_sample.py's SENTENCES).
+SAMPLE_TRANSCRIPT = "Hello! I am Monologue, a talking portrait. Every word you hear moves my lips."
+
+
+def test_a_transcript_reaches_the_node_and_moves_the_lips_by_its_alignment(
+    api_url: str, stack: Stack, rendered: Rendered, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    """Through the API and a node: the same frames where no lips move (the head and the pauses), other mouths
+    where the aligned phones differ from the recognised ones; the same frames again for the same request."""
+    first = wait_done(
+        api_url, submit(api_url, sample_portrait, sample_speech, transcript=SAMPLE_TRANSCRIPT).json()["id"]
+    )
+    again = wait_done(
+        api_url, submit(api_url, sample_portrait, sample_speech, transcript=SAMPLE_TRANSCRIPT).json()["id"]
+    )
+    assert first["status"] == again["status"] == "completed", first["error"]
+    aligned, recognised = _manifest(stack, first["id"]), _manifest(stack, rendered.render["id"])
+    assert _manifest(stack, again["id"]) == aligned and len(aligned) == len(recognised)
+    differing = sum(a != b for a, b in zip(aligned, recognised, strict=True))
+    assert 0 < differing < len(aligned)
+
+
+def test_a_transcript_with_a_word_outside_the_dictionary_fails_the_render_at_once(
+    api_url: str, sample_portrait: bytes, sample_speech: bytes
+) -> None:
+    render = wait_done(
+        api_url, submit(api_url, sample_portrait, sample_speech, transcript="Hello, I am Zorblaxia").json()["id"]
+    )
+    assert render["status"] == "failed"
+    assert "not in the pronunciation dictionary (zorblaxia)" in render["error"]
+    assert render["progress"]["chunks_done"] == 0
