@@ -15,7 +15,6 @@ aligning before its first chunk; memory is the speech as 16-bit samples plus Poc
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from gpu_worker.pipeline.types import AudioSource
 from monologue.errors import InputError
 from monologue.phone_windows import PHONE_WINDOWS, PhoneWindows
 
-# Spelling the dictionary does not hold as such: typographic apostrophes and dashes inside words.
+# Typographic apostrophes, which the dictionary spells as "'" (don’t → don't).
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
 _NOT_A_WORD = re.compile(r"[^a-z']+")
 _UNKNOWN_SHOWN = 12
@@ -64,7 +63,6 @@ class TranscriptAligner:
     def __init__(self, windows: PhoneWindows = PHONE_WINDOWS, config: RecogniserConfig = RECOGNISER) -> None:
         self.windows = windows
         self.config = config
-        self._lock = threading.Lock()  # a decoder aligns one session at a time
 
     def align(self, audio: AudioSource, transcript: str) -> AlignedPhones:
         """The phones of every step of `audio`; InputError when the transcript cannot be aligned to it."""
@@ -76,16 +74,15 @@ class TranscriptAligner:
         words = transcript_words(transcript)
         if not words:
             raise InputError("transcript: it holds no words (letters and apostrophes)")
-        with self._lock:
-            decoder = self._decoder()
-            unknown = [word for word in dict.fromkeys(words) if decoder.lookup_word(word) is None]
-            if unknown:
-                shown = ", ".join(unknown[:_UNKNOWN_SHOWN]) + (", …" if len(unknown) > _UNKNOWN_SHOWN else "")
-                raise InputError(
-                    f"transcript: {len(unknown)} word(s) are not in the pronunciation dictionary ({shown}); "
-                    "spell them as they sound in common English words, or leave the transcript out"
-                )
-            return self._align(decoder, audio.read(0, total), " ".join(words))
+        decoder = self._decoder()  # its own for each session: sessions may align at once, on their threads
+        unknown = [word for word in dict.fromkeys(words) if decoder.lookup_word(word) is None]
+        if unknown:
+            shown = ", ".join(unknown[:_UNKNOWN_SHOWN]) + (", …" if len(unknown) > _UNKNOWN_SHOWN else "")
+            raise InputError(
+                f"transcript: {len(unknown)} word(s) are not in the pronunciation dictionary ({shown}); "
+                "spell them as they sound in common English words, or leave the transcript out"
+            )
+        return self._align(decoder, audio.read(0, total), " ".join(words))
 
     def _align(self, decoder: Any, samples: np.ndarray, text: str) -> AlignedPhones:
         # The same fixed dither as the recogniser's windows (digital silence would otherwise drive the cepstra to
