@@ -18,6 +18,7 @@ from monologue import options as options_
 from monologue import sink_policy
 
 from .deps import Services
+from .problems import describe_errors
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -67,7 +68,7 @@ def validated_options(services: Services, given: dict[str, Any], *, tenant: str)
     try:
         options: c.RenderOptions = options_.merge(services.settings.render, given)
     except ValidationError as err:
-        raise HTTPException(422, describe(err)) from err
+        raise HTTPException(422, describe_errors(err.errors())) from err
     for sink in options.sinks:
         problem = sink_policy.refusal(sink, tenant=tenant, allowed=services.settings.sinks)
         if problem is not None:
@@ -86,7 +87,3 @@ def parse_sinks(text: str | None) -> list[Any] | None:
     if not isinstance(value, list):
         raise HTTPException(422, 'sinks: expected a JSON list, e.g. [{"type": "s3", "bucket": "videos"}]')
     return value
-
-
-def describe(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())

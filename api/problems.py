@@ -41,8 +41,15 @@ def problem_response(
 
 
 def describe_errors(errors: Sequence[Any]) -> str:
-    """FastAPI's validation errors as one sentence: 'body.portrait: Field required; query.limit: …'."""
-    return "; ".join(f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in errors)
+    """Validation errors as one sentence: 'body.portrait: Field required; query.limit: …'; an error about the
+    whole request (no location, e.g. sizes that do not fit together) is its message alone."""
+    return "; ".join(_describe_error(error) for error in errors)
+
+
+def _describe_error(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return f"{where}: {message}" if where else message
 
 
 def install(app: FastAPI) -> None:

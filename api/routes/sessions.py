@@ -66,8 +66,11 @@ async def create_session(
     Everything else about the session (progress, events, cancel, resume, the final video) is under
     `/v1/renders/{id}`, as for a render."""
     tenant = principal.tenant or "local"
-    # A live session's first chunk waits for its own audio: keep it short (a setting) unless told.
-    fields.setdefault("first_chunk_frames", services.settings.render.live_first_chunk_frames)
+    # A live session's first chunk waits for its own audio: keep it short (a setting) unless told, on the grid of
+    # the session's family (16 frames become 17 for infinitetalk's Wan VAE); 0 ("derived") is valid for any family.
+    if "first_chunk_frames" not in fields:
+        family = validated_options(services, {**fields, "first_chunk_frames": 0}, tenant=tenant).family
+        fields["first_chunk_frames"] = family.first_chunk_on_grid(services.settings.render.live_first_chunk_frames)
     options = validated_options(services, fields, tenant=tenant)
     if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
         raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")

@@ -106,6 +106,14 @@ class Family(StrEnum):
         frames and every later boundary falls on 1 + 4m; 0 for the others."""
         return 1 if self is Family.INFINITETALK else 0
 
+    def first_chunk_on_grid(self, frames: int) -> int:
+        """The smallest first-chunk size of at least `frames` frames on this family's grid (lead + a multiple
+        of the stride); 0 stays 0 ("derived"). The live sessions' short first chunk is a setting for every family."""
+        if frames <= 0:
+            return 0
+        lead, stride = self.leading_frames, self.temporal_stride
+        return lead + -(-max(frames - lead, 0) // stride) * stride
+
 
 class Residency(StrEnum):
     """Where a node keeps the models of a render that it is not running: RESIDENT keeps every model on the
@@ -238,10 +246,15 @@ class RenderOptions:
         off_grid = {name: size for name, size in sizes.items() if size and (size - offsets[name]) % stride}
         if off_grid:
             given = ", ".join(f"{name}={size}" for name, size in off_grid.items())
-            first = f"first_chunk_frames 0 or {lead} + a multiple of {stride}" if lead else "first_chunk_frames"
+            rule = (
+                f"chunk_frames and i_frames must be multiples of {stride} and first_chunk_frames 0 or {lead} + a "
+                f"multiple of {stride}"
+                if lead
+                else f"chunk_frames, i_frames and first_chunk_frames must be multiples of {stride}"
+            )
             raise ValueError(
-                f"the {self.family} family makes one latent frame of every {stride} video frames, so chunk_frames, "
-                f"i_frames and {first} must be multiples of {stride} (got {given})"
+                f"the {self.family} family makes one latent frame of every {stride} video frames, so {rule} "
+                f"(got {given})"
             )
 
 

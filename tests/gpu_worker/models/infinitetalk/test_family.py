@@ -107,7 +107,15 @@ def test_switch_residency_renders_the_same_frames(
 def test_off_grid_sizes_are_refused_with_what_to_fix() -> None:
     with pytest.raises(
         ValueError,
-        match=r"first_chunk_frames 0 or 1 \+ a multiple of 4 must be multiples of 4 \(got first_chunk_frames=16\)",
+        match=r"multiples of 4 and first_chunk_frames 0 or 1 \+ a multiple of 4 \(got first_chunk_frames=16\)",
     ):
         RenderOptions(family=Family.INFINITETALK, first_chunk_frames=16)
     assert RenderOptions(family=Family.INFINITETALK, first_chunk_frames=17).first_chunk_frames == 17
+
+
+def test_a_first_chunk_moves_up_onto_each_family_s_grid() -> None:
+    assert [Family.INFINITETALK.first_chunk_on_grid(n) for n in (0, 1, 2, 5, 16, 17)] == [0, 1, 5, 5, 17, 17]
+    assert [Family.DIT.first_chunk_on_grid(n) for n in (0, 1, 16, 17)] == [0, 4, 16, 20]
+    assert [Family.WARP.first_chunk_on_grid(n) for n in (0, 1, 16, 17)] == [0, 1, 16, 17]
+    for family in Family:  # what it gives is accepted as a first chunk
+        assert all(RenderOptions(family=family, first_chunk_frames=family.first_chunk_on_grid(n)) for n in range(30))
