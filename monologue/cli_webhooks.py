@@ -21,7 +21,7 @@ def webhooks() -> None:
     "events",
     multiple=True,
     type=click.Choice([event.value for event in WebhookEvent]),
-    help="Only these events (default: all). Repeat for more.",
+    help="Only these events (default: the three endings; session.started only when given). Repeat for more.",
 )
 @api_option
 def create_command(url: str, events: tuple[str, ...], api_url: str | None) -> None:

@@ -135,11 +135,16 @@ class RenderList(BaseModel):
 
 
 class WebhookEvent(StrEnum):
-    """What a webhook reports: a session's end, one event per way it ends."""
+    """What a webhook reports: a node has started the session (sent only to endpoints that list it), or the
+    session's end, one event per way it ends (an endpoint's default)."""
 
+    STARTED = "session.started"
     COMPLETED = "session.completed"
     FAILED = "session.failed"
     CANCELLED = "session.cancelled"
+
+
+SESSION_ENDINGS = (WebhookEvent.COMPLETED, WebhookEvent.FAILED, WebhookEvent.CANCELLED)  # a new endpoint's events
 
 
 class DeliveryStatus(StrEnum):
@@ -152,7 +157,10 @@ class DeliveryStatus(StrEnum):
 
 class WebhookEndpointCreate(BaseModel):
     url: str = Field(max_length=2000, description="https URL the operator allows (MONOLOGUE_WEBHOOKS__ALLOWED_URLS)")
-    events: list[WebhookEvent] = Field(default_factory=lambda: list(WebhookEvent), description="Events to send.")
+    events: list[WebhookEvent] = Field(
+        default_factory=lambda: list(SESSION_ENDINGS),
+        description="Events to send (default: the three endings; session.started only when listed).",
+    )
 
 
 class WebhookEndpointPublic(BaseModel):

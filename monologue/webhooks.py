@@ -28,10 +28,12 @@ from monologue.settings import Settings
 
 SECRET_PREFIX = "whsec_"
 EVENT_OF = {
+    SessionStatus.RUNNING: WebhookEvent.STARTED,
     SessionStatus.COMPLETED: WebhookEvent.COMPLETED,
     SessionStatus.FAILED: WebhookEvent.FAILED,
     SessionStatus.CANCELLED: WebhookEvent.CANCELLED,
 }
+STATUS_OF = {event: status for status, event in EVENT_OF.items()}  # what a message's `data.status` says
 
 
 def new_secret() -> str:
@@ -83,7 +85,7 @@ def payload(row: SessionRow, event: WebhookEvent, settings: Settings, *, at: dat
     data = {
         "id": row.id,
         "kind": str(row.kind),
-        "status": str(row.status),
+        "status": str(STATUS_OF[event]),  # as of the event (a started message may go out once the session ended)
         "error": row.error,
         "created_at": row.created_at.isoformat(),
         "finished_at": row.finished_at.isoformat() if row.finished_at else None,

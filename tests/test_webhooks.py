@@ -1,8 +1,8 @@
 """Webhooks on the real stack: a tenant's endpoint gets `session.completed`, `session.failed` and
-`session.cancelled`, signed per Standard Webhooks. The receiver is a real local server, down for the first attempts
-(nothing listens on its port); once it is up it gets each message exactly once, and its signature verifies. Every
-attempt is recorded and shown by the API and the ops UI. (The stack's back-off is short: 0.5 s, doubling, at most
-1 s.)"""
+`session.cancelled` (and `session.started` when it asks), signed per Standard Webhooks. The receiver is a real
+local server, down for the first attempts (nothing listens on its port); once it is up it gets each message
+exactly once, and its signature verifies. Every attempt is recorded and shown by the API and the ops UI. (The
+stack's back-off is short: 0.5 s, doubling, at most 1 s.)"""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
 from monologue.stack import Stack, free_port
 from tests.browser import CHROMIUM_ARGS, chromium_path
+from tests.conftest import SAMPLES
 from tests.helpers import poll, wav_bytes
 from tests.local_server import Answer, LocalServer, Received
 
@@ -164,3 +165,41 @@ def test_endpoints_only_go_where_the_operator_allows(stack: Stack, tenant_key: s
             assert refused.status_code == 422 and setting in refused.json()["detail"], (url, refused.text)
         unknown_event = api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/x", "events": ["session.paused"]})
         assert unknown_event.status_code == 422 and unknown_event.json()["errors"]
+
+
+def test_session_started_goes_only_to_endpoints_that_list_it_and_is_queued_before_the_end(
+    stack: Stack, tenant_key: str
+) -> None:
+    port = free_port()
+    with _api(stack, tenant_key) as api, LocalServer("127.0.0.1", port) as receiver:
+        receiver.routes["/both"] = receiver.routes["/ends"] = Answer(204)
+        both = api.post(
+            "/v1/webhooks",
+            json={"url": f"http://127.0.0.1:{port}/both", "events": ["session.started", "session.completed"]},
+        ).json()
+        ends = api.post("/v1/webhooks", json={"url": f"http://127.0.0.1:{port}/ends"}).json()  # the default
+        assert ends["events"] == ["session.completed", "session.failed", "session.cancelled"]
+        portrait = (SAMPLES / "portrait.jpg").read_bytes()
+        files = {"portrait": ("p.jpg", portrait), "audio": ("a.wav", wav_bytes(np.zeros(16_000)))}
+        session_id = api.post("/v1/renders", files=files).json()["id"]
+        poll(str(api.base_url), session_id, lambda s: s["status"] in TERMINAL, api_key=tenant_key)
+
+        def delivered() -> list[dict[str, Any]] | None:
+            found = [d for d in _deliveries(api, [session_id]) if d["endpoint_id"] in (both["id"], ends["id"])]
+            return found if len(found) == 3 and all(d["status"] == "delivered" for d in found) else None
+
+        deliveries = _until(delivered, 60)
+        time.sleep(1.5)  # longer than the back-off: a second copy of any message would have come by now
+        got = [(request.path, json.loads(request.body)) for request in receiver.received]
+    by_endpoint = {
+        endpoint["id"]: sorted((d["created_at"], d["event"]) for d in deliveries if d["endpoint_id"] == endpoint["id"])
+        for endpoint in (both, ends)
+    }
+    assert [event for _, event in by_endpoint[both["id"]]] == ["session.started", "session.completed"]  # queue order
+    assert [event for _, event in by_endpoint[ends["id"]]] == ["session.completed"]
+    mine = sorted((path, message["type"], message["data"]["status"]) for path, message in got)
+    assert mine == [
+        ("/both", "session.completed", "completed"),
+        ("/both", "session.started", "running"),
+        ("/ends", "session.completed", "completed"),
+    ]

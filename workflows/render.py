@@ -42,6 +42,8 @@ with workflow.unsafe.imports_passed_through():
 
 # Sessions that ended before webhooks existed queued no messages; their histories must not get the activity on replay.
 WEBHOOKS_PATCH = "webhooks-at-session-end"
+# Nor did sessions that a node took before `session.started` existed queue one then.
+STARTED_PATCH = "webhook-session-started"
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
 NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
 TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
@@ -57,7 +59,9 @@ class RenderWorkflow:
         self._audio = AudioFeed()
         self._plan = SessionPlan(request, self._audio, self._progress)
         self._publisher = Publisher(request, self._plan)
-        self._lease = NodeLease(request, self._progress, on_acquired=lambda: self._set_status(c.SessionStatus.RUNNING))
+        self._lease = NodeLease(request, self._progress, on_acquired=self._node_acquired)
+        self._took_node = False  # a node has taken the session in this run
+        self._started_notice: asyncio.Task[None] | None = None  # queueing `session.started`
         self._chunks = ChunkWindow(request, self._lease, self._plan, self._audio)
         self._finalizing: workflow.ActivityHandle[c.FinalizeResult] | None = None  # the latest finalize started
         self._final: c.FinalizeResult | None = None  # what finalize returned: the session is completed
@@ -74,6 +78,14 @@ class RenderWorkflow:
     def audio_available(self, audio: c.AudioAvailable) -> None:
         """More of a live session's audio is stored, or it ended."""
         self._audio.receive(audio)
+
+    def _node_acquired(self) -> None:
+        """A node took the session: it is running. The first time in a run that a create or a resume started
+        (not a continue-as-new, not a node change), queue `session.started` beside the chunks, which do not wait."""
+        self._set_status(c.SessionStatus.RUNNING)
+        first, self._took_node = not self._took_node, True
+        if first and workflow.info().continued_run_id is None and workflow.patched(STARTED_PATCH):
+            self._started_notice = asyncio.create_task(self._queue_webhooks(c.SessionStatus.RUNNING))
 
     def _set_status(self, status: c.SessionStatus) -> None:
         """The status in the progress query and, where enabled, in Temporal's search attributes."""
@@ -204,6 +216,7 @@ class RenderWorkflow:
         """A new run of this session from `cursor`: the same input with a new resume point."""
         await self._publisher.settle()
         await self._publisher.stop_sinks()
+        await self._started_queued()
         self._lease.release()
         resume = c.ResumePoint(
             cursor=cursor,
@@ -248,10 +261,20 @@ class RenderWorkflow:
         await self._publisher.wait_for_sinks(timeout_s=SINK_DRAIN_S)  # they send what was published, then stop
 
     async def _notify(self, status: c.SessionStatus) -> None:
-        """Queue the session's webhook messages (each is then delivered by its own workflow, so a receiver that
-        is down never holds this session open). A failure to queue them is logged; the session ends as it is."""
-        if not workflow.patched(WEBHOOKS_PATCH):
-            return
+        """Queue the messages of the session's end, after its `session.started` ones."""
+        await self._started_queued()
+        if workflow.patched(WEBHOOKS_PATCH):
+            await self._queue_webhooks(status)
+
+    async def _started_queued(self) -> None:
+        """Until `session.started` is queued (or failed to be), however its task ended: no run ends before."""
+        if self._started_notice is not None:
+            await workflow.wait([self._started_notice])
+
+    async def _queue_webhooks(self, status: c.SessionStatus) -> None:
+        """Queue the session's webhook messages for `status` (each is then delivered by its own workflow, so a
+        receiver that is down never holds this session open). A failure to queue them is logged; the session
+        goes on as it is."""
         notice = c.NotifyEndedInput(session_id=self._request.session_id, tenant=self._request.tenant, status=status)
         try:
             await run_shared(c.NOTIFY_ENDED, notice, c.NotifyEndedResult)

@@ -448,7 +448,8 @@ def webhook_workflow_id(delivery_id: str) -> str:
 
 @dataclass
 class NotifyEndedInput:
-    """The session ended with `status` (completed, failed or cancelled): queue its webhook messages."""
+    """The session ended with `status` (completed, failed or cancelled), or a node started it (running): queue
+    its webhook messages. (The activity's name says "ended" from before `session.started`; histories keep it.)"""
 
     session_id: str
     tenant: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
@@ -47,15 +48,18 @@ class FakeNodes:
         fail_chunk: int | None = None,
         lose_checkpoint: int | None = None,
         stored_samples: int = 0,
+        drop_first_lease: bool = False,
     ) -> None:
         self.env = env
         self.stored_samples = stored_samples
+        self.drop_first_lease = drop_first_lease  # the first lease ends once N0 is done, as a killed node's does
+        self.leases = 0
         self.frames = frames
         self.fail_chunk = fail_chunk
         self.lose_checkpoint = lose_checkpoint
         self.calls: list[str] = []
         self.ended: c.RecordStatusInput | None = None
-        self.notified: list[c.SessionStatus] = []  # the session ends whose webhooks were queued
+        self.notified: list[c.SessionStatus] = []  # the statuses whose webhooks were queued (running: started)
         # Like a real node: run a chunk only after the one scheduled before it (same epoch), never a stale one.
         self.done: tuple[int, int] = (-1, -1)  # (epoch, position)
         self.epoch = 0
@@ -96,10 +100,14 @@ class FakeNodes:
         async def hold_node(request: c.HoldNodeInput) -> None:
             self.calls.append(f"lease {node_id}")
             handle = self.env.client.get_workflow_handle(request.workflow_id)
+            self.leases += 1
+            drop = self.drop_first_lease and self.leases == 1
             await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=node_id))
             while True:
                 activity.heartbeat()
                 await asyncio.sleep(0.2)
+                if drop and any(call.startswith("N0") for call in self.calls):
+                    raise ApplicationError("the node went away", non_retryable=True)
 
         return [hold_node]
 
@@ -121,6 +129,11 @@ class FakeNodes:
                 if request.epoch < self.epoch:
                     raise CancelledError("abandoned")
             chunk = request.chunk
+            while self.drop_first_lease and self.leases == 1 and (chunk.kind, chunk.index) != ("N", 0):
+                if activity.is_cancelled():  # the first node keeps the rest until its lease ends
+                    raise CancelledError("the node went away")
+                activity.heartbeat()
+                time.sleep(0.05)
             name = f"{chunk.kind}{chunk.index} {chunk.first_frame}+{chunk.n_frames}"
             self.calls.append(name)
             if chunk.kind == "N" and chunk.index == self.fail_chunk:
@@ -206,7 +219,8 @@ async def test_chunks_run_in_generation_order_and_publish_in_timeline_order(env:
     assert set(published) <= {40, 84, 97}
     assert fake.calls.index("publish 40") > fake.calls.index("N0 0+40")
     assert (result.frames, result.chunks, result.video_key) == (97, 5, "final")
-    assert fake.notified == [c.SessionStatus.COMPLETED]  # its webhooks queued once, at the end
+    # session.started queued once, when the node took it; the end's messages once, at the end.
+    assert fake.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
 
 
 async def test_a_chunk_that_cannot_succeed_fails_the_session_with_its_message(env: WorkflowEnvironment) -> None:
@@ -219,7 +233,7 @@ async def test_a_chunk_that_cannot_succeed_fails_the_session_with_its_message(en
     assert fake.ended.error == "model: cannot render this"
     assert fake.ended.published_frames == 40  # N0 went out; the stream is closed there
     assert "model: cannot render this" in str(failure.value.cause)
-    assert fake.notified == [c.SessionStatus.FAILED]
+    assert fake.notified == [c.SessionStatus.RUNNING, c.SessionStatus.FAILED]
 
 
 async def test_a_lost_checkpoint_regenerates_from_its_n_chunk(env: WorkflowEnvironment) -> None:
@@ -237,7 +251,15 @@ async def test_continue_as_new_keeps_the_same_chunk_sequence(env: WorkflowEnviro
     assert [call for call in renewed.calls if call[0] in "NI"] == [call for call in plain.calls if call[0] in "NI"]
     assert result.frames == 300
     assert sum(call.startswith("lease") for call in renewed.calls) > 3  # one lease per run
-    assert renewed.notified == [c.SessionStatus.COMPLETED]  # once for the session, not once per run
+    # Once for the session, not once per run (every run takes a node: started only in the first).
+    assert renewed.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
+
+
+async def test_a_session_that_changes_node_queues_session_started_once(env: WorkflowEnvironment) -> None:
+    fake = FakeNodes(env, frames=97, drop_first_lease=True)
+    await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    assert fake.leases == 2 and sum(call.startswith("init") for call in fake.calls) == 2  # it took a node twice
+    assert fake.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
 
 
 async def test_continue_as_new_carries_the_whole_input_but_the_resume_point(env: WorkflowEnvironment) -> None:
