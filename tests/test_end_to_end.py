@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from gpu_worker.publish import probe_warnings
+from infra.make_sample import SENTENCES
 from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
 from monologue.plan import plan_chunks, timeline_order
 from monologue.stack import Stack
@@ -211,8 +212,7 @@ def _dilate(mask: np.ndarray, pixels: int) -> np.ndarray:
     return cv2.dilate(mask.astype(np.uint8), kernel) > 0
 
 
-# The bundled sample's words (infra/make_sample.py's SENTENCES).
-SAMPLE_TRANSCRIPT = "Hello! I am Monologue, a talking portrait. Every word you hear moves my lips."
+SAMPLE_TRANSCRIPT = " ".join(SENTENCES)  # the bundled sample's words
 
 
 def test_a_transcript_reaches_the_node_and_moves_the_lips_by_its_alignment(

@@ -24,7 +24,7 @@ from tests.gpu_worker.models.test_warp_visemes import (  # noqa: F401 (module-sc
     TEXT,
     Spoken,
     _shapes,
-    _visemes,
+    assert_chunks_read_the_whole_timeline_s_mouth,
     portrait,
     spoken,
     spoken_render,
@@ -72,12 +72,7 @@ def test_with_the_transcript_the_lips_close_on_more_m_b_p_frames_than_recognitio
 def test_every_chunking_gives_every_frame_the_same_aligned_mouth(
     aligned_session: Session, spoken: Spoken, n_frames: int, i_frames: int, first: int
 ) -> None:
-    total = len(spoken.samples) * FPS // AUDIO_RATE
-    whole = _visemes(aligned_session, ChunkRequest(plan_chunks(total, n_frames=total)[0]))
-    for chunk in plan_chunks(total, n_frames=n_frames, i_frames=i_frames, first_frames=first):
-        assert np.array_equal(
-            _visemes(aligned_session, ChunkRequest(chunk)), whole[chunk.first_frame : chunk.end_frame]
-        )
+    assert_chunks_read_the_whole_timeline_s_mouth(aligned_session, spoken, n_frames, i_frames, first)
 
 
 def test_a_node_that_aligns_again_resumes_with_the_same_frames(portrait: np.ndarray, spoken: Spoken) -> None:

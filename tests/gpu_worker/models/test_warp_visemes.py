@@ -209,10 +209,17 @@ def _visemes(session: Session, chunk: ChunkRequest) -> np.ndarray:
 def test_every_chunking_gives_every_frame_the_same_mouth_shape(
     context_session: Session, spoken: Spoken, n_frames: int, i_frames: int, first: int
 ) -> None:
+    assert_chunks_read_the_whole_timeline_s_mouth(context_session, spoken, n_frames, i_frames, first)
+
+
+def assert_chunks_read_the_whole_timeline_s_mouth(
+    session: Session, spoken: Spoken, n_frames: int, i_frames: int, first: int
+) -> None:
+    """Every chunk of this chunking gets the viseme targets that one chunk over the whole speech gives its frames."""
     total = len(spoken.samples) * FPS // AUDIO_RATE
-    whole = _visemes(context_session, ChunkRequest(plan_chunks(total, n_frames=total)[0]))
+    whole = _visemes(session, ChunkRequest(plan_chunks(total, n_frames=total)[0]))
     for chunk in plan_chunks(total, n_frames=n_frames, i_frames=i_frames, first_frames=first):
-        targets = _visemes(context_session, ChunkRequest(chunk))
+        targets = _visemes(session, ChunkRequest(chunk))
         assert np.array_equal(targets, whole[chunk.first_frame : chunk.end_frame]), chunk.name
 
 

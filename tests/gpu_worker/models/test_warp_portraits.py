@@ -1,0 +1,89 @@
+"""The warp family with any portrait: sizes, grey pictures and resolutions give talking frames of the right size
+with the background untouched, a picture without a face is refused, and the frame is cut around the face."""
+# ruff: noqa: F811 (the fixtures of test_warp, imported by name, are this module's arguments too)
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from gpu_worker.models.warp import build_family
+from gpu_worker.models.warp.reference import cover_crop
+from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, frame_size
+from monologue.contracts import Chunk
+from monologue.errors import NoFaceFound
+from tests.gpu_worker.models.test_warp import (  # noqa: F401 (module-scoped fixtures shared with it)
+    _ListSink,
+    portrait,
+    speech,
+)
+
+
+def _padded(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """The portrait scaled to fit width x height, padded with its own edge pixels (no stretched face)."""
+    scale = min(width / image.shape[1], height / image.shape[0])
+    fitted = cv2.resize(
+        image,
+        (round(image.shape[1] * scale), round(image.shape[0] * scale)),
+        interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_CUBIC,
+    )
+    top, left = (height - fitted.shape[0]) // 2, (width - fitted.shape[1]) // 2
+    return cv2.copyMakeBorder(
+        fitted, top, height - fitted.shape[0] - top, left, width - fitted.shape[1] - left, cv2.BORDER_REPLICATE
+    )
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "grey", "resolution"),
+    [
+        (200, 260, False, "source"),
+        (200, 260, True, "720p"),
+        (3000, 2000, False, "512"),
+        (3000, 2000, True, "1080p"),
+        (640, 480, False, "720p"),
+        (511, 767, False, "source"),
+    ],
+)
+def test_any_portrait_size_colour_or_resolution_renders_talking_frames(
+    portrait: np.ndarray, speech: np.ndarray, width: int, height: int, grey: bool, resolution: str
+) -> None:
+    image = _padded(portrait, width, height)
+    if grey:
+        image = cv2.cvtColor(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB)
+    output = OutputSpec(resolution=resolution)  # type: ignore[arg-type]  # parametrised literal
+    expected_width, expected_height = frame_size(width, height, output)
+    pipeline = Pipeline(build_family())
+    session = pipeline.start_session(image, output, ArrayAudio(speech))
+    sink = _ListSink()
+    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 8)), sink)  # frames 15-22: speech
+
+    frames = np.concatenate(sink.frames)
+    assert frames.shape == (8, expected_height, expected_width, 3)
+    assert expected_width % 2 == 0 and expected_height % 2 == 0
+    assert frames.dtype == np.uint8
+    assert len({frame.tobytes() for frame in frames}) > 1  # it moves
+    reference = session.reference
+    x0, y0, x1, y1 = (int(value) for value in reference["head_box"])
+    still = np.ones(frames.shape[1:3], dtype=bool)
+    still[y0:y1, x0:x1] = reference["head_mask"] == 0.0
+    assert np.array_equal(frames[:, still], np.broadcast_to(reference["portrait"][still], frames[:, still].shape))
+    if grey:
+        assert np.array_equal(frames[..., 0], frames[..., 1]) and np.array_equal(frames[..., 1], frames[..., 2])
+
+
+def test_a_portrait_without_a_face_raises_no_face_found(speech: np.ndarray) -> None:
+    flat = np.full((480, 640, 3), 128, dtype=np.uint8)
+    with pytest.raises(NoFaceFound):
+        Pipeline(build_family()).start_session(flat, OutputSpec(), ArrayAudio(speech))
+
+
+def test_the_frame_covers_the_output_and_keeps_the_face_centred_where_it_can() -> None:
+    # Wide portrait into a square: the full height, centred on the face.
+    box = cover_crop(3000, 2000, 1.0, 1000.0, 900.0)
+    assert (box.width, box.height, box.x, box.y) == (2000, 2000, 0, 0)
+    box = cover_crop(3000, 2000, 1.0, 1600.0, 900.0)
+    assert (box.x, box.width) == (600, 2000)
+    # Tall portrait into 16:9 landscape: the full width, as high as the face needs.
+    box = cover_crop(1000, 2000, 16 / 9, 500.0, 400.0)
+    assert (box.width, box.height, box.y) == (1000, 562, 119)
