@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -296,14 +297,30 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 _handed_out: set[int] = set()
+_FIRST_PORT = 10_000  # free ports are drawn from here up to the kernel's ephemeral range
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out on its own (outgoing connections, binds to port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default; elsewhere a guess
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on, never the same one twice in this process."""
+    """A loopback port nobody listens on, never the same one twice in this process. Drawn below the ephemeral
+    range: a port the kernel picked (bind to 0) could be handed to any outgoing connection or to another
+    server's own bind-to-0 before the process given it binds it (seen: Temporal's UI failing to start)."""
+    draw = random.SystemRandom()
     while True:
+        port = draw.randrange(_FIRST_PORT, max(_ephemeral_low(), _FIRST_PORT + 1_000))
+        if port in _handed_out:
+            continue
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
