@@ -6,8 +6,8 @@ pixels where geometry says they are (see `lips`).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import astuple, dataclass, fields
-from functools import cache
 from math import ceil
 
 import cv2
@@ -100,14 +100,21 @@ class Layout:
         return cls(**{name: float(value) for name, value in zip(names, values, strict=True)})
 
 
-@cache
+_THREAD = threading.local()
+
+
 def _cascade(name: str) -> cv2.CascadeClassifier:
-    """Parsing a cascade's XML is slow; once per process."""
-    folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]  # missing from OpenCV's stubs
-    classifier = cv2.CascadeClassifier(folder + name)
-    if classifier.empty():
-        raise RuntimeError(f"OpenCV cascade {name} is missing from {folder}")
-    return classifier
+    """The calling thread's own classifier (parsing a cascade's XML is slow: once per thread). One classifier
+    used by two threads at once finds other faces (its detection buffers are shared), so two sessions that
+    start together on a node would get other layouts, and other frames, than either alone."""
+    classifiers: dict[str, cv2.CascadeClassifier] = _THREAD.__dict__.setdefault("classifiers", {})
+    if name not in classifiers:
+        folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]  # missing from OpenCV's stubs
+        classifier = cv2.CascadeClassifier(folder + name)
+        if classifier.empty():
+            raise RuntimeError(f"OpenCV cascade {name} is missing from {folder}")
+        classifiers[name] = classifier
+    return classifiers[name]
 
 
 def _by_size(boxes: np.ndarray) -> list[tuple[int, int, int, int]]:
