@@ -6,15 +6,19 @@ from the session, event, endpoint and workflow run, so a retry finds the same ro
 WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook` sends one attempt, signed for that
 attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it, and
 raises for anything but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is
-a non-retryable refusal. Async activities: their work is network waits; database calls run on a thread."""
+a non-retryable refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhook_secrets`), and
+of the receiver's answer only its status and first bytes are read. Async activities: their work is network
+waits; database calls run on a thread."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import structlog
@@ -24,19 +28,30 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from activities.errors import activity_context
 from monologue import contracts as c
-from monologue import outbound, repo, repo_webhooks, webhooks
+from monologue import outbound, repo, repo_webhooks, webhook_secrets, webhooks
 from monologue.db import utcnow
 from monologue.errors import AddressRefused
 from monologue.schemas import DeliveryStatus
 from monologue.settings import Settings
 
-_ERROR_CHARS = 500  # of a receiver's answer kept with an attempt
+# Of a receiver's answer, kept with an attempt and all that is read of it: an error page may be hundreds of
+# megabytes, and a node delivering to many receivers at once must not hold them.
+_ERROR_BYTES = 500
+
+
+@dataclass(frozen=True)
+class _Message:
+    url: str
+    secret: str  # decrypted: only in memory, only to sign
+    tenant: str
+    body: bytes
 
 
 class WebhookActivities:
     def __init__(self, *, sessions: sessionmaker[Any], settings: Settings) -> None:
         self._sessions = sessions
         self._settings = settings
+        self._keys = webhook_secrets.keyring(settings)  # at the node's start: a malformed key stops it here
 
     @activity.defn(name=c.NOTIFY_ENDED)
     async def notify_session_ended(self, request: c.NotifyEndedInput) -> c.NotifyEndedResult:
@@ -94,11 +109,15 @@ class WebhookActivities:
     async def deliver_webhook(self, request: c.WebhookInput) -> None:
         """One attempt: sign, send, record; raise unless the receiver answered 2xx."""
         attempt = activity.info().attempt
-        found = await asyncio.to_thread(self._message, request.delivery_id)
-        if found is None:
+        try:
+            message = await asyncio.to_thread(self._message, request.delivery_id)
+        except webhook_secrets.SecretUnreadable as err:  # the operator's keys: retried, so fixing them is enough
+            await asyncio.to_thread(self._record, request.delivery_id, attempt, time.monotonic(), None, str(err))
+            raise ApplicationError(str(err)) from None
+        if message is None:
             return  # delivered already (an earlier attempt's answer arrived late) or gone with its endpoint
-        url, secret, tenant, body = found
-        refusal = webhooks.url_refusal(url, tenant=tenant, settings=self._settings)
+        url = message.url
+        refusal = webhooks.url_refusal(url, tenant=message.tenant, settings=self._settings)
         if refusal is not None:
             await asyncio.to_thread(self._record, request.delivery_id, attempt, time.monotonic(), None, refusal)
             raise ApplicationError(refusal, type=c.WEBHOOK_REFUSED, non_retryable=True)
@@ -107,11 +126,11 @@ class WebhookActivities:
         error: str | None = None
         try:
             async with outbound.guarded_client(self._settings.outbound, timeout_s=request.timeout_s) as client:
-                headers = webhooks.headers(secret, request.delivery_id, int(time.time()), body)
-                response = await client.post(url, content=body, headers=headers)
-            status = response.status_code
-            if not response.is_success:
-                error = f"{status} {response.reason_phrase}: {response.text[:_ERROR_CHARS]}"
+                headers = webhooks.headers(message.secret, request.delivery_id, int(time.time()), message.body)
+                async with client.stream("POST", url, content=message.body, headers=headers) as response:
+                    status = response.status_code
+                    if not response.is_success:
+                        error = f"{status} {response.reason_phrase}: {await _answer_start(response)}"
         except AddressRefused as err:
             await asyncio.to_thread(self._record, request.delivery_id, attempt, started, None, str(err))
             raise ApplicationError(str(err), type=c.WEBHOOK_REFUSED, non_retryable=True) from None
@@ -122,16 +141,17 @@ class WebhookActivities:
             raise ApplicationError(f"attempt {attempt} to {url}: {error}")
         structlog.get_logger("activity").info("webhook delivered", delivery_id=request.delivery_id, attempt=attempt)
 
-    def _message(self, delivery_id: str) -> tuple[str, str, str, bytes] | None:
+    def _message(self, delivery_id: str) -> _Message | None:
         with self._sessions() as db:
             delivery = repo_webhooks.get_delivery(db, delivery_id=delivery_id)
             if delivery is None or delivery.status != DeliveryStatus.PENDING:
                 return None
             endpoint = repo_webhooks.get_endpoint(db, endpoint_id=delivery.endpoint_id)
-            if endpoint is None or endpoint.disabled_at is not None:
+            if endpoint is None or endpoint.disabled_at is not None or endpoint.secret is None:
                 repo_webhooks.give_up(db, delivery_id=delivery_id, error="the endpoint was deleted")
                 return None
-            return endpoint.url, endpoint.secret, delivery.tenant, webhooks.body(delivery.payload)
+            secret = webhook_secrets.unseal(self._keys, endpoint.secret)
+            return _Message(endpoint.url, secret, delivery.tenant, webhooks.body(delivery.payload))
 
     def _record(self, delivery_id: str, attempt: int, started: float, status: int | None, error: str | None) -> None:
         took = timedelta(seconds=time.monotonic() - started)
@@ -155,3 +175,16 @@ class WebhookActivities:
     def _give_up(self, request: c.WebhookGivenUpInput) -> None:
         with self._sessions() as db:
             repo_webhooks.give_up(db, delivery_id=request.delivery_id, error=request.error)
+
+
+async def _answer_start(response: httpx.Response) -> str:
+    """The first `_ERROR_BYTES` of a receiver's answer, as text; the rest is never read (closing the response
+    drops the connection)."""
+    start = b""
+    raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())  # raw: a compressed answer is not inflated
+    async with contextlib.aclosing(raw) as chunks:
+        async for chunk in chunks:
+            start += chunk
+            if len(start) >= _ERROR_BYTES:
+                break
+    return start[:_ERROR_BYTES].decode("utf-8", errors="replace")

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from monologue import __version__, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
-from monologue.logs import configure_logging
+from monologue.logs import configure_logging, redact_query_strings
 from monologue.metrics import SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
@@ -27,10 +27,11 @@ log = structlog.get_logger("api")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    redact_query_strings()  # audio tickets ride in WebSocket URLs: never into a log line
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.db_url)
+        engine = make_engine(settings.db_url, settings.database_pool)
         # Lazy: the API starts (and /readyz says why it is not ready) while Temporal is still coming up.
         temporal = await temporal_client.connect(
             settings.temporal, metrics_address=_temporal_metrics(settings), lazy=True

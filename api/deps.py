@@ -1,14 +1,22 @@
-"""Dependencies shared by routes: the process's services, held on `app.state`, and a DB session per request."""
+"""Dependencies shared by routes: the process's services, held on `app.state`, and database sessions.
+
+A route holds a database connection only while its own code runs, never while its response streams and never
+across an await, so that slow clients (event streams, downloads) cannot empty the pool every tenant needs:
+- plain `def` routes take `DbDep`, a session closed as soon as the route function returns (`scope="function"`),
+  before the response is sent;
+- `async def` routes never take `DbDep` and never open a session on the event loop: they hand short pieces of
+  database work to the thread pool with `with_db`. `tests/api/test_route_rules.py` holds every route to this."""
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
 from fastapi import Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 from temporalio.client import Client
 
@@ -40,7 +48,26 @@ def get_db(services: ServicesDep) -> Iterator[Session]:
         yield db
 
 
-DbDep = Annotated[Session, Depends(get_db)]
+# Closed when the route function returns, not when the response ends: a streamed file or event stream must not
+# keep a connection for as long as its client reads.
+DbDep = Annotated[Session, Depends(get_db, scope="function")]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def with_db(
+    services: Services, work: Callable[Concatenate[Session, P], T], *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """`work(db, *args, **kwargs)` on the thread pool, in a session of its own that is closed before this returns:
+    how an `async def` route reads or writes the database without blocking the event loop or holding a
+    connection across its awaits."""
+
+    def run() -> T:
+        with services.sessions() as db:
+            return work(db, *args, **kwargs)
+
+    return await run_in_threadpool(run)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
@@ -76,14 +77,33 @@ def validated_options(services: Services, given: dict[str, Any], *, tenant: str)
     return options
 
 
+MAX_JSON_DEPTH = 16  # JSON the API reads (sinks, audio socket messages) nests far less; Python's parser recurses
+_JSON_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads(text)`, refusing nesting deeper than MAX_JSON_DEPTH before the parser recurses (thousands of
+    `[` would otherwise raise RecursionError: a 500). ValueError with a message for the caller otherwise."""
+    depth = 0
+    for bracket in _NOT_BRACKETS.sub("", _JSON_STRINGS.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err.msg} at character {err.pos})") from None
+
+
 def parse_sinks(text: str | None) -> list[Any] | None:
     """The `sinks` form field: a JSON list (validated with the other options)."""
     if text is None or not text.strip():
         return None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise HTTPException(422, f"sinks: not valid JSON ({err.msg} at character {err.pos})") from None
+        value = parse_json(text)
+    except ValueError as err:
+        raise HTTPException(422, f"sinks: {err}") from None
     if not isinstance(value, list):
         raise HTTPException(422, 'sinks: expected a JSON list, e.g. [{"type": "s3", "bucket": "videos"}]')
     return value

@@ -31,7 +31,11 @@ from .origin import public_base
 
 PLAY_PREFIX = "/play"
 _PURPOSE = b"monologue-playback-v1"
-_TOKEN = re.compile(r"(?P<session>[0-9a-zA-Z_-]{1,64})\.(?P<expires>[0-9]{1,12})\.(?P<signature>[A-Za-z0-9_-]{43})")
+# One spelling per token: an expiry without leading zeros (a signed `0…` variant would be another URL, another
+# cache entry, for the same grant).
+_TOKEN = re.compile(
+    r"(?P<session>[0-9a-zA-Z_-]{1,64})\.(?P<expires>[1-9][0-9]{0,11})\.(?P<signature>[A-Za-z0-9_-]{43})"
+)
 _ROUND_S = 60
 
 
@@ -78,17 +82,29 @@ def sign(key: bytes, session_id: str, expires: int) -> str:
     return f"{session_id}.{expires}.{_signature(key, session_id, expires)}"
 
 
-def verify(key: bytes, token: str, *, now: float | None = None) -> Grant:
-    """The grant of a valid, unexpired token; LinkRefused otherwise."""
+def grant(settings: Settings, token: str) -> Grant:
+    """What `token` opens under this process's link key and TTL; LinkRefused otherwise."""
+    return verify(link_key(settings), token, max_ttl_s=settings.links.ttl_s)
+
+
+def verify(key: bytes, token: str, *, max_ttl_s: float, now: float | None = None) -> Grant:
+    """The grant of a valid, unexpired token that expires within `max_ttl_s` (rounded up to the minute, as links
+    are made) from now; LinkRefused otherwise. A link made when the TTL was longer stops working early."""
     match = _TOKEN.fullmatch(token)
     if match is None:
         raise LinkRefused("this is not a playback link (ask the API for the session's links.playback)")
     session_id, expires = match["session"], int(match["expires"])
     if not hmac.compare_digest(match["signature"], _signature(key, session_id, expires)):
         raise LinkRefused("this playback link's signature is not valid (was it changed?)")
-    if (time.time() if now is None else now) >= expires:
+    moment = time.time() if now is None else now
+    if moment >= expires:
         at = datetime.fromtimestamp(expires, UTC).isoformat()
         raise LinkRefused(f"this playback link expired at {at}; ask the API for the session again for fresh links")
+    if expires > moment + max_ttl_s + _ROUND_S:
+        raise LinkRefused(
+            f"this playback link lasts longer than links may (MONOLOGUE_LINKS__TTL_S, {max_ttl_s:g} s); ask the API"
+            " for the session again for fresh links"
+        )
     return Grant(session_id, expires)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from datetime import datetime
@@ -35,6 +34,7 @@ from monologue.repo_nodes import aware
 
 from . import streams
 from .deps import Principal, Services
+from .inputs import parse_json
 from .live_resample import PcmResampler, ResamplerMissing
 from .submit import TERMINAL
 
@@ -380,8 +380,8 @@ def _release(services: Services, session_id: str, holder: str) -> None:
 
 def _parse_text(text: str) -> dict[str, Any]:
     try:
-        command = json.loads(text)
-    except json.JSONDecodeError:
+        command = parse_json(text)
+    except ValueError:
         command = None
     if not isinstance(command, dict):
         raise AudioRefused('text messages must be JSON objects: {"type": "start", ...} or {"type": "end"}')

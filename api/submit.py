@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import structlog
 from temporalio.client import Client, WorkflowFailureError
@@ -79,7 +80,8 @@ async def _start(
     services: Services, session_id: str, uploads: Uploads, options: c.RenderOptions, *, tenant: str, kind: c.SessionKind
 ) -> None:
     """The steps a new session takes, in order, with everything written undone if one fails."""
-    check_tenant_limit(services, tenant)  # first: a tenant at its limit costs no node any decoding
+    # Database and storage work runs on the thread pool, never on the event loop (every other request waits there).
+    await asyncio.to_thread(check_tenant_limit, services, tenant)  # first: a tenant at its limit costs no node work
     workflow_id = c.render_workflow_id(session_id)
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
@@ -87,21 +89,11 @@ async def _start(
             checked = await _validate(services, session_id, kind, options.family)
             seconds = checked.audio_samples / AUDIO_RATE
             limit = services.settings.limits.max_sessions_per_tenant
-            with services.sessions() as db:
-                created = repo.create_session_within_limit(
-                    db,
-                    limit=limit,
-                    session_id=session_id,
-                    tenant=tenant,
-                    kind=kind,
-                    options=options_.stored(options),
-                    workflow_id=workflow_id,
-                    audio_seconds=seconds,
-                    width=checked.width,
-                    height=checked.height,
-                )
-            if created is None:  # another request (perhaps in another API process) took the last place
-                raise _too_many(tenant, limit)
+            row: dict[str, Any] = {"session_id": session_id, "tenant": tenant, "kind": kind}
+            row |= {"options": options_.stored(options), "workflow_id": workflow_id, "audio_seconds": seconds}
+            row |= {"width": checked.width, "height": checked.height}
+            if not await asyncio.to_thread(_record, services, limit, row):
+                raise _too_many(tenant, limit)  # another request (perhaps in another API process) took the last place
             await _start_workflow(
                 services.temporal,
                 services.settings,
@@ -115,11 +107,23 @@ async def _start(
                 log.info("submit refused; removing what was written", error=str(err))
             else:
                 log.exception("submit failed; removing what was written")
-            services.store.delete_prefix(keys.session_prefix(session_id))
-            with services.sessions() as db:
-                repo.delete_session(db, session_id=session_id)
+            # Shielded: a cancelled request still removes everything (the thread finishes whatever happens here).
+            await asyncio.shield(asyncio.to_thread(_undo, services, session_id))
             raise
         log.info(f"{kind} started", seconds=round(seconds, 3), width=checked.width, height=checked.height)
+
+
+def _record(services: Services, limit: int, row: dict[str, Any]) -> bool:
+    """Write the session's row unless its tenant is at `limit` now (counted again, under the tenant's lock)."""
+    with services.sessions() as db:
+        return repo.create_session_within_limit(db, limit=limit, **row) is not None
+
+
+def _undo(services: Services, session_id: str) -> None:
+    """Remove everything a failed start wrote: its objects, then its row."""
+    services.store.delete_prefix(keys.session_prefix(session_id))
+    with services.sessions() as db:
+        repo.delete_session(db, session_id=session_id)
 
 
 def _stage(services: Services, session_id: str, uploads: Uploads) -> None:
@@ -215,6 +219,30 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
     options = c.render_options(row.options)
     for sink in options.sinks:  # the allow-lists may have shrunk since the session started
         sink_policy.check(sink, tenant=row.tenant, allowed=services.settings.sinks)
+    resume = await asyncio.to_thread(_resume_point, services, row, options)
+    settings = services.settings
+    await _wait_until_closed(services.temporal, row.workflow_id or c.render_workflow_id(row.id))
+    await services.temporal.start_workflow(
+        "RenderWorkflow",
+        c.RenderInput(
+            session_id=row.id,
+            tenant=row.tenant,
+            kind=c.SessionKind(row.kind),
+            options=options,
+            # Today's settings (a resumed live session's lifetime is moot: its audio has ended).
+            orchestration=orchestration_config(settings),
+            resume=resume,
+        ),
+        id=row.workflow_id or c.render_workflow_id(row.id),
+        task_queue=settings.temporal.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+    )
+    await asyncio.to_thread(_mark_resumed, services, row.id)
+    log.info("render resumed", session_id=row.id, cursor=resume.cursor)
+
+
+def _resume_point(services: Services, row: SessionRow, options: c.RenderOptions) -> c.ResumePoint:
+    """Where the session continues: the first chunk not yet made, and (live) the audio it has. Blocking."""
     live = row.kind == "live"
     samples, ended = stored_live_audio(services.store, row.id) if live else (0, True)
     if live and not ended:
@@ -230,23 +258,9 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
             if (spec.kind, spec.index) not in done:
                 break
             cursor += 1
-    settings = services.settings
-    await _wait_until_closed(services.temporal, row.workflow_id or c.render_workflow_id(row.id))
-    await services.temporal.start_workflow(
-        "RenderWorkflow",
-        c.RenderInput(
-            session_id=row.id,
-            tenant=row.tenant,
-            kind=c.SessionKind(row.kind),
-            options=options,
-            # Today's settings (a resumed live session's lifetime is moot: its audio has ended).
-            orchestration=orchestration_config(settings),
-            resume=c.ResumePoint(cursor=cursor, frames=0 if live else frames, audio_samples=samples, audio_ended=ended),
-        ),
-        id=row.workflow_id or c.render_workflow_id(row.id),
-        task_queue=settings.temporal.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
-    )
+    return c.ResumePoint(cursor=cursor, frames=0 if live else frames, audio_samples=samples, audio_ended=ended)
+
+
+def _mark_resumed(services: Services, session_id: str) -> None:
     with services.sessions() as db:
-        repo.mark_resumed(db, session_id=row.id)
-    log.info("render resumed", session_id=row.id, cursor=cursor)
+        repo.mark_resumed(db, session_id=session_id)

@@ -27,6 +27,11 @@ def find(db: Session, session_id: str, principal: Principal) -> SessionRow:
     return row
 
 
+def shown(db: Session, services: Services, session_id: str, principal: Principal) -> RenderPublic:
+    """The session as the caller's tenant sees it (`public`); 404 for another tenant's or no session."""
+    return public(services, db, find(db, session_id, principal))
+
+
 def public(services: Services, db: Session, row: SessionRow, *, ticket: AudioTicket | None = None) -> RenderPublic:
     """The session as `GET /v1/renders/{id}` shows it; `ticket`: the audio ticket of a live session just made."""
     settings = services.settings

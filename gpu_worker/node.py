@@ -79,7 +79,7 @@ async def run_node(
     metrics.initialise()
 
     store = open_store(settings.storage)
-    engine = make_engine(settings.db_url)
+    engine = make_engine(settings.db_url, settings.database_pool)
     sessions = make_sessionmaker(engine)
     node_id = settings.node.id
     node = settings.node

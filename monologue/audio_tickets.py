@@ -1,7 +1,7 @@
 """Live audio tickets: `tk_<id>_<secret>`, single-use and short-lived, open one live session's audio socket without
 an Authorization header (a browser's WebSocket cannot send one). Only a ticket's SHA-256 is stored; redeeming it is
-one conditional UPDATE (unused, unexpired, this session), so of two sockets racing with one ticket one gets in,
-across API processes too."""
+one conditional UPDATE (unused, unexpired), so of two sockets racing with one ticket one gets in, across API
+processes too; it then opens the socket only for its own session and while the key that asked for it stands."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from monologue.db import AudioTicketRow, utcnow
+from monologue.db import ApiKeyRow, AudioTicketRow, utcnow
 
 _TICKET = re.compile(r"tk_([0-9a-f]{12})_[A-Za-z0-9_-]{32}")
 
@@ -41,10 +41,12 @@ def issue(db: Session, *, session_id: str, tenant: str, key_id: str | None, ttl_
 
 
 def redeem(db: Session, *, ticket: str, session_id: str) -> AudioTicketRow | None:
-    """The ticket's row if it is for `session_id`, unused and unexpired, now marked used; None otherwise."""
+    """The ticket's row if it is for `session_id`, unused, unexpired and its key not revoked, now marked used;
+    None otherwise. A genuine ticket is used up by any try, also one on another session or after its key was
+    revoked: a ticket seen where it should not be (a log, a shared link) opens nothing later."""
     match = _TICKET.fullmatch(ticket)
     row = db.get(AudioTicketRow, match.group(1)) if match else None
-    if row is None or row.session_id != session_id or not hmac.compare_digest(row.ticket_hash, _hash(ticket)):
+    if row is None or not hmac.compare_digest(row.ticket_hash, _hash(ticket)):
         return None
     now = utcnow()
     result = db.execute(
@@ -53,7 +55,17 @@ def redeem(db: Session, *, ticket: str, session_id: str) -> AudioTicketRow | Non
         .values(used_at=now)
     )
     db.commit()
-    return row if getattr(result, "rowcount", 0) == 1 else None
+    if getattr(result, "rowcount", 0) != 1 or row.session_id != session_id:
+        return None
+    return row if _key_stands(db, row.key_id) else None
+
+
+def _key_stands(db: Session, key_id: str | None) -> bool:
+    """Whether the key that asked for a ticket is still valid (None: the keyless operator on loopback)."""
+    if key_id is None:
+        return True
+    key = db.get(ApiKeyRow, key_id)
+    return key is not None and key.revoked_at is None
 
 
 def _hash(ticket: str) -> str:

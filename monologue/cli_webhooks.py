@@ -1,5 +1,6 @@
 """`monologue webhooks create|list|delete|deliveries`: the key's tenant's webhook endpoints, through the API (the
-same checks as any client's: the operator's allowed URLs and addresses), with the key the CLI uses."""
+same checks as any client's: the operator's allowed URLs and addresses), with the key the CLI uses.
+`monologue webhooks rotate-key` is the operator's: it works on the database directly, with the process's settings."""
 
 from __future__ import annotations
 
@@ -72,3 +73,29 @@ def deliveries_command(session_id: str | None, api_url: str | None, as_json: boo
         for attempt in delivery.attempts:
             answer = attempt.status_code if attempt.status_code is not None else attempt.error
             click.echo(f"    attempt {attempt.attempt}  {attempt.started_at:%H:%M:%S}  {answer}")
+
+
+@webhooks.command("rotate-key")
+def rotate_key_command() -> None:
+    """Re-encrypt every stored endpoint secret under the first of MONOLOGUE_WEBHOOKS__SECRET_KEYS (list the new
+    key first and the old ones after it, here and on every API and node; drop an old key once this has run).
+    Also encrypts secrets stored in clear before encryption, and drops those of deleted endpoints."""
+    from monologue import repo_webhooks, webhook_secrets
+    from monologue.db import make_engine, make_sessionmaker, migrate
+    from monologue.settings import get_settings
+
+    settings = get_settings()
+    keys = webhook_secrets.keyring(settings)
+    migrate(settings.db_url)
+    engine = make_engine(settings.db_url)
+    try:
+        with make_sessionmaker(engine)() as db:
+            done = repo_webhooks.rotate_secrets(db, keys=keys)
+    except webhook_secrets.SecretUnreadable as err:
+        raise click.ClickException(str(err)) from None
+    finally:
+        engine.dispose()
+    click.echo(
+        f"webhook secrets: {done.rotated} re-encrypted under the first key, {done.encrypted} stored in clear"
+        f" encrypted, {done.cleared} of deleted endpoints dropped"
+    )

@@ -16,6 +16,7 @@ from sqlalchemy.pool import NullPool
 from monologue.contracts import ChunkKind, SessionKind, SessionStatus
 from monologue.localfs import private_file
 from monologue.schemas import DeliveryStatus, WebhookEvent
+from monologue.settings import DatabasePoolSettings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -207,7 +208,9 @@ class WebhookEndpointRow(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
     url: Mapped[str] = mapped_column(Text)
-    secret: Mapped[str] = mapped_column(String(128))  # whsec_<base64>: needed to sign, so kept (never shown again)
+    # Needed to sign, so kept (never shown again), encrypted under MONOLOGUE_WEBHOOKS__SECRET_KEYS: a Fernet token
+    # (`whsec_<base64>` itself in rows from before 0005, until `monologue webhooks rotate-key`); None once deleted.
+    secret: Mapped[str | None] = mapped_column(Text)
     events: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     disabled_at: Mapped[datetime | None]
@@ -248,11 +251,16 @@ class WebhookAttemptRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite gets WAL and a busy timeout because the API and nodes share it."""
+def make_engine(url: str, pool: DatabasePoolSettings | None = None) -> Engine:
+    """An engine for `url` with `pool`'s sizes (default: DatabasePoolSettings' defaults); SQLite gets WAL and a
+    busy timeout because the API and nodes share it."""
+    pool = pool or DatabasePoolSettings()
+    sizes = {"pool_size": pool.size, "max_overflow": pool.max_overflow, "pool_timeout": pool.timeout_s}
     if url.startswith("sqlite"):
         _private_sqlite_file(url)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        if url.removeprefix("sqlite:///") in ("", ":memory:", "sqlite://"):
+            sizes = {}  # an in-memory database lives in one connection (SingletonThreadPool), not a sized pool
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **sizes)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -262,7 +270,7 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **sizes)
 
 
 def _private_sqlite_file(url: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Literal
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -39,3 +40,28 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class QueryStringFilter(logging.Filter):
+    """Drops the query string from the paths in uvicorn's access lines and WebSocket handshake lines: a live audio
+    ticket rides in one (`/v1/sessions/<id>/audio?ticket=tk_…`), and a log is no place for a credential."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_without_query(arg) for arg in record.args)
+        return True
+
+
+def _without_query(arg: object) -> object:
+    if isinstance(arg, str) and arg.startswith("/") and "?" in arg:
+        return urlsplit(arg).path
+    return arg
+
+
+def redact_query_strings() -> None:
+    """Install `QueryStringFilter` on uvicorn's loggers (once per process; uvicorn logs handshakes on
+    `uvicorn.error`, requests on `uvicorn.access`)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, QueryStringFilter) for existing in logger.filters):
+            logger.addFilter(QueryStringFilter())

@@ -48,14 +48,14 @@ def create_session_within_limit(db: Session, *, limit: int, **fields: Any) -> Se
     """`create_session(db, **fields)` unless the tenant already has `limit` queued or running sessions (then
     None, and nothing is written). The count and the insert hold a per-tenant write lock: two API processes on
     one database would otherwise both count one place free and both take it."""
-    _lock_tenant(db, tenant=fields["tenant"])
+    lock_tenant(db, tenant=fields["tenant"])
     if active_sessions(db, tenant=fields["tenant"]) >= limit:
         db.rollback()  # releases the lock
         return None
     return create_session(db, **fields)  # its commit releases the lock
 
 
-def _lock_tenant(db: Session, *, tenant: str) -> None:
+def lock_tenant(db: Session, *, tenant: str) -> None:
     """Until this transaction ends, no other holds the tenant's lock. PostgreSQL: a transaction-level advisory
     lock on the tenant's name (other tenants do not wait). SQLite: the database's write lock, taken before the
     count (pysqlite would take it only at the INSERT, after both counts), waiting up to the busy timeout."""

@@ -1,6 +1,7 @@
 """Data access for webhooks: endpoints per tenant, deliveries (one per message and endpoint) and their attempts.
 Keyword-only functions over a SQLAlchemy session; a delivery's row is written once (its id is deterministic, so a
-retried activity finds it) and every attempt adds one attempt row."""
+retried activity finds it) and every attempt adds one attempt row. Endpoints' secrets are stored encrypted
+(`monologue.webhook_secrets`) and dropped when the endpoint is deleted."""
 
 from __future__ import annotations
 
@@ -9,30 +10,51 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from cryptography.fernet import MultiFernet
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from monologue import webhooks
+from monologue import webhook_secrets, webhooks
 from monologue.db import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow, utcnow
+from monologue.errors import InputError
+from monologue.repo import lock_tenant  # the one per-tenant lock: the session limit and this one
 from monologue.schemas import DeliveryStatus, WebhookEvent
 
 
-def create_endpoint(
-    db: Session, *, tenant: str, url: str, events: list[WebhookEvent]
+class EndpointLimitReached(InputError):
+    """The tenant has MONOLOGUE_WEBHOOKS__MAX_ENDPOINTS endpoints already (→ 422; the message says so)."""
+
+
+def create_endpoint_within_limit(
+    db: Session, *, tenant: str, url: str, events: list[WebhookEvent], limit: int, keys: MultiFernet
 ) -> tuple[WebhookEndpointRow, str]:
-    """A new endpoint and its secret (shown once by the caller; kept only to sign)."""
+    """A new endpoint and its secret (in clear, for the caller to show once; stored encrypted under `keys`), unless
+    the tenant has `limit` endpoints already (EndpointLimitReached, nothing written). The count and the insert
+    hold the tenant's lock: two requests (or two API processes) would otherwise both count a place free and both
+    take it."""
+    lock_tenant(db, tenant=tenant)
+    if _endpoints(db, tenant=tenant) >= limit:
+        db.rollback()  # releases the lock
+        raise EndpointLimitReached(
+            f"tenant {tenant} has {limit} webhook endpoints, the limit (MONOLOGUE_WEBHOOKS__MAX_ENDPOINTS)"
+        )
     secret = webhooks.new_secret()
     row = WebhookEndpointRow(
         id=f"ep_{secrets.token_hex(8)}",
         tenant=tenant,
         url=url,
-        secret=secret,
+        secret=webhook_secrets.seal(keys, secret),
         events=[str(event) for event in dict.fromkeys(events)],
         created_at=utcnow(),
     )
     db.add(row)
-    db.commit()
+    db.commit()  # releases the lock
     return row, secret
+
+
+def _endpoints(db: Session, *, tenant: str) -> int:
+    query = select(func.count()).where(WebhookEndpointRow.tenant == tenant, WebhookEndpointRow.disabled_at.is_(None))
+    return int(db.scalar(query) or 0)
 
 
 def list_endpoints(db: Session, *, tenant: str | None) -> list[WebhookEndpointRow]:
@@ -48,19 +70,56 @@ def get_endpoint(db: Session, *, endpoint_id: str) -> WebhookEndpointRow | None:
 
 
 def disable_endpoint(db: Session, *, tenant: str | None, endpoint_id: str) -> bool:
-    """Stop sending to an endpoint (its deliveries stay listed); False if the tenant has no such active one."""
+    """Stop sending to an endpoint and drop its secret (the row and its deliveries stay listed); False if the
+    tenant has no such active one."""
     query = update(WebhookEndpointRow).where(
         WebhookEndpointRow.id == endpoint_id, WebhookEndpointRow.disabled_at.is_(None)
     )
     if tenant is not None:
         query = query.where(WebhookEndpointRow.tenant == tenant)
-    result = db.execute(query.values(disabled_at=utcnow()))
+    result = db.execute(query.values(disabled_at=utcnow(), secret=None))
     db.commit()
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
 def subscribed(db: Session, *, tenant: str, event: WebhookEvent) -> list[WebhookEndpointRow]:
     return [row for row in list_endpoints(db, tenant=tenant) if str(event) in row.events]
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What `rotate_secrets` did, in rows."""
+
+    rotated: int  # encrypted secrets, now under the first key
+    encrypted: int  # secrets kept in clear (from before migration 0005), now encrypted
+    cleared: int  # secrets that deleted endpoints still held (deleted before 0005), now dropped
+
+
+def rotate_secrets(db: Session, *, keys: MultiFernet) -> Rotation:
+    """Every stored secret encrypted under the first of `keys` (which must include the keys they were encrypted
+    with: SecretUnreadable otherwise, naming the setting), and none kept for deleted endpoints. Each row is
+    rewritten only if it still holds what was read, so an endpoint deleted meanwhile keeps no secret."""
+    found = db.execute(
+        select(WebhookEndpointRow.id, WebhookEndpointRow.secret, WebhookEndpointRow.disabled_at).where(
+            WebhookEndpointRow.secret.is_not(None)
+        )
+    ).all()
+    counts = {"rotated": 0, "encrypted": 0, "cleared": 0}
+    for endpoint_id, stored, disabled_at in found:
+        if disabled_at is not None or not stored:
+            new, done = None, "cleared"
+        else:
+            try:
+                new = webhook_secrets.reseal(keys, stored)
+            except webhook_secrets.SecretUnreadable as err:
+                db.rollback()  # all or nothing: run again once the keys are right (or the endpoint is deleted)
+                raise webhook_secrets.SecretUnreadable(f"endpoint {endpoint_id}: {err}") from None
+            done = "encrypted" if stored.startswith(webhooks.SECRET_PREFIX) else "rotated"
+        unchanged = (WebhookEndpointRow.id == endpoint_id, WebhookEndpointRow.secret == stored)
+        result = db.execute(update(WebhookEndpointRow).where(*unchanged).values(secret=new))
+        counts[done] += int(getattr(result, "rowcount", 0))
+    db.commit()
+    return Rotation(**counts)
 
 
 def create_delivery(

@@ -175,6 +175,16 @@ class LimitSettings(BaseModel):
         return 2 * self.max_upload_bytes + 64 * 1024
 
 
+class DatabasePoolSettings(BaseModel):
+    """Each process's connections to the database (SQLAlchemy's pool). The API holds one only for the length of a
+    query or a short transaction, never while a stream is open or across an await, so a small pool serves many
+    open streams; a request that finds the pool empty waits at most timeout_s, then fails (503 on /readyz)."""
+
+    size: int = Field(default=5, ge=1, description="connections kept open")
+    max_overflow: int = Field(default=10, ge=0, description="further connections opened under load, then closed")
+    timeout_s: float = Field(default=30.0, gt=0, description="how long a request waits for a free connection")
+
+
 class SinkSettings(BaseModel):
     """Where sessions may publish besides their own stream. Sinks write with the nodes' credentials, so
     nothing is allowed until the operator lists it (JSON lists in the environment). Every pattern may name
@@ -232,6 +242,14 @@ class WebhookSettings(BaseModel):
     give_up_after_s: float = Field(default=27 * 3600.0, gt=0, description="a delivery is retried this long")
     timeout_s: float = Field(default=10.0, gt=0, description="one attempt's time limit")
     max_endpoints: int = Field(default=10, ge=1, description="endpoints per tenant")
+    # Held outside the database so that a copy of it (a backup, a read replica, a leaked dump) signs nothing.
+    # A list so keys rotate: `monologue webhooks rotate-key` re-encrypts under the first (monologue/webhook_secrets.py).
+    secret_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Fernet keys that encrypt endpoints' signing secrets in the database, newest first: the first"
+        " encrypts, every one decrypts (unset: <home>/webhook-key, made at first use; the API and every node must"
+        " share them)",
+    )
 
 
 class OutboundSettings(BaseModel):
@@ -277,6 +295,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="default sqlite:///<home>/monologue.db; or postgresql+psycopg://user@host/db"
     )
+    database_pool: DatabasePoolSettings = DatabasePoolSettings()
     log_format: Literal["auto", "json", "console"] = "auto"  # auto: console on a TTY, JSON elsewhere
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     storage: StorageSettings = StorageSettings()
@@ -343,6 +362,8 @@ def _revealed(model: BaseModel, data: dict[str, object]) -> dict[str, object]:
         value = getattr(model, name)
         if isinstance(value, SecretStr):
             data[name] = value.get_secret_value()
+        elif isinstance(value, list) and any(isinstance(item, SecretStr) for item in value):
+            data[name] = [item.get_secret_value() if isinstance(item, SecretStr) else item for item in value]
         elif isinstance(value, BaseModel) and isinstance(data.get(name), dict):
             _revealed(value, data[name])  # type: ignore[arg-type]
     return data

@@ -49,6 +49,7 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
 def headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
     return {
         "content-type": "application/json",
+        "accept-encoding": "identity",  # of the answer only its first bytes are read, as they come: not compressed
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
         "webhook-signature": sign(secret, message_id, timestamp, body),

@@ -6,6 +6,7 @@ import asyncio
 import io
 import os
 import re
+import threading
 import time
 import wave
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 from monologue.settings import Settings
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from websockets.sync.client import ClientConnection
 
     from monologue.stack import Stack
@@ -164,3 +166,34 @@ def skip_ready(socket: Any) -> dict[str, Any]:
     if ready["type"] != "ready":
         raise AssertionError(f"expected the socket's 'ready' message first, got {ready}")
     return ready
+
+
+@contextmanager
+def serve_api(base: Settings, **changes: Any) -> Iterator[tuple[str, FastAPI]]:
+    """The API in this process (uvicorn on a thread), on `base`'s database, Temporal and storage unless `changes`
+    (top-level fields or whole groups: `api=`, `limits=`, `database_url=`…) say otherwise; a port of its own and
+    no Temporal SDK metrics port (the shared stack's API holds that one). Yields its URL and the started app."""
+    import uvicorn
+
+    from api.app import create_app
+    from monologue.stack import free_port
+
+    port = free_port()
+    api = base.api.model_copy(
+        update={"port": port, "public_url": f"http://127.0.0.1:{port}", "temporal_metrics_port": None}
+        | (changes.pop("api", None) or {})
+    )
+    settings = base.model_copy(update={"api": api, **changes})
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -100,8 +100,9 @@ def test_other_rates_are_resampled_and_audio_may_come_faster_than_real_time(stac
         (json.dumps({"type": "start", "format": "f32le"}), "format"),
         (json.dumps({"type": "start", "sample_rate": 44}), "sample_rate"),
         (json.dumps({"type": "pause"}), "unknown message type"),
+        ("[" * 100_000, "JSON objects"),  # Python's parser would recurse past its limit: a 1006 close, not 4400
     ],
-    ids=["odd-bytes", "not-json", "float-format", "bad-rate", "unknown-type"],
+    ids=["odd-bytes", "not-json", "float-format", "bad-rate", "unknown-type", "nested-100000-deep"],
 )
 def test_bad_audio_is_refused_with_a_clear_error_and_ends_the_session_cleanly(
     api_url: str, first: bytes | str, problem: str

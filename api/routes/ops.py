@@ -15,9 +15,9 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.orm import Session
 
 from monologue import repo, repo_nodes, repo_ops, repo_webhooks
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
@@ -28,7 +28,7 @@ from monologue.repo_webhooks import DeliveryFilter
 from monologue.schemas import WebhookDeliveryList
 
 from .. import problems, streams
-from ..deps import DbDep, OpsAccess, ServicesDep
+from ..deps import DbDep, OpsAccess, ServicesDep, with_db
 from ..events import progress_events
 from ..files import VideoLayout, stream_file, video_file
 from ..inputs import enum_filter
@@ -189,11 +189,10 @@ def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAc
     response_model=OpsSession,
     responses={404: {}, 409: {}},
 )
-async def cancel_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsSession:
+async def cancel_session(session_id: str, services: ServicesDep, access: OpsAccess) -> OpsSession:
     """Stop the session within one chunk; what was published stays playable. 409 if it has ended."""
-    row = _find(db, session_id)
-    await renders.cancel(services, row)
-    return _summary(db, row)
+    await renders.cancel(services, await with_db(services, _find, session_id))
+    return await with_db(services, _summary_of, session_id)
 
 
 @router.post(
@@ -202,11 +201,10 @@ async def cancel_session(session_id: str, services: ServicesDep, db: DbDep, acce
     response_model=OpsSession,
     responses={404: {}, 409: {}},
 )
-async def resume_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsSession:
+async def resume_session(session_id: str, services: ServicesDep, access: OpsAccess) -> OpsSession:
     """Start a failed or cancelled session again from its last checkpoint. 409 for any other status."""
-    row = _find(db, session_id)
-    await renders.resume(services, db, row)
-    return _summary(db, row)
+    await renders.resume(services, await with_db(services, _find, session_id))
+    return await with_db(services, _summary_of, session_id)
 
 
 @router.get(
@@ -214,11 +212,9 @@ async def resume_session(session_id: str, services: ServicesDep, db: DbDep, acce
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}}}, 404: {}},
 )
-async def session_events(
-    session_id: str, request: Request, services: ServicesDep, db: DbDep, access: OpsAccess
-) -> Response:
+async def session_events(session_id: str, request: Request, services: ServicesDep, access: OpsAccess) -> Response:
     """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
-    await run_in_threadpool(_find, db, session_id)  # no database work on the event loop
+    await with_db(services, _find, session_id)  # the stream itself polls in short sessions of its own
     slot = renders.key_slot(request, services, access)
     watch = streams.KeyWatch(services, access.key_id)
 
@@ -281,16 +277,20 @@ def list_nodes(db: DbDep, access: OpsAccess) -> OpsNodeList:
     )
 
 
-def _find(db: DbDep, session_id: str) -> SessionRow:
+def _find(db: Session, session_id: str) -> SessionRow:
     row = repo.get_session(db, session_id=session_id)
     if row is None:
         raise HTTPException(404, f"session {session_id!r} not found")
     return row
 
 
-def _summary(db: DbDep, row: SessionRow) -> OpsSession:
+def _summary(db: Session, row: SessionRow) -> OpsSession:
     totals = repo_ops.chunk_totals(db, session_ids=[row.id]).get(row.id, repo_ops.ChunkTotals(0, 0))
     return _session(row, totals, utcnow())
+
+
+def _summary_of(db: Session, session_id: str) -> OpsSession:
+    return _summary(db, _find(db, session_id))
 
 
 def _session(row: SessionRow, totals: repo_ops.ChunkTotals, now: datetime) -> OpsSession:

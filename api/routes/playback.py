@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
 
 from monologue import repo
 from monologue.db import SessionRow
 
 from .. import links, streams
-from ..deps import DbDep, Services, ServicesDep
+from ..deps import DbDep, Services, ServicesDep, with_db
 from ..events import progress_events
 from ..files import VideoLayout, stream_file, video_file
 from .renders import NOT_FOUND, Responses, answers, operation_id
@@ -26,12 +26,12 @@ REFUSED: Responses = {403: {"description": "Not a valid playback link, or it has
 
 def _grant(services: Services, token: str) -> links.Grant:
     try:
-        return links.verify(links.link_key(services.settings), token)
+        return links.grant(services.settings, token)
     except links.LinkRefused as err:
         raise HTTPException(403, str(err)) from None
 
 
-def _session(services: Services, db: DbDep, token: str) -> SessionRow:
+def _session(db: Session, services: Services, token: str) -> SessionRow:
     row = repo.get_session(db, session_id=_grant(services, token).session_id)
     if row is None:
         raise HTTPException(404, "the session of this playback link no longer exists")
@@ -49,12 +49,11 @@ async def playback_events(
     token: str,
     request: Request,
     services: ServicesDep,
-    db: DbDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> Response:
     """Server-sent progress events of the link's session (as `GET /v1/renders/{id}/events`), until it ends or the
     link expires (an `error` event says so)."""
-    row = await run_in_threadpool(_session, services, db, token)  # no database work on the event loop
+    row = await with_db(services, _session, services, token)  # the stream polls in short sessions of its own
     try:
         slot = streams.stream_slots(request.app.state).take(
             f"link:{row.id}", services.settings.links.max_streams_per_session
@@ -66,7 +65,7 @@ async def playback_events(
 
     async def stop() -> str | None:
         try:
-            links.verify(links.link_key(services.settings), token)
+            links.grant(services.settings, token)
         except links.LinkRefused as err:
             return str(err)
         return None
@@ -88,7 +87,7 @@ def playback_video(
     layout: Annotated[VideoLayout, Query(description=VideoLayout.__doc__)] = VideoLayout.FRAGMENTED,
 ) -> Response:
     """The finished MP4 of the link's session; `?layout=progressive` with its index first."""
-    return video_file(services, db, _session(services, db, token), layout)
+    return video_file(services, db, _session(db, services, token), layout)
 
 
 @router.get(
@@ -101,5 +100,5 @@ def playback_video(
 def playback_stream_file(token: str, name: str, services: ServicesDep, db: DbDep) -> Response:
     """The link's HLS stream: `stream.m3u8` (its segment links are relative, so they resolve under this link),
     `init.mp4` and `seg-*.m4s`."""
-    row = _session(services, db, token)
+    row = _session(db, services, token)
     return stream_file(services, row.id, name)

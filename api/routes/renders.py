@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 from botocore.exceptions import ClientError
 from fastapi import APIRouter, File, Form, Header, HTTPException, Query, Request, Response, UploadFile, status
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -21,12 +20,12 @@ from monologue.schemas import RenderList, RenderPublic
 
 from .. import streams
 from ..create import Created, create, read_inputs
-from ..deps import DbDep, Principal, ServicesDep, TenantDep
+from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
 from ..files import VideoLayout, stream_file, video_file
 from ..inputs import OptionFields, validated_options
 from ..submit import TERMINAL, cancel_workflow, resume_workflow
-from ..views import find, public
+from ..views import find, public, shown
 
 
 def operation_id(route: APIRoute) -> str:
@@ -67,7 +66,6 @@ AudioUrl = Annotated[str | None, Form(description="The speech by URL instead of 
 async def create_render(
     response: Response,
     services: ServicesDep,
-    db: DbDep,
     principal: TenantDep,
     fields: OptionFields,
     idempotency_key: IdempotencyKey = None,
@@ -93,17 +91,16 @@ async def create_render(
         inputs=inputs,
         idempotency_key=idempotency_key,
     )
-    return await run_in_threadpool(created_answer, response, services, db, created, principal)
+    return await created_answer(response, services, created, principal)
 
 
-def created_answer(
-    response: Response, services: ServicesDep, db: DbDep, created: Created, principal: Principal
+async def created_answer(
+    response: Response, services: ServicesDep, created: Created, principal: Principal
 ) -> RenderPublic:
     """The session just made (or the one its Idempotency-Key names: `Idempotent-Replayed: true`)."""
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    db.expire_all()
-    return public(services, db, find(db, created.session_id, principal))
+    return await with_db(services, shown, services, created.session_id, principal)
 
 
 @router.get("", response_model=RenderList, responses={422: {}})
@@ -123,7 +120,7 @@ def list_renders(
 @router.get("/{session_id}", response_model=RenderPublic, responses=NOT_FOUND)
 def get_render(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> RenderPublic:
     """The session: status, progress, options and links (the signed playback links renew with every answer)."""
-    return public(services, db, find(db, session_id, principal))
+    return shown(db, services, session_id, principal)
 
 
 @router.post(
@@ -132,11 +129,10 @@ def get_render(session_id: str, services: ServicesDep, db: DbDep, principal: Ten
     response_model=RenderPublic,
     responses=answers(NOT_FOUND, CONFLICT),
 )
-async def cancel_render(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> RenderPublic:
+async def cancel_render(session_id: str, services: ServicesDep, principal: TenantDep) -> RenderPublic:
     """Stop the render within one chunk; what was published stays playable (the playlist is closed)."""
-    row = find(db, session_id, principal)
-    await cancel(services, row)
-    return public(services, db, row)
+    await cancel(services, await with_db(services, find, session_id, principal))
+    return await with_db(services, shown, services, session_id, principal)
 
 
 @router.post(
@@ -145,11 +141,10 @@ async def cancel_render(session_id: str, services: ServicesDep, db: DbDep, princ
     response_model=RenderPublic,
     responses=answers(NOT_FOUND, CONFLICT),
 )
-async def resume_render(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> RenderPublic:
+async def resume_render(session_id: str, services: ServicesDep, principal: TenantDep) -> RenderPublic:
     """Start a failed or cancelled render again from its last checkpoint; chunks already made are kept."""
-    row = find(db, session_id, principal)
-    await resume(services, db, row)
-    return public(services, db, row)
+    await resume(services, await with_db(services, find, session_id, principal))
+    return await with_db(services, shown, services, session_id, principal)
 
 
 @router.get(
@@ -163,13 +158,12 @@ async def render_events(
     session_id: str,
     request: Request,
     services: ServicesDep,
-    db: DbDep,
     principal: TenantDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> Response:
     """Server-sent events: a `progress` event (with an `id:`) whenever the render's progress changes, keep-alive
     comments between them, until it ends. A reconnect with `Last-Event-ID` resumes after that event."""
-    await run_in_threadpool(find, db, session_id, principal)  # no database work on the event loop
+    await with_db(services, find, session_id, principal)  # the stream itself polls in short sessions of its own
     slot = key_slot(request, services, principal)
     watch = streams.KeyWatch(services, principal.key_id)
 
@@ -203,9 +197,9 @@ async def cancel(services: ServicesDep, row: SessionRow) -> None:
         raise HTTPException(409, f"render {row.id} could not be cancelled: {err.message}") from err
 
 
-async def resume(services: ServicesDep, db: DbDep, row: SessionRow) -> None:
-    """Start a failed or cancelled session again (`row` is refreshed); 409 otherwise, or if a sink of the
-    session is no longer allowed."""
+async def resume(services: ServicesDep, row: SessionRow) -> None:
+    """Start a failed or cancelled session again; 409 otherwise, or if a sink of the session is no longer
+    allowed."""
     if row.status not in c.RESUMABLE:
         raise HTTPException(409, f"render {row.id} is {row.status}; only failed or cancelled renders resume")
     try:
@@ -216,7 +210,6 @@ async def resume(services: ServicesDep, db: DbDep, row: SessionRow) -> None:
         ) from err
     except WorkflowAlreadyStartedError as err:
         raise HTTPException(409, f"render {row.id} is already running again") from err
-    db.refresh(row)
 
 
 VIDEO = answers({200: {"content": {"video/mp4": {}}}}, NOT_FOUND, CONFLICT)

@@ -43,7 +43,7 @@ from ..inputs import OptionFields, validated_options
 from ..live_socket import CLOSE_UNAUTHORIZED, AudioRefused, serve
 from ..origin import public_ws_base
 from ..submit import TERMINAL
-from ..views import find, public
+from ..views import find, shown
 from .renders import CONFLICT, NOT_FOUND, IdempotencyKey, PortraitUrl, answers, created_answer, operation_id
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"], generate_unique_id_function=operation_id)
@@ -53,7 +53,6 @@ router = APIRouter(prefix="/v1/sessions", tags=["live sessions"], generate_uniqu
 async def create_session(
     response: Response,
     services: ServicesDep,
-    db: DbDep,
     principal: TenantDep,
     fields: OptionFields,
     idempotency_key: IdempotencyKey = None,
@@ -85,7 +84,7 @@ async def create_session(
         inputs=inputs,
         idempotency_key=idempotency_key,
     )
-    answer = await run_in_threadpool(created_answer, response, services, db, created, principal)
+    answer = await created_answer(response, services, created, principal)
     answer.audio_ticket = await run_in_threadpool(_ticket, services, created.session_id, principal)
     return answer
 
@@ -93,7 +92,7 @@ async def create_session(
 @router.get("/{session_id}", response_model=RenderPublic, responses=NOT_FOUND)
 def get_session(session_id: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> RenderPublic:
     """The live session (the same as `/v1/renders/{id}`), with its latency figures."""
-    return public(services, db, find(db, session_id, principal))
+    return shown(db, services, session_id, principal)
 
 
 @router.post(

@@ -1,15 +1,19 @@
 """`/v1/webhooks`: a tenant's webhook endpoints (the secret is shown once, in the answer that creates one) and the
 deliveries made to them, each with every attempt. What is sent and how is `monologue/webhooks.py`'s; delivery runs
-on the nodes."""
+on the nodes.
+
+Only the create is async, for its name look-up; it takes no request-scoped session, and its database work is one
+short transaction on the thread pool: a create waiting for a connection must not stall the event loop, nor hold
+one across the look-up."""
 
 from __future__ import annotations
 
 from typing import Annotated
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from sqlalchemy.orm import Session
 
-from monologue import outbound, repo_webhooks, webhooks
+from monologue import outbound, repo_webhooks, webhook_secrets, webhooks
 from monologue.db import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
 from monologue.repo_webhooks import DeliveryFilter
 from monologue.schemas import (
@@ -22,8 +26,9 @@ from monologue.schemas import (
     WebhookEndpointPublic,
     WebhookEvent,
 )
+from monologue.settings import Settings
 
-from ..deps import DbDep, ServicesDep, TenantDep
+from ..deps import DbDep, ServicesDep, TenantDep, with_db
 from .renders import operation_id
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], generate_unique_id_function=operation_id)
@@ -31,23 +36,34 @@ router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], generate_unique_id_
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=WebhookEndpointCreated, responses={422: {}})
 async def create_webhook(
-    endpoint: WebhookEndpointCreate, services: ServicesDep, db: DbDep, principal: TenantDep
+    endpoint: WebhookEndpointCreate, services: ServicesDep, principal: TenantDep
 ) -> WebhookEndpointCreated:
     """Send this tenant's session events to `url`, signed per Standard Webhooks with the secret in this answer
     (shown only here: keep it)."""
     tenant = principal.tenant or "local"
-    limit = services.settings.webhooks.max_endpoints
-    if len(repo_webhooks.list_endpoints(db, tenant=tenant)) >= limit:
-        raise HTTPException(
-            422, f"tenant {tenant} has {limit} webhook endpoints, the limit (MONOLOGUE_WEBHOOKS__MAX_ENDPOINTS)"
-        )
     problem = webhooks.url_refusal(endpoint.url, tenant=tenant, settings=services.settings)
-    if problem is None:
-        problem = await _address_refusal(services, endpoint.url)
+    if problem is None:  # a first look at where it resolves; each delivery checks the address it connects to
+        problem = await outbound.destination_refusal(endpoint.url, services.settings.outbound)
     if problem is not None:
         raise HTTPException(422, problem)
-    row, secret = repo_webhooks.create_endpoint(db, tenant=tenant, url=endpoint.url, events=endpoint.events)
+    try:
+        row, secret = await with_db(services, _create, tenant=tenant, endpoint=endpoint, settings=services.settings)
+    except repo_webhooks.EndpointLimitReached as err:
+        raise HTTPException(422, str(err)) from None
     return WebhookEndpointCreated(**_endpoint(row).model_dump(), secret=secret)
+
+
+def _create(
+    db: Session, *, tenant: str, endpoint: WebhookEndpointCreate, settings: Settings
+) -> tuple[WebhookEndpointRow, str]:
+    return repo_webhooks.create_endpoint_within_limit(
+        db,
+        tenant=tenant,
+        url=endpoint.url,
+        events=endpoint.events,
+        limit=settings.webhooks.max_endpoints,
+        keys=webhook_secrets.keyring(settings),  # the first call may make the key file: not on the event loop
+    )
 
 
 @router.get("", response_model=WebhookEndpointList)
@@ -60,7 +76,8 @@ def list_webhooks(db: DbDep, principal: TenantDep) -> WebhookEndpointList:
 
 @router.delete("/{endpoint_id}", status_code=status.HTTP_204_NO_CONTENT, responses={404: {}})
 def delete_webhook(endpoint_id: str, db: DbDep, principal: TenantDep) -> Response:
-    """Stop sending to the endpoint; its deliveries stay listed, those still being tried stop."""
+    """Stop sending to the endpoint and forget its secret; its deliveries stay listed, those still being tried
+    stop."""
     if not repo_webhooks.disable_endpoint(db, tenant=principal.tenant, endpoint_id=endpoint_id):
         raise HTTPException(404, f"webhook endpoint {endpoint_id!r} not found")
     return Response(status_code=204)
@@ -111,20 +128,3 @@ def delivery_list(found: list[tuple[WebhookDeliveryRow, list[WebhookAttemptRow]]
 def _endpoint(row: WebhookEndpointRow) -> WebhookEndpointPublic:
     events = [WebhookEvent(event) for event in row.events]
     return WebhookEndpointPublic(id=row.id, url=row.url, events=events, created_at=row.created_at)
-
-
-async def _address_refusal(services: ServicesDep, url: str) -> str | None:
-    """A first look at where the URL's host resolves (each delivery checks again, on the address it connects to)."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        addresses = await outbound.system_resolver(host, port)
-    except OSError as err:
-        return f"url: {host} does not resolve ({err})"
-    allowed = outbound.allowed_networks(services.settings.outbound)
-    if not any(outbound.address_allowed(address, allowed) for address in addresses):
-        return (
-            f"url: {host} is {', '.join(addresses)}: not a public address, and not in a range the operator allows"
-            f" ({outbound.RANGES_SETTING})"
-        )
-    return None

@@ -51,6 +51,7 @@ def _state(stack: Stack) -> tuple[set[str], list[Path], int]:
         ("fps_out_of_range", 422, "fps"),
         ("transcript_with_loudness", 422, "transcript: only the warp family's visemes"),
         ("transcript_too_long", 422, "transcript"),
+        ("sinks_nested_5000_deep", 422, "sinks: json nested deeper than 16 levels"),
     ],
 )
 def test_bad_input_is_refused_and_leaves_nothing(
@@ -85,6 +86,8 @@ def test_bad_input_is_refused_and_leaves_nothing(
         options = {"transcript": "hello there", "lip_sync": "loudness"}
     elif case == "transcript_too_long":
         options = {"transcript": "word " * 2001}
+    elif case == "sinks_nested_5000_deep":
+        options = {"sinks": "[" * 5000}
     before = _state(stack)
     response = submit(api_url, portrait, audio, **options)
     assert response.status_code == expected_status, response.text

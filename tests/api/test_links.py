@@ -11,14 +11,15 @@ from api.links import LinkRefused, expiry, link_key, playback_links, sign, verif
 from monologue.settings import LinkSettings, Settings
 
 KEY = b"k" * 32
+TTL = 3600.0
 
 
 def test_a_token_opens_its_session_until_it_expires() -> None:
     now = time.time()
     token = sign(KEY, "abc123", int(now) + 60)
-    assert verify(KEY, token, now=now).session_id == "abc123"
+    assert verify(KEY, token, max_ttl_s=TTL, now=now).session_id == "abc123"
     with pytest.raises(LinkRefused, match="expired"):
-        verify(KEY, token, now=now + 61)
+        verify(KEY, token, max_ttl_s=TTL, now=now + 61)
 
 
 @pytest.mark.parametrize(
@@ -35,9 +36,29 @@ def test_a_token_opens_its_session_until_it_expires() -> None:
 def test_a_changed_token_is_refused(change: object) -> None:
     token = sign(KEY, "abc123", int(time.time()) + 600)
     with pytest.raises(LinkRefused):
-        verify(KEY, change(token))  # type: ignore[operator]
+        verify(KEY, change(token), max_ttl_s=TTL)  # type: ignore[operator]
     with pytest.raises(LinkRefused, match="signature"):
-        verify(b"another key", token)
+        verify(b"another key", token, max_ttl_s=TTL)
+
+
+def test_an_expiry_has_one_spelling() -> None:
+    """A signed token with its expiry written with leading zeros (the same number, another URL) is refused."""
+    expires = int(time.time()) + 600
+    token = sign(KEY, "abc123", expires)
+    padded = token.replace(f".{expires}.", f".0{expires}.")
+    assert padded != token and verify(KEY, token, max_ttl_s=TTL).expires == expires
+    with pytest.raises(LinkRefused, match="not a playback link"):
+        verify(KEY, padded, max_ttl_s=TTL)
+
+
+def test_a_link_that_lasts_longer_than_the_ttl_is_refused() -> None:
+    """Even correctly signed (an old key's owner, a link made under a longer TTL): no link outlives the setting."""
+    now = time.time()
+    assert verify(KEY, sign(KEY, "abc123", int(now + TTL) + 60), max_ttl_s=TTL, now=now).session_id == "abc123"
+    with pytest.raises(LinkRefused, match="MONOLOGUE_LINKS__TTL_S"):
+        verify(KEY, sign(KEY, "abc123", int(now + TTL) + 3600), max_ttl_s=TTL, now=now)
+    with pytest.raises(LinkRefused, match="MONOLOGUE_LINKS__TTL_S"):
+        verify(KEY, sign(KEY, "abc123", 10**12 - 1), max_ttl_s=TTL, now=now)
 
 
 def test_links_expire_when_the_setting_says_rounded_to_the_minute_and_share_a_key_file(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ storage and node."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,20 +16,17 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from sqlalchemy.orm import sessionmaker
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from api.app import create_app
 from api.submit import TERMINAL
 from monologue import apikeys, repo
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
-from monologue.settings import Settings
-from monologue.stack import Stack, free_port
-from tests.helpers import skip_ready
+from monologue.stack import Stack
+from tests.helpers import serve_api, skip_ready
 
 pytestmark = pytest.mark.slow
 SECOND = np.zeros(AUDIO_RATE, dtype="<i2").tobytes()  # one second of (silent) speech, 16 kHz mono s16le
@@ -48,34 +44,9 @@ def serve(stack: Stack, *, api: dict[str, Any] | None = None, **groups: dict[str
     """The API in this process with some settings changed (`api={...}`, `limits={...}`, `render={...}`), on the
     stack's database, Temporal and storage; yields its URL."""
     base = stack.settings
-    port = free_port()
-    changes: dict[str, Any] = {
-        # No Temporal SDK metrics port: the shared stack's API process holds that one.
-        "api": base.api.model_copy(
-            update={
-                "port": port,
-                "public_url": f"http://127.0.0.1:{port}",
-                "temporal_metrics_port": None,
-                **(api or {}),
-            }
-        )
-    }
-    for group, update in groups.items():
-        changes[group] = getattr(base, group).model_copy(update=update)
-    settings: Settings = base.model_copy(update=changes)
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_config=None, access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    changes = {group: getattr(base, group).model_copy(update=update) for group, update in groups.items()}
+    with serve_api(base, api=api, **changes) as (url, _app):
+        yield url
 
 
 def _key(db: sessionmaker[Any], tenant: str) -> tuple[str, str]:

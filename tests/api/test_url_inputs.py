@@ -1,6 +1,7 @@
 """Inputs by URL on the real stack: fetched from an address the operator allows (here 127.0.0.1) and checked on a
 node like an upload; refused, before any request and with nothing started, for an address it does not allow (another
-loopback address, the cloud metadata address), a bucket it does not list, or a request naming both a file and a URL.
+loopback address, the cloud metadata address), a bucket it does not list, a host that can be no name or a port out of
+range, or a request naming both a file and a URL.
 (s3:// inputs from an allowed bucket: tests/test_production_config.py, on SeaweedFS.)"""
 
 from __future__ import annotations
@@ -61,4 +62,26 @@ def test_addresses_and_buckets_the_operator_has_not_allowed_are_refused_and_noth
         timeout=60,
     )
     assert both.status_code == 422 and "not both" in both.json()["detail"]
+    assert workflow_count(stack.settings) == before
+
+
+def test_a_host_that_can_be_no_name_or_a_port_out_of_range_is_a_422_and_nothing_starts(
+    stack: Stack, api_url: str
+) -> None:
+    """What IDNA and the resolver raise on (a 500 once) is a refusal naming the field."""
+    before = workflow_count(stack.settings)
+    for url, problem in (
+        ("https://xn--a.com/face.jpg", "host is not a valid name"),
+        (f"https://{'a' * 64}.com/face.jpg", "host is not a valid name"),
+        ("https://example.com:99999/face.jpg", "port must be 1-65535"),
+    ):
+        answer = post(
+            f"{api_url}/v1/renders",
+            files={"audio": ("a.wav", wav_bytes(np.zeros(1600)))},
+            data={"portrait_url": url},
+            timeout=60,
+        )
+        assert answer.status_code == 422, (url, answer.status_code, answer.text)
+        detail = str(answer.json()["detail"])
+        assert "portrait_url" in detail and problem in detail, (url, detail)
     assert workflow_count(stack.settings) == before

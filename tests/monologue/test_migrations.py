@@ -152,6 +152,7 @@ ADDED: dict[str, dict[str, Columns]] = {
             "error": Text(),
         },
     },
+    "0005": {},  # no column added: webhook_endpoints.secret made Text, nullable (see test_webhook_secrets.py)
 }
 REVISIONS = list(ADDED)
 
@@ -362,8 +363,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0004", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
-PATH += ["0001", "0002", "0003", "0004"]
+PATH = ["0001", "0002", "0003", "0004", "0005", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
+PATH += ["0001", "0002", "0003", "0004", "0005"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -380,17 +381,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0004), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0005), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 2) | dict.fromkeys(ADDED["0004"], 1)
-        assert counts == {"chunks": 4, "checkpoints": 3} | since_0003 | {"sessions": 4}
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 3) | dict.fromkeys(ADDED["0004"], 2)
+        assert counts == {"chunks": 5, "checkpoints": 4} | since_0003 | {"sessions": 5}
         # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
         # and tickets; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0004").items()}
-        kept = {"nodes": 2, "api_keys": 2, "idempotency_keys": 1}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0005").items()}
+        kept = {"nodes": 3, "api_keys": 3, "idempotency_keys": 2}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()
