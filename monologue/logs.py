@@ -26,7 +26,9 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line (print() writes the line and its newline apart, and the stdlib handler below can land
+        # between them: two records on one line, which no JSON reader parses).
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Route third-party stdlib logging (uvicorn, temporalio, alembic) through the same renderer.

@@ -132,9 +132,11 @@ class PhoneRecogniser:
         decoder = self.load()
         started = time.thread_time()
         decoder.reinit_feat()  # forget the noise estimate of the previous window
-        decoder.start_utt()
-        decoder.process_raw(wire, no_search=False, full_utt=True)
-        decoder.end_utt()
+        _start_utterance(decoder)
+        try:
+            decoder.process_raw(wire, no_search=False, full_utt=True)
+        finally:
+            decoder.end_utt()
         windows = self.windows
         steps = np.zeros(windows.window_samples // windows.step_samples, dtype=np.uint8)
         for segment in decoder.seg():
@@ -159,3 +161,15 @@ class PhoneRecogniser:
                 loglevel="FATAL",
             )
         return self._decoder
+
+
+def _start_utterance(decoder: Any) -> None:
+    """Start an utterance, first ending one an interrupted decode left open: Temporal cancels a sync activity by
+    raising inside its thread, which can land between `start_utt` and `end_utt`, and the node's one decoder would
+    then refuse every later window ("Failed to start utterance processing")."""
+    try:
+        decoder.start_utt()
+    except RuntimeError:
+        decoder.end_utt()
+        decoder.reinit_feat()
+        decoder.start_utt()

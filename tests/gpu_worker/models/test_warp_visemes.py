@@ -342,3 +342,15 @@ def test_the_live_planner_waits_for_exactly_the_audio_a_chunk_reads(fps: int) ->
         needed = live_samples_needed(end, options)
         assert max(reads) <= needed
         assert needed <= max(max(reads), -(-end * AUDIO_RATE // fps) + AUDIO_RATE // 10)
+
+
+def test_a_decode_interrupted_mid_utterance_leaves_the_recogniser_working(spoken: Spoken) -> None:
+    """A cancelled activity can leave the decoder inside an utterance: the next window still decodes, to the same
+    phones as on a fresh recogniser."""
+    interrupted = PhoneRecogniser(cache=WindowCache(capacity=0))
+    middle = spoken.samples.size // 2  # speech, not silence (which is never decoded)
+    window = spoken.samples[middle : middle + interrupted.windows.window_samples]
+    expected = PhoneRecogniser(cache=WindowCache(capacity=0)).window(window)
+    assert expected.any()
+    interrupted.load().start_utt()  # as if an exception landed after start_utt
+    assert np.array_equal(interrupted.window(window), expected)
