@@ -38,7 +38,7 @@ from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.registry import NodeReporter
 from monologue import contracts as c
 from monologue import metrics, temporal_client, tracing
-from monologue.db import make_engine, make_sessionmaker
+from monologue.db import NodeStatus, make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
 from workflows.render import RenderWorkflow
@@ -195,11 +195,11 @@ async def run_node(
             log.info("node draining", node_id=node_id)
             overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
             lease.draining.set()
-            reporter.set_status("draining")
+            reporter.set_status(NodeStatus.DRAINING)
             await asyncio.sleep(0.5)
         health.polling = False
         watching.cancel()
-        reporter.set_status("stopped")
+        reporter.set_status(NodeStatus.STOPPED)
         await reporting
     overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
     if server is not None:

@@ -18,6 +18,7 @@ from monologue.cli_options import given_options, model_options
 from monologue.cli_renders import api_target, renders
 from monologue.cli_temporal import temporal
 from monologue.cli_webhooks import webhooks
+from monologue.contracts import SessionStatus
 from monologue.exit import exit_when_done
 from monologue.settings import Settings, describe_settings, get_settings
 
@@ -170,7 +171,7 @@ def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json
     else:
         for name, value in figures.items():
             click.echo(f"{name:>26}: {value}")
-    if session["status"] != "completed":
+    if session["status"] != SessionStatus.COMPLETED:
         raise SystemExit(f"live session ended {session['status']}: {session.get('error')}")
 
 

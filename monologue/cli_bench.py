@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from monologue.contracts import LipSync, Residency
+from monologue.contracts import Family, LipSync, Residency, Resolution
 from monologue.settings import get_settings
 
 
@@ -17,9 +17,11 @@ def bench() -> None:
 
 @bench.command("pipeline")
 @click.option("--minutes", type=float, default=2.0, show_default=True, help="Minutes of speech to render.")
-@click.option("--resolution", type=click.Choice(["source", "512", "720p", "1080p"]), default="720p", show_default=True)
+@click.option(
+    "--resolution", type=click.Choice([r.value for r in Resolution]), default=Resolution.HD_720.value, show_default=True
+)
 @click.option("--preview", is_flag=True, help="Half resolution, same motion.")
-@click.option("--family", default="warp", show_default=True)
+@click.option("--family", type=click.Choice([f.value for f in Family]), default=Family.WARP.value, show_default=True)
 @click.option(
     "--lip-sync",
     type=click.Choice([mode.value for mode in LipSync]),
@@ -36,7 +38,11 @@ def bench_pipeline_command(
     from gpu_worker.bench import bench_pipeline, report_json
 
     report = bench_pipeline(
-        minutes=minutes, resolution=resolution, preview=preview, family=family, lip_sync=LipSync(lip_sync)
+        minutes=minutes,
+        resolution=Resolution(resolution),
+        preview=preview,
+        family=Family(family),
+        lip_sync=LipSync(lip_sync),
     )
     click.echo(report_json(report) if as_json else report.table())
 

@@ -108,12 +108,14 @@ def infinitetalk_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings, infinitetalk_weights: Path) -> Iterator[Stack]:
-    from gpu_worker.models import INFINITETALK_WEIGHTS_ENV
+    from gpu_worker.models import FAMILIES
+    from monologue.contracts import Family
     from monologue.stack import Stack
     from tests.helpers import register_api
 
     # The node checks these at start and renders family=infinitetalk from them (tests/test_infinitetalk_family.py).
-    env = {INFINITETALK_WEIGHTS_ENV: str(infinitetalk_weights), "MONOLOGUE_INFINITETALK_PRESET": "tiny"}
+    infinitetalk = FAMILIES[Family.INFINITETALK]
+    env = {infinitetalk.env("weights"): str(infinitetalk_weights), infinitetalk.env("preset"): "tiny"}
     stack = Stack(stack_settings, env=env)
     stack.start()
     register_api(stack)

@@ -55,6 +55,9 @@ from monologue.contracts.session import (
     Sink as Sink,
 )
 from monologue.contracts.session import (
+    SinkType as SinkType,
+)
+from monologue.contracts.session import (
     render_options as render_options,
 )
 
@@ -273,16 +276,13 @@ class NodeAcquired:
 
 @dataclass
 class OfSessionKind:
-    """An activity input's `session_kind`, with `live`, the flag it replaced, kept in step with it: an input
-    scheduled by older workflow code carries only `live` (true for a live session)."""
+    """An activity input's session kind, taken from `RenderInput.kind` (the one place it is decided).
+
+    Named `session_kind` on the wire, as since issue 12: inputs scheduled by that code also carry `live`, the flag
+    it replaced, which decoding now ignores (unknown fields are), so they still decode to the right kind. Only an
+    input scheduled before issue 12 had `live` alone; none can still be waiting for a worker."""
 
     session_kind: SessionKind = field(default=SessionKind.RENDER, kw_only=True)
-    live: bool = field(default=False, kw_only=True)  # read-only: set `session_kind`
-
-    def __post_init__(self) -> None:
-        if self.live:
-            self.session_kind = SessionKind.LIVE
-        self.live = self.session_kind == SessionKind.LIVE
 
 
 @dataclass
@@ -397,7 +397,7 @@ class ValidateInputsInput:
 
     session_id: str
     kind: SessionKind
-    family: str
+    family: Family  # histories recorded when this was a str decode to the enum (a StrEnum travels as its value)
     max_portrait_side: int
     max_audio_seconds: float
 
