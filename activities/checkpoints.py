@@ -9,14 +9,12 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio.exceptions import ApplicationError
 
 from gpu_worker.pipeline.pipeline import Session
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.errors import NotFound
 from monologue.storage import ObjectStore
 

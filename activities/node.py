@@ -37,8 +37,7 @@ from activities.session_cache import SessionCache
 from gpu_worker.pipeline import ChunkRequest, Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
-from monologue import contracts as c
-from monologue import keys, metrics, repo
+from monologue import contracts as c, keys, metrics, repo
 from monologue.live_audio import LiveAudio
 from monologue.plan import chunk_sizes, plan_timeline
 from monologue.storage import ObjectStore

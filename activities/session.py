@@ -10,8 +10,7 @@ from temporalio import activity
 
 from activities.errors import activity_context
 from activities.playlist import write_playlist
-from monologue import contracts as c
-from monologue import keys, metrics, repo
+from monologue import contracts as c, keys, metrics, repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import AUDIO_RATE, StoredWav, decode_png

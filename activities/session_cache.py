@@ -12,16 +12,14 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 
 from activities.heartbeat import beating
 from activities.pipelines import Pipelines
 from gpu_worker.pipeline import OutputSpec, Progress
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import AudioSource
-from monologue import contracts as c
-from monologue import keys
+from monologue import contracts as c, keys
 from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
 from monologue.media import StoredWav, decode_png

@@ -32,9 +32,9 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities.errors import activity_context
 from gpu_worker.publish.sinks import Sink, SinkError
-from monologue import contracts as c
-from monologue import keys, metrics, repo, repo_sinks
+from monologue import contracts as c, keys, metrics, repo
 from monologue.errors import NotFound
+from monologue.repo import sinks as repo_sinks
 from monologue.schemas import SinkState
 from monologue.settings import SinkSettings
 from monologue.sink_policy import SinkRefused, for_tenant, refusal

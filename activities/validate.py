@@ -16,8 +16,7 @@ from activities.errors import activity_context
 from gpu_worker.models import build_family
 from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.pipeline import ModelSet
-from monologue import contracts as c
-from monologue import keys
+from monologue import contracts as c, keys
 from monologue.errors import InputError
 from monologue.media import decode_png, normalise_audio, normalise_portrait
 from monologue.storage import ObjectStore

@@ -16,12 +16,9 @@ from typing import Any
 import structlog
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.exceptions import TimeoutError as TemporalTimeout
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as TemporalTimeout
 
-from monologue import contracts as c
-from monologue import keys, repo, sink_policy
-from monologue import options as options_
+from monologue import contracts as c, keys, options as options_, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio

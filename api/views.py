@@ -8,10 +8,9 @@ from urllib.parse import quote
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
-from monologue import contracts as c
-from monologue import options as options_
-from monologue import repo, repo_sinks
+from monologue import contracts as c, options as options_, repo
 from monologue.db import SessionRow
+from monologue.repo import sinks as repo_sinks
 from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkStatus
 
 from .deps import Principal, Services

@@ -1,7 +1,7 @@
 """Every Prometheus metric Monologue exports, defined once (prometheus-client).
 
 Nodes observe what happens on them (chunks, checkpoints, leases, sinks, slots, memory) and serve it on their
-HTTP port (`gpu_worker/node_http.py`); the API serves `/metrics` with the sessions by kind and status counted
+HTTP port (`node/http_port.py`); the API serves `/metrics` with the sessions by kind and status counted
 from the database at scrape time (`SessionsCollector`), so any replica reports the whole service. Temporal's
 own SDK metrics (`temporal_*`) come from its runtime on a port of their own (`monologue/temporal_client.py`).
 Label values are bounded sets (families, stages, kinds, sink types): never ids."""

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cli.stack import Stack, free_port
 from gpu_worker.models import FAMILIES
 from monologue.contracts import Family
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import get, register_api, submit, wait_done, wav_bytes
 
 pytestmark = pytest.mark.slow

@@ -19,12 +19,13 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
-from monologue import repo, repo_nodes, repo_ops, repo_webhooks
+from monologue import repo
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
-from monologue.repo_nodes import aware
-from monologue.repo_webhooks import DeliveryFilter
+from monologue.repo import nodes as repo_nodes, ops as repo_ops, webhooks as repo_webhooks
+from monologue.repo.nodes import aware
+from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import VideoLayout, WebhookDeliveryList
 
 from .. import problems, streams

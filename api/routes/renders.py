@@ -12,8 +12,7 @@ from fastapi.routing import APIRoute
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from monologue import contracts as c
-from monologue import repo, sink_policy
+from monologue import contracts as c, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.schemas import RenderList, RenderPublic, VideoLayout

@@ -15,7 +15,7 @@
 - **storages.py**: device storages and their host copies (`HostCopy`: whole-model offload and restore).
 - **numa.py**: pins each rank to its GPU's NUMA node, or says why it did not.
 - **measure.py**: the figures the GPU benchmark reports (switch time, peak memory).
-- **launch.py**: the torchrun entry point (`-m gpu_worker.distributed.launch`); **node_activities.py**:
+- **launch.py**: the torchrun entry point (`-m node.launch`); **node_activities.py**:
   the node's pinned activities over a DistributedPipeline (rank 0 only).
 
 Everything but launch's rank-0 path and node_activities.py imports with torch and numpy alone: the GPU

@@ -11,53 +11,21 @@ from dataclasses import dataclass, field
 # The session model lives in contracts/session.py; re-exported, as everything that crosses Temporal is named here.
 from monologue.contracts.session import (
     RESUMABLE as RESUMABLE,
-)
-from monologue.contracts.session import (
     TERMINAL as TERMINAL,
-)
-from monologue.contracts.session import (
     Bounds as Bounds,
-)
-from monologue.contracts.session import (
     Chunk as Chunk,
-)
-from monologue.contracts.session import (
     ChunkKind as ChunkKind,
-)
-from monologue.contracts.session import (
     Family as Family,
-)
-from monologue.contracts.session import (
     KvsSink as KvsSink,
-)
-from monologue.contracts.session import (
     LipSync as LipSync,
-)
-from monologue.contracts.session import (
     RenderOptions as RenderOptions,
-)
-from monologue.contracts.session import (
     Residency as Residency,
-)
-from monologue.contracts.session import (
     Resolution as Resolution,
-)
-from monologue.contracts.session import (
     S3Sink as S3Sink,
-)
-from monologue.contracts.session import (
     SessionKind as SessionKind,
-)
-from monologue.contracts.session import (
     SessionStatus as SessionStatus,
-)
-from monologue.contracts.session import (
     Sink as Sink,
-)
-from monologue.contracts.session import (
     SinkType as SinkType,
-)
-from monologue.contracts.session import (
     render_options as render_options,
 )
 

@@ -19,9 +19,9 @@ from gpu_worker.publish import StreamFormat, init_segment, playlist
 from gpu_worker.publish.kvs import KinesisVideoSink
 from gpu_worker.publish.s3_sink import S3Sink, segment_name
 from gpu_worker.publish.sinks import Sink, SinkError
-from monologue import contracts as c
-from monologue import keys, repo, repo_sinks
+from monologue import contracts as c, keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.repo import sinks as repo_sinks
 from monologue.s3_presign import presigned_playlist
 from monologue.settings import SinkSettings
 from monologue.storage import LocalStore

@@ -7,8 +7,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from monologue.contracts import Chunk, ChunkKind
 from monologue.contracts.session import AnchorEnd, AnchorRef

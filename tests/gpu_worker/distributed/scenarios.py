@@ -92,7 +92,7 @@ WARP_OUTPUT = OutputSpec(fps=25, resolution="512", preview=True)
 def node_activities_pipeline(group: RankGroup) -> str:
     from temporalio.testing import ActivityEnvironment
 
-    from gpu_worker.distributed.node_activities import DistributedNodeActivities
+    from node.distributed_activities import DistributedNodeActivities
 
     activities = DistributedNodeActivities(group=group, store=None, sessions=None, node_id="test")  # type: ignore[arg-type]
     # Building a pipeline heartbeats (loading weights takes long): it runs inside an activity on a node.

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from skimage import data
 
-from gpu_worker.models.warp import build_family
-from gpu_worker.models.warp import parameters as p
+from gpu_worker.models.warp import build_family, parameters as p
 from gpu_worker.models.warp.phonemes import PHONES, WINDOW_CACHE, PhoneRecogniser, WindowCache
 from gpu_worker.models.warp.texture import _LUMA, _skin_luma
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline

@@ -7,8 +7,7 @@ from typing import get_type_hints
 
 import pytest
 
-from gpu_worker.pipeline import ChunkRequest, OutputSpec, frame_size
-from gpu_worker.pipeline import types as engine_types
+from gpu_worker.pipeline import ChunkRequest, OutputSpec, frame_size, types as engine_types
 from monologue.contracts import Chunk, ChunkKind, LipSync, RenderOptions, Resolution
 
 CHUNK = Chunk(ChunkKind.N, 0, 0, 8)

@@ -10,8 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 
 from gpu_worker.models import build_family as build_family_by_name
 from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, build_family

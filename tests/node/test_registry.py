@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from gpu_worker.registry import NodeReporter, resident_mb
-from monologue import repo_nodes
 from monologue.db import NodeStatus, make_engine, make_sessionmaker, migrate
+from monologue.repo import nodes as repo_nodes
+from node.registry import NodeReporter, resident_mb
 
 
 @pytest.fixture

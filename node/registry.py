@@ -17,8 +17,8 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from monologue import repo_nodes
 from monologue.db import NodeStatus, utcnow
+from monologue.repo import nodes as repo_nodes
 
 log = structlog.get_logger("node")
 

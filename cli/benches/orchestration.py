@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from cli.stack import Stack, free_port
 from monologue.client import Client
 from monologue.contracts import SessionStatus
 from monologue.media import decode_wav, encode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
 
