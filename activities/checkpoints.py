@@ -9,14 +9,12 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio.exceptions import ApplicationError
 
 from gpu_worker.pipeline.pipeline import Session
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.errors import NotFound
 from monologue.storage import ObjectStore
 
@@ -30,10 +28,14 @@ class Checkpoints:
         """After N chunk k: its head and tail anchors (and the cursor, as metadata) with their SHA-256 in the
         database; the files of checkpoints older than the last two go. Returns the checkpoint's key."""
         index = request.chunk.index
-        head, tail = session.anchors.get("N", index, "head"), session.anchors.get("N", index, "tail")
-        flat = {f"head.{k}": v for k, v in head.items()} | {f"tail.{k}": v for k, v in tail.items()}
+        # The file keeps its chunk's anchors by end alone ("head.<field>", "tail.<field>"), as it always has.
+        flat = {
+            f"{ref.end}.{field}": value
+            for ref in request.chunk.anchors_left()
+            for field, value in session.anchors.get(ref).items()
+        }
         cursor = {
-            "chunk": f"N{index}",
+            "chunk": request.chunk.name,
             "first_frame": str(request.chunk.first_frame),
             "n_frames": str(request.chunk.n_frames),
             "seed": str(request.options.seed),
@@ -53,18 +55,12 @@ class Checkpoints:
         """Load from checkpoints the anchors this chunk needs but this node does not hold (the node restarted,
         or the session moved here). A checkpoint whose bytes do not match its recorded SHA-256 (or is gone)
         raises CheckpointLost, and the workflow regenerates that N chunk instead."""
-        chunk = request.chunk
-        needed = [(chunk.index - 1, "tail")] if chunk.kind == c.ChunkKind.N and chunk.index > 0 else []
-        if chunk.kind == c.ChunkKind.I:
-            needed = [(chunk.index, "tail"), (chunk.index + 1, "head")]
-        for index, end in needed:
-            if f"N{index}.{end}" in session.anchors.names():
+        for ref in request.chunk.anchors_read():
+            if ref in session.anchors:
                 continue
-            flat = self.read(request.session_id, index)
-            prefix = f"{end}."
-            session.anchors.put_one(
-                "N", index, end, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
-            )
+            flat = self.read(request.session_id, ref.index)
+            prefix = f"{ref.end}."
+            session.anchors.put_one(ref, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)})
 
     def read(self, session_id: str, index: int) -> dict[str, np.ndarray]:
         """Checkpoint N`index`'s arrays, or CheckpointLost (non-retryable, the index in its details)."""

@@ -18,8 +18,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from monologue import contracts as c
-from monologue import metrics
+from monologue import contracts as c, metrics
 
 
 class NodeLease:

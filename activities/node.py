@@ -37,8 +37,7 @@ from activities.session_cache import SessionCache
 from gpu_worker.pipeline import ChunkRequest, Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
-from monologue import contracts as c
-from monologue import keys, metrics, repo
+from monologue import contracts as c, keys, metrics, repo
 from monologue.live_audio import LiveAudio
 from monologue.plan import chunk_sizes, plan_timeline
 from monologue.storage import ObjectStore
@@ -46,18 +45,6 @@ from monologue.storage import ObjectStore
 
 def stream_format(session: Session) -> StreamFormat:
     return StreamFormat(width=session.frame_width, height=session.frame_height, fps=session.output.fps)
-
-
-def chunk_request(request: c.GenerateChunkInput) -> ChunkRequest:
-    """The pipeline's request: the workflow's chunk as it is, with the session's seed, prompt, steps and lip sync."""
-    options = request.options
-    return ChunkRequest(
-        request.chunk,
-        seed=options.seed,
-        prompt=options.prompt,
-        sampling_steps=options.sampling_steps,
-        lip_sync=options.lip_sync,
-    )
 
 
 @dataclass
@@ -77,10 +64,10 @@ class NodeActivities:
         store: ObjectStore,
         sessions: sessionmaker[Any],
         node_id: str,
-        pipeline_factory: Callable[[str], Pipeline] | None = None,
+        pipeline_factory: Callable[[c.Family], Pipeline] | None = None,
         faults: Faults | None = None,
     ) -> None:
-        """`pipeline_factory` builds a family's pipeline by name (a multi-GPU node's runs on every rank);
+        """`pipeline_factory` builds a family's pipeline (a multi-GPU node's runs on every rank);
         `faults` are the tests' (never set in production)."""
         self._store = store
         self._sessions = sessions
@@ -103,7 +90,7 @@ class NodeActivities:
             slot = self._pipelines.slot(request.options.family)
             with slot.hold("init_session"):
                 progress = ChunkHeartbeat("init_session", on_report=slot.touch)
-                session = self._cache.get(request.session_id, request.options, live=_live(request), progress=progress)
+                session = self._cache.get(request.session_id, request.options, request.session_kind, progress=progress)
             self._store.put(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
@@ -122,7 +109,7 @@ class NodeActivities:
     @activity.defn(name=c.GENERATE_CHUNK)
     def generate_chunk(self, request: c.GenerateChunkInput) -> c.GenerateChunkResult:
         """Run the pipeline for one chunk, in its turn; its frames become one fMP4 segment."""
-        chunk = chunk_request(request)
+        chunk = ChunkRequest.of(request.chunk, request.options)
         with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk.name) as log:
             idle_ms = self._order.wait_turn(request)
             self._faults.stretch(chunk.name)
@@ -207,7 +194,7 @@ class NodeActivities:
         pipeline, slot = self._pipelines.get(family), self._pipelines.slot(family)
         heartbeat = ChunkHeartbeat(chunk.name, on_report=slot.touch)
         with slot.hold(chunk.name):
-            session = self._cache.get(request.session_id, request.options, live=_live(request), progress=heartbeat)
+            session = self._cache.get(request.session_id, request.options, request.session_kind, progress=heartbeat)
             if isinstance(session.audio, LiveAudio):
                 session.audio.update(request.audio_samples, request.audio_ended)
             self._checkpoints.ensure_anchors(request, session)
@@ -274,8 +261,3 @@ def _observe_chunk(request: c.GenerateChunkInput, made: MadeChunk) -> None:
         metrics.CHECKPOINT_WRITE.observe(made.stage_ms["checkpoint"] / 1000)
     if activity.info().attempt > 1:
         metrics.CHUNK_RETRIES.labels(family=family).inc()
-
-
-def _live(request: c.InitSessionInput | c.GenerateChunkInput) -> bool:
-    """A live session reads its audio as it arrives; a render's is all stored up front."""
-    return request.session_kind == c.SessionKind.LIVE

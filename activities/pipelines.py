@@ -19,12 +19,13 @@ from temporalio.exceptions import CancelledError
 from activities.heartbeat import beating
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import Pipeline
+from monologue.contracts import Family
 from monologue.settings import get_settings
 
 WAIT_POLL_S = 0.2  # how often a waiting chunk looks for a cancellation
 
 
-def node_pipeline(family: str) -> Pipeline:
+def node_pipeline(family: Family) -> Pipeline:
     """A one-process node's pipeline for `family`, its models resident on the GPU or switched in per stage
     as the node's `residency` setting says (MONOLOGUE_NODE__RESIDENCY)."""
     return Pipeline(build_family(family), residency=get_settings().node.residency)
@@ -66,16 +67,16 @@ class PipelineSlot:
 
 
 class Pipelines:
-    """Each family's pipeline and slot. `factory` builds a family's pipeline by name (a multi-GPU node's
-    runs on every rank)."""
+    """Each family's pipeline and slot. `factory` builds a family's pipeline (a multi-GPU node's runs on every
+    rank)."""
 
-    def __init__(self, factory: Callable[[str], Pipeline]) -> None:
+    def __init__(self, factory: Callable[[Family], Pipeline]) -> None:
         self._factory = factory
         self._building = threading.Lock()  # one family's weights load at a time
-        self._pipelines: dict[str, Pipeline] = {}
-        self._slots: dict[str, PipelineSlot] = {}
+        self._pipelines: dict[Family, Pipeline] = {}
+        self._slots: dict[Family, PipelineSlot] = {}
 
-    def get(self, family: str) -> Pipeline:
+    def get(self, family: Family) -> Pipeline:
         """The family's pipeline, built on first use. Loading weights is one long call from disk with no
         steps to report: a helper thread heartbeats meanwhile (for the chunks that wait for it, too)."""
         built = self._pipelines.get(family)
@@ -87,6 +88,6 @@ class Pipelines:
                 self._slots[family] = PipelineSlot()
             return self._pipelines[family]
 
-    def slot(self, family: str) -> PipelineSlot:
+    def slot(self, family: Family) -> PipelineSlot:
         self.get(family)
         return self._slots[family]

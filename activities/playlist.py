@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from gpu_worker.publish import playlist
-from monologue import contracts as c
-from monologue import keys
+from monologue import contracts as c, keys
 from monologue.plan import IncrementalPlanner, chunk_sizes, plan_timeline, timeline_order
 from monologue.storage import ObjectStore
 

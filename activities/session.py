@@ -10,8 +10,7 @@ from temporalio import activity
 
 from activities.errors import activity_context
 from activities.playlist import write_playlist
-from monologue import contracts as c
-from monologue import keys, metrics, repo
+from monologue import contracts as c, keys, metrics, repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import AUDIO_RATE, StoredWav, decode_png
@@ -70,7 +69,9 @@ class SessionActivities:
     def record_status(self, request: c.RecordStatusInput) -> None:
         """The session ended without a video (failed or cancelled): close its stream and record why."""
         with activity_context(session_id=request.session_id) as log:
-            if request.total_frames > 0 or (request.live and request.published_frames > 0):
+            if request.total_frames > 0 or (
+                request.session_kind == c.SessionKind.LIVE and request.published_frames > 0
+            ):
                 # what was published stays playable: the playlist gets its ENDLIST
                 write_playlist(
                     self._store,

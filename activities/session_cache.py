@@ -12,27 +12,20 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 
 from activities.heartbeat import beating
 from activities.pipelines import Pipelines
 from gpu_worker.pipeline import OutputSpec, Progress
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import AudioSource
-from monologue import contracts as c
-from monologue import keys
+from monologue import contracts as c, keys
 from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
 from monologue.media import StoredWav, decode_png
 from monologue.storage import ObjectStore
 
 CACHED_SESSIONS = 4
-
-
-def output_spec(options: c.RenderOptions) -> OutputSpec:
-    """The pipeline's view of a session's options."""
-    return OutputSpec(fps=options.fps, resolution=options.resolution, preview=options.preview)  # type: ignore[arg-type]
 
 
 class SessionCache:
@@ -43,14 +36,15 @@ class SessionCache:
         self._lock = threading.Lock()  # the dict only: sessions of different families build at once
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def get(self, session_id: str, options: c.RenderOptions, *, live: bool, progress: Progress) -> Session:
+    def get(self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: Progress) -> Session:
         """The session from the cache, or rebuilt from storage (told to `progress`). Call it holding the
-        family's pipeline slot: encoding the reference runs the family's modules."""
+        family's pipeline slot: encoding the reference runs the family's modules. A live session reads its audio
+        as it arrives; a render's is all stored up front."""
         with self._lock:
             if session_id in self._sessions:
                 self._sessions.move_to_end(session_id)
                 return self._sessions[session_id]
-        session = self._build(session_id, options, live=live, progress=progress)
+        session = self._build(session_id, options, kind, progress=progress)
         with self._lock:
             self._sessions[session_id] = session
             while len(self._sessions) > self._size:
@@ -61,10 +55,13 @@ class SessionCache:
         with self._lock:
             self._sessions.pop(session_id, None)
 
-    def _build(self, session_id: str, options: c.RenderOptions, *, live: bool, progress: Progress) -> Session:
+    def _build(self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: Progress) -> Session:
         portrait = decode_png(self._store.get(keys.portrait(session_id)))
         audio: AudioSource
-        audio = LiveAudio(self._store, session_id) if live else StoredWav(self._store, keys.audio(session_id))
+        if kind == c.SessionKind.LIVE:
+            audio = LiveAudio(self._store, session_id)
+        else:
+            audio = StoredWav(self._store, keys.audio(session_id))
         try:
             reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
         except NotFound:
@@ -72,7 +69,7 @@ class SessionCache:
         pipeline = self._pipelines.get(options.family)
         # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
         progress("encoding the reference" if reference is None else "restoring the session")
-        session = pipeline.start_session(portrait, output_spec(options), audio, reference)
+        session = pipeline.start_session(portrait, OutputSpec.of(options), audio, reference)
         if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang
             with beating("aligning the speech to its transcript"):
                 pipeline.prepare_speech(session, options.transcript)

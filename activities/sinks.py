@@ -32,9 +32,10 @@ from temporalio.exceptions import ApplicationError, CancelledError
 
 from activities.errors import activity_context
 from gpu_worker.publish.sinks import Sink, SinkError
-from monologue import contracts as c
-from monologue import keys, metrics, repo
+from monologue import contracts as c, keys, metrics, repo
 from monologue.errors import NotFound
+from monologue.repo import sinks as repo_sinks
+from monologue.schemas import SinkState
 from monologue.settings import SinkSettings
 from monologue.sink_policy import SinkRefused, for_tenant, refusal
 from monologue.storage import ObjectStore
@@ -180,7 +181,7 @@ class SinkActivities:
             index = start
             try:
                 sink.start(init_segment, start)
-                self._record(sid, spec, "streaming", sink.acknowledged())
+                self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
                 shown: tuple[int, bool] | None = None
                 while True:
                     stream = read_stream(self._store, sid)
@@ -191,7 +192,7 @@ class SinkActivities:
                     self._set_lag(sid, spec, len(stream.names) - sink.acknowledged())
                     if (index, stream.ended) != shown:
                         sink.playlist(stream.durations[:index], ended=stream.ended)
-                        self._record(sid, spec, "streaming", sink.acknowledged())
+                        self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
                         shown = (index, stream.ended)
                     if stream.ended and index == len(stream.names):
                         break
@@ -200,7 +201,7 @@ class SinkActivities:
                 self._put_final(sid, sink)
                 _heartbeating(lambda: sink.finish(ended=True), sink)
                 acknowledged = sink.acknowledged()
-                self._record(sid, spec, "done", acknowledged)
+                self._record(sid, spec, SinkState.DONE, acknowledged)
                 log.info("sink done", segments=acknowledged)
                 return c.RunSinkResult(acknowledged=acknowledged)
             except CancelledError:
@@ -209,18 +210,18 @@ class SinkActivities:
                     _heartbeating(lambda: sink.finish(ended=False), sink)
                 except SinkError as err:
                     log.warning("sink finish on cancel failed", error=str(err))
-                self._record(sid, spec, "streaming", sink.acknowledged())
+                self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
                 raise
             except SinkError as err:
                 metrics.SINK_FAILURES.labels(sink=spec.type).inc()
                 attempt = activity.info().attempt
-                status = "failed" if attempt >= c.SINK_ATTEMPTS else "retrying"
+                status = SinkState.FAILED if attempt >= c.SINK_ATTEMPTS else SinkState.RETRYING
                 self._record(sid, spec, status, sink.acknowledged(), error=f"attempt {attempt}: {err}")
                 log.warning("sink failed; the pump retries from what is stored", error=str(err))
                 raise ApplicationError(str(err), type="SinkError") from err
             except SinkRefused as err:  # the KVS sink's data endpoint; activity_context makes it final
                 metrics.SINK_FAILURES.labels(sink=spec.type).inc()
-                self._record(sid, spec, "failed", sink.acknowledged(), error=str(err))
+                self._record(sid, spec, SinkState.FAILED, sink.acknowledged(), error=str(err))
                 raise
             finally:
                 self._set_lag(sid, spec, None)
@@ -232,7 +233,7 @@ class SinkActivities:
         details = activity.info().heartbeat_details
         from_heartbeat = int(details[0]) if details else 0
         with self._sessions() as db:
-            row = repo.get_sink(db, session_id=session_id, name=spec.label)
+            row = repo_sinks.get_sink(db, session_id=session_id, name=spec.label)
             session = repo.get_session(db, session_id=session_id)
             created = session.created_at if session is not None else None
             tenant = session.tenant if session is not None else None
@@ -251,7 +252,7 @@ class SinkActivities:
         return for_tenant(self._allowed, tenant)
 
     def _refused(self, session_id: str, spec: c.Sink, acknowledged: int, problem: str) -> SinkRefused:
-        self._record(session_id, spec, "failed", acknowledged, error=f"{problem}; nothing more is sent")
+        self._record(session_id, spec, SinkState.FAILED, acknowledged, error=f"{problem}; nothing more is sent")
         return SinkRefused(problem)
 
     def _wait_for(self, key: str) -> bytes:
@@ -270,13 +271,15 @@ class SinkActivities:
             self._store.get_file(keys.final_video(session_id), path)
             sink.put_final(path)
 
-    def _record(self, session_id: str, spec: c.Sink, status: str, acknowledged: int, error: str | None = None) -> None:
+    def _record(
+        self, session_id: str, spec: c.Sink, status: SinkState, acknowledged: int, error: str | None = None
+    ) -> None:
         with self._sessions() as db:
-            repo.record_sink(
+            repo_sinks.record_sink(
                 db,
                 session_id=session_id,
                 name=spec.label,
-                kind=spec.type,
+                kind=c.SinkType(spec.type),
                 status=status,
                 acknowledged=acknowledged,
                 error=error,

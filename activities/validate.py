@@ -15,9 +15,8 @@ from temporalio import activity
 from activities.errors import activity_context
 from gpu_worker.models import build_family
 from gpu_worker.models.dit.checkpoint import CheckpointError
-from gpu_worker.pipeline import Family
-from monologue import contracts as c
-from monologue import keys
+from gpu_worker.pipeline import ModelSet
+from monologue import contracts as c, keys
 from monologue.errors import InputError
 from monologue.media import decode_png, normalise_audio, normalise_portrait
 from monologue.storage import ObjectStore
@@ -38,7 +37,7 @@ class ValidateActivities:
             if request.kind == c.SessionKind.RENDER:  # a live session's audio comes later, over its socket
                 staged = self._store.get(keys.staged_upload(session_id, "audio"))
                 speech = normalise_audio(staged, max_seconds=request.max_audio_seconds)
-            _family(request.family).reference.check(decode_png(portrait.png))  # e.g. no face: NoFaceFound
+            _models(request.family).reference.check(decode_png(portrait.png))  # e.g. no face: NoFaceFound
             self._store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
             if speech is not None:
                 self._store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
@@ -49,10 +48,10 @@ class ValidateActivities:
 
 
 @functools.cache
-def _family(name: str) -> Family:
+def _models(family: c.Family) -> ModelSet:
     """One family per process: building it constructs its modules (no weights), too slow for every upload. A family
     this node has no weights for (infinitetalk unconfigured) is the request's problem to hear about: a 422."""
     try:
-        return build_family(name)
+        return build_family(family)
     except CheckpointError as exc:
-        raise InputError(f"this deployment cannot render family={name}: {exc}") from exc
+        raise InputError(f"this deployment cannot render family={family}: {exc}") from exc

@@ -6,7 +6,7 @@ from the session, event, endpoint and workflow run, so a retry finds the same ro
 WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook` sends one attempt, signed for that
 attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it, and
 raises for anything but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is
-a non-retryable refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhook_secrets`), and
+a non-retryable refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhooks.encryption`), and
 of the receiver's answer only its status and first bytes are read. Async activities: their work is network
 waits; database calls run on a thread."""
 
@@ -27,12 +27,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from activities.errors import activity_context
-from monologue import contracts as c
-from monologue import outbound, repo, repo_webhooks, webhook_secrets, webhooks
+from monologue import contracts as c, outbound, repo, webhooks
 from monologue.db import utcnow
 from monologue.errors import AddressRefused
+from monologue.repo import webhooks as repo_webhooks
 from monologue.schemas import DeliveryStatus
 from monologue.settings import Settings
+from monologue.webhooks import encryption as webhook_secrets
 
 # Of a receiver's answer, kept with an attempt and all that is read of it: an error page may be hundreds of
 # megabytes, and a node delivering to many receivers at once must not hold them.

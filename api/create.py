@@ -21,10 +21,10 @@ from typing import Any
 from fastapi import HTTPException, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from monologue import contracts as c
-from monologue import repo, repo_idempotency
+from monologue import contracts as c, repo
 from monologue.errors import InputError, InputTooLarge
-from monologue.repo_idempotency import Claimed
+from monologue.repo import idempotency as repo_idempotency
+from monologue.repo.idempotency import Claimed
 
 from .deps import Services
 from .errors import IdempotencyConflict

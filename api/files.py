@@ -5,7 +5,6 @@ Shared by `/v1/renders`, the signed playback links and `/ops`, which find the se
 from __future__ import annotations
 
 import tempfile
-from enum import StrEnum
 from pathlib import Path
 
 from fastapi import HTTPException
@@ -17,19 +16,12 @@ from monologue.contracts import SessionStatus
 from monologue.db import SessionRow
 from monologue.errors import NotFound
 from monologue.mp4.progressive import remux
+from monologue.schemas import VideoLayout
 from monologue.storage import LocalStore
 
 from .deps import Services
 
 MEDIA_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".mp4": "video/mp4", ".m4s": "video/iso.segment"}
-
-
-class VideoLayout(StrEnum):
-    """fragmented: the MP4 as stored (init segment + one fragment per chunk); progressive: the same samples with
-    the index (moov) at the front, for editors and players that want it there."""
-
-    FRAGMENTED = "fragmented"
-    PROGRESSIVE = "progressive"
 
 
 def stream_file(services: Services, session_id: str, name: str) -> Response:

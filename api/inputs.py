@@ -14,9 +14,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Form, HTTPException
 from pydantic import ValidationError
 
-from monologue import contracts as c
-from monologue import options as options_
-from monologue import sink_policy
+from monologue import contracts as c, options as options_, sink_policy
 
 from .deps import Services
 from .problems import describe_errors

@@ -26,11 +26,10 @@ from starlette.types import Message
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 from temporalio.service import RPCError
 
-from monologue import contracts as c
-from monologue import repo
+from monologue import contracts as c, repo
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
-from monologue.repo_nodes import aware
+from monologue.repo.nodes import aware
 
 from . import streams
 from .deps import Principal, Services

@@ -16,12 +16,9 @@ from typing import Any
 import structlog
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.exceptions import TimeoutError as TemporalTimeout
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as TemporalTimeout
 
-from monologue import contracts as c
-from monologue import keys, repo, sink_policy
-from monologue import options as options_
+from monologue import contracts as c, keys, options as options_, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
@@ -133,7 +130,9 @@ def _stage(services: Services, session_id: str, uploads: Uploads) -> None:
         services.store.put(keys.staged_upload(session_id, "audio"), uploads.audio)
 
 
-async def _validate(services: Services, session_id: str, kind: c.SessionKind, family: str) -> c.ValidateInputsResult:
+async def _validate(
+    services: Services, session_id: str, kind: c.SessionKind, family: c.Family
+) -> c.ValidateInputsResult:
     """Run `validate_inputs` on a worker and wait for it: InputError with its message if the input is bad,
     ValidationUnavailable if no worker finished it within MONOLOGUE_API__VALIDATE_TIMEOUT_S."""
     settings = services.settings
@@ -243,7 +242,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
 
 def _resume_point(services: Services, row: SessionRow, options: c.RenderOptions) -> c.ResumePoint:
     """Where the session continues: the first chunk not yet made, and (live) the audio it has. Blocking."""
-    live = row.kind == "live"
+    live = row.kind == c.SessionKind.LIVE
     samples, ended = stored_live_audio(services.store, row.id) if live else (0, True)
     if live and not ended:
         # Its audio socket is gone: the session resumes to make video of the audio it has, then ends.

@@ -8,11 +8,10 @@ from urllib.parse import quote
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
-from monologue import contracts as c
-from monologue import options as options_
-from monologue import repo
+from monologue import contracts as c, options as options_, repo
 from monologue.db import SessionRow
-from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkState, SinkStatus, SinkType
+from monologue.repo import sinks as repo_sinks
+from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkStatus
 
 from .deps import Principal, Services
 from .links import playback_links
@@ -54,13 +53,15 @@ def public(services: Services, db: Session, row: SessionRow, *, ticket: AudioTic
         sinks=[
             SinkStatus(
                 name=sink.name,
-                type=SinkType(sink.kind),
-                status=SinkState(sink.status),
+                type=sink.kind,
+                status=sink.status,
                 acknowledged=sink.acknowledged,
                 error=sink.error,
-                playback=f"{base}/v1/renders/{row.id}/sinks/{sink.name}/stream.m3u8" if sink.kind == "s3" else None,
+                playback=f"{base}/v1/renders/{row.id}/sinks/{sink.name}/stream.m3u8"
+                if sink.kind == c.SinkType.S3
+                else None,
             )
-            for sink in repo.list_sinks(db, session_id=row.id)
+            for sink in repo_sinks.list_sinks(db, session_id=row.id)
         ],
         error=row.error,
         progress=Progress(

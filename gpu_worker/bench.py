@@ -18,7 +18,7 @@ import numpy as np
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.publish import SegmentWriter, StreamFormat, init_segment
-from monologue.contracts import LipSync
+from monologue.contracts import Family, LipSync, Resolution
 from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
 from monologue.plan import frame_count, plan_chunks
 
@@ -90,9 +90,9 @@ class BenchReport:
 def bench_pipeline(
     *,
     minutes: float,
-    resolution: str = "720p",
+    resolution: Resolution = Resolution.HD_720,
     preview: bool = False,
-    family: str = "warp",
+    family: Family = Family.WARP,
     fps: int = 25,
     chunk_frames: int = 40,
     i_frames: int = 4,
@@ -103,7 +103,7 @@ def bench_pipeline(
     portrait = decode_png(normalise_portrait((SAMPLES / "portrait.jpg").read_bytes()).png)
     speech = decode_wav(normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)
     audio = LoopedSpeech(speech, int(minutes * 60 * AUDIO_RATE))
-    output = OutputSpec(fps=fps, resolution=resolution, preview=preview)  # type: ignore[arg-type]
+    output = OutputSpec(fps=fps, resolution=resolution, preview=preview)
     pipeline = Pipeline(build_family(family))
     session = pipeline.start_session(portrait, output, audio)
     stream = StreamFormat(width=session.frame_width, height=session.frame_height, fps=fps)
@@ -123,7 +123,7 @@ def bench_pipeline(
         for name, value in stage_ms.items():
             per_stage.setdefault(name, []).append(value)
     wall, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
-    recogniser = getattr(pipeline.family.context, "recogniser", None)
+    recogniser = getattr(pipeline.models.context, "recogniser", None)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     audio_seconds = (audio.total_samples or 0) / AUDIO_RATE
     return BenchReport(

@@ -59,7 +59,7 @@ from gpu_worker.models.dit.layers import parameter_count
 from gpu_worker.models.dit.runtime import default_device
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.samples import SPEECH_RATE, sample_portrait, sample_speech
-from monologue.contracts import Residency
+from monologue.contracts import Residency, Resolution
 from monologue.plan import plan_chunks
 
 
@@ -189,7 +189,7 @@ def _sessions(
     warm one; returns the models' inputs captured in the first N chunk with a boundary and the first I chunk,
     of either session."""
     preview = not device.startswith("cuda")  # the CPU run: half size
-    output = OutputSpec(fps=report.fps, resolution=report.resolution, preview=preview)  # type: ignore[arg-type]
+    output = OutputSpec(fps=report.fps, resolution=Resolution(report.resolution), preview=preview)
     stride = int(getattr(config.vae, "temporal_stride", 1))
     total = (max(chunks, warmup_chunks) // 2 + 2) * (report.chunk_frames + report.i_frames)
     plan = plan_chunks(total, n_frames=report.chunk_frames, i_frames=report.i_frames, stride=stride)
@@ -197,10 +197,10 @@ def _sessions(
     portrait = sample_portrait()
     compiling: list[float] = []
     with stopwatch(device, compiling):
-        report.compiled_buckets = list(compile_sr(pipeline.family, portrait, output))
+        report.compiled_buckets = list(compile_sr(pipeline.models, portrait, output))
     report.compile_s = compiling[0]
     note(report, f"compiled {report.compiled_buckets} in {report.compile_s:.1f} s")
-    capture = Capture(pipeline.family)
+    capture = Capture(pipeline.models)
     started = time.perf_counter()
     warm_up = _render(
         pipeline, portrait, output, audio, plan[:warmup_chunks], device, capture, lambda _, m: note(report, m)

@@ -33,7 +33,7 @@ from gpu_worker.models.dit.config import preset
 from gpu_worker.models.dit.runtime import Precision, default_device
 from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.samples import sample_portrait, sample_speech
-from monologue.contracts import Family, Residency
+from monologue.contracts import Family, Residency, Resolution
 from monologue.gate import FRAMES_FILE, RECORD_FILE, RECORD_FORMAT  # the gate reads what this writes (numpy only)
 from monologue.plan import AUDIO_RATE, plan_chunks
 
@@ -113,7 +113,7 @@ def render_record(settings: RecordSettings, out_dir: Path, *, keep_frames: int =
     weights = Weights(preset(settings.preset), seed=settings.weights_seed)
     pipeline = Pipeline(build_family(weights, precision=settings.precision), residency=settings.residency)
 
-    output = OutputSpec(fps=settings.fps, resolution=settings.resolution, preview=settings.preview)  # type: ignore[arg-type]
+    output = OutputSpec(fps=settings.fps, resolution=Resolution(settings.resolution), preview=settings.preview)
     total = max(1, round(settings.seconds * settings.fps))
     plan = plan_chunks(
         total, n_frames=settings.chunk_frames, i_frames=settings.i_frames, stride=Family.DIT.temporal_stride

@@ -13,9 +13,9 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from monologue.contracts import ChunkKind, SessionKind, SessionStatus
+from monologue.contracts import ChunkKind, SessionKind, SessionStatus, SinkType
 from monologue.localfs import private_file
-from monologue.schemas import DeliveryStatus, WebhookEvent
+from monologue.schemas import DeliveryStatus, SinkState, WebhookEvent
 from monologue.settings import DatabasePoolSettings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -57,6 +57,24 @@ class EnumText(TypeDecorator[E]):
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
         return None if value is None else self.enum(value)
+
+
+class ChunkStatus(StrEnum):
+    """A chunk's status. Its row is written once the chunk is made, so the table holds `done` only; the ops
+    timeline says `pending` (not made yet) or `running` (the next in generation order) of chunks with no row."""
+
+    DONE = "done"
+    RUNNING = "running"
+    PENDING = "pending"
+
+
+class NodeStatus(StrEnum):
+    """What a node last said of itself: up, draining (told to stop, finishing its chunks), stopped (exited). A
+    node killed outright stays `up`: only its heartbeat's age says it has gone quiet."""
+
+    UP = "up"
+    DRAINING = "draining"
+    STOPPED = "stopped"
 
 
 class Base(DeclarativeBase):
@@ -104,7 +122,7 @@ class ChunkRow(Base):
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     first_frame: Mapped[int] = mapped_column(Integer)
     frames: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="done")
+    status: Mapped[ChunkStatus] = mapped_column(EnumText(ChunkStatus), default=ChunkStatus.DONE)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     node_id: Mapped[str | None] = mapped_column(String(128))
     stage_ms: Mapped[dict[str, Any]] = mapped_column(default=dict)  # per stage: context, audio_to_video, …
@@ -135,8 +153,8 @@ class SinkRow(Base):
 
     session_id: Mapped[str] = mapped_column(String(64), ForeignKey("sessions.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    status: Mapped[str] = mapped_column(String(16), default="starting")  # streaming | done | retrying | failed
+    kind: Mapped[SinkType] = mapped_column(EnumText(SinkType))
+    status: Mapped[SinkState] = mapped_column(EnumText(SinkState), default=SinkState.STARTING)
     acknowledged: Mapped[int] = mapped_column(Integer, default=0)  # leading segments the far side holds
     error: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -149,7 +167,7 @@ class NodeRow(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     capacity: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="up")  # up | draining | stopped
+    status: Mapped[NodeStatus] = mapped_column(EnumText(NodeStatus), default=NodeStatus.UP)
     sessions: Mapped[list[str]] = mapped_column(JSON, default=list)
     chunks_done: Mapped[int] = mapped_column(Integer, default=0)
     memory_mb: Mapped[float | None] = mapped_column(Float)

@@ -1,7 +1,7 @@
 """Every Prometheus metric Monologue exports, defined once (prometheus-client).
 
 Nodes observe what happens on them (chunks, checkpoints, leases, sinks, slots, memory) and serve it on their
-HTTP port (`gpu_worker/node_http.py`); the API serves `/metrics` with the sessions by kind and status counted
+HTTP port (`node/http_port.py`); the API serves `/metrics` with the sessions by kind and status counted
 from the database at scrape time (`SessionsCollector`), so any replica reports the whole service. Temporal's
 own SDK metrics (`temporal_*`) come from its runtime on a port of their own (`monologue/temporal_client.py`).
 Label values are bounded sets (families, stages, kinds, sink types): never ids."""
@@ -91,7 +91,7 @@ def initialise() -> None:
     """Create every labelled series a node can report before it reports one: Prometheus' increase() cannot see
     a series' first value, so a count born at 1 (a node's first live session, or any after a restart) would
     be lost. Stage times stay lazy (their label set is the families' business; a first chunk is one of many)."""
-    from monologue.contracts import ChunkKind, Family, KvsSink, S3Sink, SessionKind
+    from monologue.contracts import ChunkKind, Family, SessionKind, SinkType
 
     for family in Family:
         CHUNK_RETRIES.labels(family=family.value)
@@ -100,9 +100,9 @@ def initialise() -> None:
             CHUNKS.labels(family=family.value, kind=kind.value)
     for session_kind in SessionKind:
         TTFF.labels(kind=session_kind.value)
-    for sink in (S3Sink.type, KvsSink.type):  # the dataclasses' defaults: "s3", "kvs"
-        SINK_FAILURES.labels(sink=sink)
-        SINK_LAG.labels(sink=sink)
+    for sink in SinkType:
+        SINK_FAILURES.labels(sink=sink.value)
+        SINK_LAG.labels(sink=sink.value)
 
 
 def observe_stages(family: str, stage_ms: dict[str, float]) -> None:

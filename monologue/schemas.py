@@ -13,15 +13,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from monologue import options as options_
-from monologue.contracts import SessionKind, SessionStatus
+from monologue.contracts import SessionKind, SessionStatus, SinkType
 
 # A session's options: derived from `contracts.RenderOptions`, the one definition (`monologue/options.py`).
 RenderOptionsPublic = options_.request_model()
-
-
-class SinkType(StrEnum):
-    S3 = "s3"
-    KVS = "kvs"
 
 
 class SinkState(StrEnum):
@@ -32,6 +27,14 @@ class SinkState(StrEnum):
     DONE = "done"
     RETRYING = "retrying"
     FAILED = "failed"
+
+
+class VideoLayout(StrEnum):
+    """fragmented: the MP4 as stored (init segment + one fragment per chunk); progressive: the same samples with
+    the index (moov) at the front, for editors and players that want it there."""
+
+    FRAGMENTED = "fragmented"
+    PROGRESSIVE = "progressive"
 
 
 class Progress(BaseModel):

@@ -243,7 +243,8 @@ class WebhookSettings(BaseModel):
     timeout_s: float = Field(default=10.0, gt=0, description="one attempt's time limit")
     max_endpoints: int = Field(default=10, ge=1, description="endpoints per tenant")
     # Held outside the database so that a copy of it (a backup, a read replica, a leaked dump) signs nothing.
-    # A list so keys rotate: `monologue webhooks rotate-key` re-encrypts under the first (monologue/webhook_secrets.py).
+    # A list so keys rotate: `monologue webhooks rotate-key` re-encrypts under the first
+    # (monologue/webhooks/encryption.py).
     secret_keys: list[SecretStr] = Field(
         default_factory=list,
         description="Fernet keys that encrypt endpoints' signing secrets in the database, newest first: the first"

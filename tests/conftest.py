@@ -26,8 +26,8 @@ except ModuleNotFoundError as missing:
         raise
 
 if TYPE_CHECKING:
+    from cli.stack import Stack
     from monologue.settings import Settings
-    from monologue.stack import Stack
 
 SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 
@@ -56,6 +56,7 @@ def sample_speech() -> bytes:
 
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    from cli.stack import free_port
     from monologue.settings import (
         ApiSettings,
         InputSettings,
@@ -67,7 +68,6 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         TemporalSettings,
         WebhookSettings,
     )
-    from monologue.stack import free_port
 
     home = tmp_path_factory.mktemp("stack")
     return Settings(
@@ -108,12 +108,14 @@ def infinitetalk_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def stack(stack_settings: Settings, infinitetalk_weights: Path) -> Iterator[Stack]:
-    from gpu_worker.models import INFINITETALK_WEIGHTS_ENV
-    from monologue.stack import Stack
+    from cli.stack import Stack
+    from gpu_worker.models import FAMILIES
+    from monologue.contracts import Family
     from tests.helpers import register_api
 
     # The node checks these at start and renders family=infinitetalk from them (tests/test_infinitetalk_family.py).
-    env = {INFINITETALK_WEIGHTS_ENV: str(infinitetalk_weights), "MONOLOGUE_INFINITETALK_PRESET": "tiny"}
+    infinitetalk = FAMILIES[Family.INFINITETALK]
+    env = {infinitetalk.env("weights"): str(infinitetalk_weights), infinitetalk.env("preset"): "tiny"}
     stack = Stack(stack_settings, env=env)
     stack.start()
     register_api(stack)

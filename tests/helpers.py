@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from websockets.sync.client import ClientConnection
 
-    from monologue.stack import Stack
+    from cli.stack import Stack
 
 # API keys by API base URL: every stack fixture registers its local key, and the wrappers below send it to
 # URLs under that base only. Never to other servers: S3 refuses presigned URLs that carry an Authorization.
@@ -141,7 +141,7 @@ def postgres_database() -> Iterator[str]:
             "MONOLOGUE_TEST_POSTGRES_URL is not set: run the suite with `bash infra/test.sh`, which starts"
             " PostgreSQL (or point it at a server, e.g. postgresql+psycopg://postgres@127.0.0.1/postgres)"
         )
-    from monologue.cluster import fresh_database
+    from cli.cluster import fresh_database
 
     with fresh_database(admin_url) as url:
         yield url
@@ -176,7 +176,7 @@ def serve_api(base: Settings, **changes: Any) -> Iterator[tuple[str, FastAPI]]:
     import uvicorn
 
     from api.app import create_app
-    from monologue.stack import free_port
+    from cli.stack import free_port
 
     port = free_port()
     api = base.api.model_copy(

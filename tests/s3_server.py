@@ -1,5 +1,5 @@
 """A real SeaweedFS S3 server for the storage tests (no moto, no mocks): `weed mini` on loopback, started by
-monologue/seaweed.py (which `monologue bench cluster` uses too); and a counting proxy in front of it."""
+cli/seaweed.py (which `monologue bench cluster` uses too); and a counting proxy in front of it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from monologue.seaweed import S3Server, seaweed_s3
+from cli.seaweed import S3Server, seaweed_s3
 
 __all__ = ["CountingS3Proxy", "S3Server", "s3_server"]
 

@@ -15,9 +15,9 @@ import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from cli.stack import Stack, free_port
 from monologue import contracts as c
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import get, post, register_api, submit
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from monologue.cli import main
+from cli.main import main
 from monologue.client import ApiError, AsyncClient, Layout
 from monologue.mp4.boxes import iter_boxes
 from monologue.schemas import RenderPublic

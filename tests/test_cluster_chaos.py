@@ -2,7 +2,7 @@
 API processes and two nodes (two slots each); six sessions (renders of two lengths and two live sessions
 streaming speech in real time) while three nodes are SIGKILLed (each restarted a few seconds later) and one API
 process too. Every session completes, every render's frames equal a clean render's, every playlist lists each
-segment once, and no node ever held more sessions than slots (monologue/bench_cluster.py checks all of it; the
+segment once, and no node ever held more sessions than slots (cli/benches/cluster.py checks all of it; the
 full scenario is `monologue bench cluster`)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from monologue.bench_cluster import SMALL, run
-from monologue.cluster import cluster
+from cli.benches.cluster import SMALL, run
+from cli.cluster import cluster
 from tests.helpers import postgres_database
 from tests.s3_server import S3Server
 

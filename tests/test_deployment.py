@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_worker.node import SHUTDOWN_MARGIN_S
 from monologue import contracts as c
 from monologue.settings import Settings
+from node.worker import SHUTDOWN_MARGIN_S
 from tests.kustomize import KustomizeError, load_documents, merge, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ def test_the_gpu_node_runs_torchrun_with_its_gpus_as_a_guaranteed_pod() -> None:
     node = _overlay("gpu")[("Deployment", "monologue-node")]
     container = _container(node)
     assert container["args"][:3] == ["torchrun", "--nproc-per-node", "gpu"]
-    assert container["args"][-2:] == ["-m", "gpu_worker.distributed.launch"]
+    assert container["args"][-2:] == ["-m", "node.launch"]
     resources = container["resources"]
     assert resources["requests"] == resources["limits"] and int(resources["limits"]["nvidia.com/gpu"]) >= 1
     assert _env(container)["MONOLOGUE_NODE__REQUIRE_GPU"] == "true"

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from monologue.stack import Stack
+from cli.stack import Stack
 from tests.conftest import SAMPLES
 from tests.helpers import decode_video, wav_bytes
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monologue.live_client import start_session, stream_live
+from cli.live_stream import start_session, stream_live
+from cli.stack import Stack, free_port
 from monologue.plan import plan_chunks, timeline_order
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, get, post, register_api, stream, submit, wait_done, ws_connect
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from cli.stack import Stack
 from gpu_worker.publish import probe_warnings
 from infra.make_sample import SENTENCES
 from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
 from monologue.plan import plan_chunks, timeline_order
-from monologue.stack import Stack
 from tests.browser import play_video
 from tests.helpers import api_headers, decode_video, ffmpeg_options, get, submit, wait_done, wav_bytes
 

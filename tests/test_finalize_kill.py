@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from cli.stack import Stack, free_port
 from monologue.plan import plan_chunks, timeline_order
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import get, register_api, submit, wait_done
 
 pytestmark = pytest.mark.slow

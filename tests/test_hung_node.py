@@ -18,9 +18,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client
 
+from cli.stack import Stack, free_port
 from monologue import contracts as c
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import get, register_api, submit, wait_done
 
 pytestmark = pytest.mark.slow

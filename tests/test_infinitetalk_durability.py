@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_worker.models import INFINITETALK_WEIGHTS_ENV
+from cli.stack import Stack, free_port
+from gpu_worker.models import FAMILIES
+from monologue.contracts import Family
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import get, register_api, submit, wait_done, wav_bytes
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,8 @@ def talk_stack(tmp_path_factory: pytest.TempPathFactory, infinitetalk_weights: P
         api=ApiSettings(port=free_port()),
         node=NodeSettings(id=NODE, lease_timeout_s=3.0, chunk_delay_s=0.4, graceful_shutdown_s=10.0),
     )
-    env = {INFINITETALK_WEIGHTS_ENV: str(infinitetalk_weights), "MONOLOGUE_INFINITETALK_PRESET": "tiny"}
+    infinitetalk = FAMILIES[Family.INFINITETALK]
+    env = {infinitetalk.env("weights"): str(infinitetalk_weights), infinitetalk.env("preset"): "tiny"}
     stack = Stack(settings, env=env)
     stack.start()
     register_api(stack)

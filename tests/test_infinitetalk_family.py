@@ -10,8 +10,8 @@ import wave
 import httpx
 import numpy as np
 
-from monologue.live_client import start_session
-from monologue.stack import Stack
+from cli.live_stream import start_session
+from cli.stack import Stack
 from tests.conftest import SAMPLES
 from tests.helpers import decode_video, wav_bytes, ws_connect
 from tests.test_dit_family import _wait

@@ -14,10 +14,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from cli.live_stream import start_session, stream_live
+from cli.stack import Stack
 from monologue.client import Client
-from monologue.live_client import start_session, stream_live
 from monologue.media import normalise_audio
-from monologue.stack import Stack
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, decode_video, get, post, submit, wait_done, ws_connect
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cli.live_stream import start_session
+from cli.stack import Stack, free_port
 from monologue.live_audio import stored_live_audio
-from monologue.live_client import start_session
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from monologue.storage import LocalStore
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, get, register_api, skip_ready, wait_done, ws_connect

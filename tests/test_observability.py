@@ -14,13 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from gpu_worker import node_http
-from monologue.bench_cluster import speech as speech_clip
-from monologue.live_client import stream_live
+from cli.benches.cluster import speech as speech_clip
+from cli.live_stream import stream_live
+from cli.prometheus_server import prometheus
+from cli.stack import Stack, free_port
 from monologue.plan import plan_chunks
-from monologue.prometheus_server import prometheus
 from monologue.settings import Settings, TemporalSettings
-from monologue.stack import Stack, free_port
+from node import http_port as node_http
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, submit, wait_done
 

@@ -14,10 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from cli.live_stream import stream_live
+from cli.stack import Stack, free_port
 from monologue import apikeys
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
-from monologue.live_client import stream_live
 from monologue.media import decode_wav, normalise_audio
 from monologue.plan import plan_timeline
 from monologue.settings import (
@@ -29,7 +30,6 @@ from monologue.settings import (
     StorageSettings,
     TemporalSettings,
 )
-from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
 from tests.helpers import (
     api_key,

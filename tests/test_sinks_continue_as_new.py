@@ -20,14 +20,15 @@ from temporalio.exceptions import CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.sinks import SinkActivities
+from cli.live_stream import stream_live
+from cli.stack import Stack, free_port
 from gpu_worker.publish.playlist import playlist as hls_playlist
 from gpu_worker.publish.s3_sink import segment_name
 from gpu_worker.publish.sinks import Sink
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
-from monologue.live_client import stream_live
 from monologue.plan import plan_timeline
+from monologue.repo import sinks as repo_sinks
 from monologue.settings import (
     ApiSettings,
     NodeSettings,
@@ -37,7 +38,6 @@ from monologue.settings import (
     StorageSettings,
     TemporalSettings,
 )
-from monologue.stack import Stack, free_port
 from monologue.storage import LocalStore
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, get, postgres_database, register_api, submit, wait_done
@@ -217,7 +217,7 @@ def test_a_cancelled_pump_hands_over_even_if_its_sink_swallows_the_cancel(tmp_pa
     assert len(outcome) == 1 and isinstance(outcome[0], CancelledError), outcome
     assert sink.finished  # it handed over: finish(ended=False), then recorded how far it got
     with sessions() as db:
-        row = repo.get_sink(db, session_id="s1", name="swallowing")
+        row = repo_sinks.get_sink(db, session_id="s1", name="swallowing")
     assert row is not None and (row.status, row.acknowledged) == ("streaming", 1)
 
 

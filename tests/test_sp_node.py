@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cli.stack import Stack, free_port
 from monologue.gate import Verdict, gate
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.conftest import SAMPLES
 from tests.helpers import get, register_api, submit, wait_done, wav_bytes
 

@@ -21,11 +21,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from api.app import create_app
-from gpu_worker.node import run_node
 from monologue import tracing
 from monologue.db import migrate
 from monologue.plan import plan_chunks
 from monologue.settings import NodeSettings, Settings, TemporalSettings
+from node.worker import run_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": "16", "i_frames": "4", "seed": "3"}

@@ -21,10 +21,10 @@ from sqlalchemy import text
 
 from api.app import create_app
 from api.submit import TERMINAL
+from cli.stack import Stack, free_port
 from monologue.client import auth
 from monologue.db import alembic_config, make_engine
 from monologue.settings import ApiSettings, LimitSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.helpers import poll, postgres_database
 
 pytestmark = pytest.mark.slow

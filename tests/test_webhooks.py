@@ -18,10 +18,10 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from websockets.exceptions import ConnectionClosed
 
 from api.submit import TERMINAL
+from cli.stack import Stack, free_port
 from monologue import apikeys
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
-from monologue.stack import Stack, free_port
 from tests.browser import CHROMIUM_ARGS, chromium_path
 from tests.conftest import SAMPLES
 from tests.helpers import poll, wav_bytes

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from monologue.contracts import ChunkKind, SessionKind, SessionStatus
+from monologue.db import ChunkStatus, NodeStatus
 
 
 class OpsProgress(BaseModel):
@@ -50,9 +51,7 @@ class OpsChunk(BaseModel):
     index: int
     first_frame: int
     frames: int
-    status: str = Field(
-        description="done; pending (not made yet); running (the next chunk in generation order of a running session)"
-    )
+    status: ChunkStatus = Field(description=ChunkStatus.__doc__)
     attempt: int = Field(description="The activity attempt that made it (0: not made); above 1 means retries.")
     node_id: str | None
     moved: bool = Field(description="Made on another node than the chunk made before it (in generation order).")
@@ -93,7 +92,7 @@ class OpsSessionDetail(BaseModel):
 class OpsNode(BaseModel):
     id: str
     capacity: int
-    status: str = Field(description="up, draining or stopped, as the node last reported it")
+    status: NodeStatus = Field(description=NodeStatus.__doc__)
     sessions: list[str] = Field(description="Sessions holding a slot of the node at its last heartbeat.")
     chunks_done: int = Field(description="Chunks made since the node started.")
     chunks_per_minute: float = Field(description="Since the node started.")

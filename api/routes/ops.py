@@ -19,18 +19,19 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
-from monologue import repo, repo_nodes, repo_ops, repo_webhooks
+from monologue import repo
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
-from monologue.db import ChunkRow, SessionRow, utcnow
+from monologue.db import ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
-from monologue.repo_nodes import aware
-from monologue.repo_webhooks import DeliveryFilter
-from monologue.schemas import WebhookDeliveryList
+from monologue.repo import nodes as repo_nodes, ops as repo_ops, webhooks as repo_webhooks
+from monologue.repo.nodes import aware
+from monologue.repo.webhooks import DeliveryFilter
+from monologue.schemas import VideoLayout, WebhookDeliveryList
 
 from .. import problems, streams
 from ..deps import DbDep, OpsAccess, ServicesDep, with_db
 from ..events import progress_events
-from ..files import VideoLayout, stream_file, video_file
+from ..files import stream_file, video_file
 from ..inputs import enum_filter
 from ..ops.schemas import (
     OpsCheckpoint,
@@ -152,7 +153,8 @@ def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAc
     row = _find(db, session_id)
     made = repo.list_chunks(db, session_id=session_id)
     totals = repo_ops.ChunkTotals(
-        sum(chunk.status == "done" for chunk in made), sum(chunk.frames for chunk in made if chunk.status == "done")
+        sum(chunk.status == ChunkStatus.DONE for chunk in made),
+        sum(chunk.frames for chunk in made if chunk.status == ChunkStatus.DONE),
     )
     own = f"{public_base(services.settings.api)}/ops/api/sessions/{row.id}"  # never from the Host header
     temporal = services.settings.temporal
@@ -335,7 +337,7 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
     if row.frames and "chunk_frames" in options and "i_frames" in options:
         sizes = chunk_sizes(options)
         planned = [(s.kind, s.index, s.first_frame, s.n_frames) for s in plan_timeline(row.frames, **sizes)]
-        if row.status == "running":
+        if row.status == SessionStatus.RUNNING:
             running = next(
                 ((s.kind, s.index) for s in plan_chunks(row.frames, **sizes) if (s.kind, s.index) not in by_name), None
             )
@@ -346,7 +348,7 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
     chunks: list[OpsChunk] = []
     for kind, index, first_frame, frames in planned:
         chunk = by_name.get((kind, index))
-        status = chunk.status if chunk else ("running" if running == (kind, index) else "pending")
+        status = chunk.status if chunk else (ChunkStatus.RUNNING if running == (kind, index) else ChunkStatus.PENDING)
         chunks.append(
             OpsChunk(
                 kind=ChunkKind(kind),

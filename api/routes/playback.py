@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 
 from monologue import repo
 from monologue.db import SessionRow
+from monologue.schemas import VideoLayout
 
 from .. import links, streams
 from ..deps import DbDep, Services, ServicesDep, with_db
 from ..events import progress_events
-from ..files import VideoLayout, stream_file, video_file
+from ..files import stream_file, video_file
 from .renders import NOT_FOUND, Responses, answers, operation_id
 
 router = APIRouter(prefix=links.PLAY_PREFIX, tags=["playback links"], generate_unique_id_function=operation_id)

@@ -12,17 +12,16 @@ from fastapi.routing import APIRoute
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from monologue import contracts as c
-from monologue import repo, sink_policy
+from monologue import contracts as c, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.s3_presign import presigned_playlist, s3_client
-from monologue.schemas import RenderList, RenderPublic
+from monologue.schemas import RenderList, RenderPublic, VideoLayout
 
 from .. import streams
 from ..create import Created, create, read_inputs
 from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
-from ..files import VideoLayout, stream_file, video_file
+from ..files import stream_file, video_file
 from ..inputs import OptionFields, validated_options
 from ..submit import TERMINAL, cancel_workflow, resume_workflow
 from ..views import find, public, shown
@@ -249,7 +248,7 @@ def get_sink_playlist(session_id: str, sink: str, services: ServicesDep, db: DbD
     """An S3 sink's HLS playlist with every segment link presigned, so it plays from a private bucket."""
     row = find(db, session_id, principal)
     spec = next((s for s in row.options.get("sinks") or [] if (s.get("name") or s["type"]) == sink), None)
-    if spec is None or spec["type"] != "s3":
+    if spec is None or spec["type"] != c.SinkType.S3:
         raise HTTPException(404, f"render {session_id} has no s3 sink named {sink!r}")
     client = s3_client(endpoint_url=spec.get("endpoint_url"), region=spec.get("region"))
     base_key = f"{spec['prefix'].strip('/')}/{session_id}/" if spec.get("prefix", "").strip("/") else f"{session_id}/"

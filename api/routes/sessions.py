@@ -33,8 +33,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, File, HTTPException, Response, UploadFile, WebSocket, status
 from fastapi.concurrency import run_in_threadpool
 
-from monologue import audio_tickets
-from monologue import contracts as c
+from monologue import audio_tickets, contracts as c
 from monologue.schemas import AudioTicket, RenderPublic
 
 from ..create import create, read_inputs

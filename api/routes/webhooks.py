@@ -1,5 +1,5 @@
 """`/v1/webhooks`: a tenant's webhook endpoints (the secret is shown once, in the answer that creates one) and the
-deliveries made to them, each with every attempt. What is sent and how is `monologue/webhooks.py`'s; delivery runs
+deliveries made to them, each with every attempt. What is sent and how is `monologue/webhooks/`'s; delivery runs
 on the nodes.
 
 Only the create is async, for its name look-up; it takes no request-scoped session, and its database work is one
@@ -13,9 +13,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from sqlalchemy.orm import Session
 
-from monologue import outbound, repo_webhooks, webhook_secrets, webhooks
+from monologue import outbound, webhooks
 from monologue.db import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow
-from monologue.repo_webhooks import DeliveryFilter
+from monologue.repo import webhooks as repo_webhooks
+from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import (
     WebhookAttempt,
     WebhookDelivery,
@@ -27,6 +28,7 @@ from monologue.schemas import (
     WebhookEvent,
 )
 from monologue.settings import Settings
+from monologue.webhooks import encryption as webhook_secrets
 
 from ..deps import DbDep, ServicesDep, TenantDep, with_db
 from .renders import operation_id

@@ -10,11 +10,12 @@
 - **sp_model.py**, **sp_counts.py**, **sp_table.py**: the paper model of a node's time under SP (`monologue bench sp`).
 - **sharding.py**: FSDP2 per transformer block (`.blocks`), with forward prefetch and optional host offload.
 - **offload.py**: `ModelSwitcher`, one stage's models on the GPU at a time; per-block lazy restore
-  overlapped with compute, offload without write-back (frozen weights), and the visible cost of each switch.
+  overlapped with compute, offload without write-back (frozen weights). **weight_units.py**: how it
+  captures, restores and frees each block's weights; **switch_report.py**: the visible cost of each switch.
 - **storages.py**: device storages and their host copies (`HostCopy`: whole-model offload and restore).
 - **numa.py**: pins each rank to its GPU's NUMA node, or says why it did not.
 - **measure.py**: the figures the GPU benchmark reports (switch time, peak memory).
-- **launch.py**: the torchrun entry point (`-m gpu_worker.distributed.launch`); **node_activities.py**:
+- **launch.py**: the torchrun entry point (`-m node.launch`); **node_activities.py**:
   the node's pinned activities over a DistributedPipeline (rank 0 only).
 
 Everything but launch's rank-0 path and node_activities.py imports with torch and numpy alone: the GPU

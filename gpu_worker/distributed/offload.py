@@ -28,9 +28,9 @@ buffers), so parameters keep their identity and hooks, optimizers or FSDP bookke
 stay valid. On CPU (tests) the same paths run synchronously: storages are really freed and refilled,
 streams and events are skipped, and timings come from perf_counter.
 
-`SwitchReport.visible_ms` is the measurement the GPU benchmark reports: the compute stream's stall in
-`activate` plus its stalls waiting for weights during the model's first forward (CUDA events), or the
-wall time of both on CPU, where nothing overlaps.
+What each switch cost is a `SwitchReport` (switch_report.py); how a unit of weights is captured,
+restored and freed, streams and events included, is `UnitMover` (weight_units.py). This module
+decides which models hold the device, and when each block comes in.
 """
 
 from __future__ import annotations
@@ -48,81 +48,21 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.hooks import RemovableHandle
 
 from gpu_worker.distributed.sharding import shard_model, transformer_blocks
-from gpu_worker.distributed.storages import HostStorage, as_bytes, new_storage, tensors_of, view_over
+from gpu_worker.distributed.switch_report import SwitchReport
+from gpu_worker.distributed.weight_units import UnitMover, WeightUnit
 
-
-class SwitchReport:
-    """The cost of one `activate`: `issue_ms` (CPU time inside the call) and `visible_ms` (what the compute
-    stream saw). Spans are recorded until the model's first complete forward."""
-
-    def __init__(self, model: str, *, cuda: bool, members: int = 1) -> None:
-        self.model = model
-        self.issue_ms = 0.0
-        self.open = True
-        self._members = members  # models whose first forward is still to finish
-        self._cuda = cuda
-        self._cpu_ms: list[float] = []
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self._started: float | torch.cuda.Event | None = None
-
-    @property
-    def visible_ms(self) -> float:
-        """On GPU, reading this waits until the recorded spans have run (call it after the forward)."""
-        total = sum(self._cpu_ms)
-        for start, end in self._events:
-            end.synchronize()
-            total += start.elapsed_time(end)
-        return total
-
-    def start_span(self, device: torch.device) -> None:
-        if not self.open or self._started is not None:
-            return
-        if self._cuda:
-            event = _event(timing=True)
-            event.record(torch.cuda.current_stream(device))
-            self._started = event
-        else:
-            self._started = time.perf_counter()
-
-    def stop_span(self, device: torch.device) -> None:
-        started, self._started = self._started, None
-        if started is None:
-            return
-        if isinstance(started, float):
-            self._cpu_ms.append((time.perf_counter() - started) * 1000)
-            return
-        end = _event(timing=True)
-        end.record(torch.cuda.current_stream(device))
-        self._events.append((started, end))
-
-    def member_finished(self) -> None:
-        """One of the activated models finished its first forward; the report closes with the last."""
-        self._members -= 1
-        if self._members <= 0:
-            self.open = False
-
-    def __repr__(self) -> str:
-        return f"SwitchReport(model={self.model!r}, issue_ms={self.issue_ms:.3f}, open={self.open})"
-
-
-@dataclass
-class _Unit:
-    """The weights that move together: one block's, or the root's own (everything outside `.blocks`)."""
-
-    storages: list[HostStorage]
-    resident: bool = False
-    waited: bool = False  # the compute stream already waits for `ready`
-    ready: torch.cuda.Event | None = None  # host-to-device copy done
-    written: torch.cuda.Event | None = None  # write-back done: the host copy may be read again
+__all__ = ["ModelSwitcher", "SwitchReport"]
 
 
 @dataclass
 class _Managed:
+    """A registered model: its units of weights, the hooks that bring them in, the switch being measured."""
+
     model: nn.Module
     name: str
     streamed: bool  # FSDP2 with host offload: FSDP moves the shards itself
-    root: _Unit
-    blocks: list[_Unit]
+    root: WeightUnit
+    blocks: list[WeightUnit]
     hooks: list[RemovableHandle] = field(default_factory=list)
     report: SwitchReport | None = None
 
@@ -150,13 +90,16 @@ class ModelSwitcher:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.lookahead = lookahead
-        self.write_back = write_back
         self._cuda = self.device.type == "cuda"
-        self._pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self._copy_stream = _stream(self.device) if self._cuda else None
-        self._offload_stream = _stream(self.device) if self._cuda else None
+        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self._mover = UnitMover(self.device, write_back=write_back, pin_memory=pin)
         self._models: dict[int, _Managed] = {}
         self._active: tuple[_Managed, ...] = ()
+
+    @property
+    def write_back(self) -> bool:
+        """Whether an offload copies the outgoing weights back to the host (see __init__)."""
+        return self._mover.write_back
 
     @property
     def active(self) -> nn.Module | None:
@@ -182,15 +125,9 @@ class ModelSwitcher:
         managed_name = name or type(model).__name__
         if mesh is not None:
             shard_model(model, mesh, host_offload=True, prefetch=prefetch)
-            managed = _Managed(model, managed_name, streamed=True, root=_Unit([]), blocks=[])
+            managed = _Managed(model, managed_name, streamed=True, root=WeightUnit([]), blocks=[])
         else:
-            block_tensors = [tensors_of(block) for block in blocks]
-            claimed = {id(tensor) for tensors in block_tensors for tensor in tensors}
-            captured: dict[int, HostStorage] = {}  # by source data pointer: tied weights move once
-            root = self._capture([t for t in tensors_of(model) if id(t) not in claimed], captured, managed_name)
-            units = [self._capture(tensors, captured, managed_name) for tensors in block_tensors]
-            for entry in captured.values():  # freed only now: a tied tensor may still have needed the storage
-                entry.storage.resize_(0)
+            root, units = self._mover.capture(model, blocks, managed_name)
             managed = _Managed(model, managed_name, streamed=False, root=root, blocks=units)
         self._install_hooks(managed, blocks)
         self._models[id(model)] = managed
@@ -209,9 +146,9 @@ class ModelSwitcher:
         self._active = group
         for managed in group:
             if not managed.streamed:
-                self._restore(managed.root, wait=True)
+                self._mover.restore(managed.root, wait=True)
                 for unit in managed.blocks[: self.lookahead]:
-                    self._restore(unit, wait=False)
+                    self._mover.restore(unit, wait=False)
             managed.report = report
         report.stop_span(self.device)
         report.issue_ms = (time.perf_counter() - started) * 1000
@@ -221,12 +158,12 @@ class ModelSwitcher:
         """Start copying `models`' roots and first `lookahead` blocks to the device on the side stream, to
         overlap the current stage's compute; their `activate` then waits only for what has not landed.
         A no-op on CPU, where nothing overlaps (and idle models keep holding no memory)."""
-        if self._copy_stream is None:
+        if not self._mover.overlaps:
             return
         for managed in map(self._managed, models):
             if not managed.streamed:
                 for unit in (managed.root, *managed.blocks[: self.lookahead]):
-                    self._restore(unit, wait=False)
+                    self._mover.restore(unit, wait=False)
 
     def deactivate(self) -> None:
         """Offload every model (asynchronously on GPU); none is active afterwards."""
@@ -245,11 +182,9 @@ class ModelSwitcher:
 
     def synchronize(self) -> None:
         """Wait for every copy in flight (benchmarks and tests; the switch itself never waits)."""
-        for stream in (self._copy_stream, self._offload_stream):
-            if stream is not None:
-                stream.synchronize()
+        self._mover.synchronize()
 
-    # Restore and offload.
+    # Which models hold the device.
 
     def _offload_all_but(self, keep: tuple[_Managed, ...]) -> None:
         """Offload the active models and any prefetched one, except `keep`."""
@@ -260,96 +195,15 @@ class ModelSwitcher:
             if holding or any(managed is active for active in self._active):
                 self._offload(managed)
 
-    def _restore(self, unit: _Unit, *, wait: bool) -> None:
-        if not unit.resident:
-            if self._copy_stream is not None:
-                with torch.cuda.stream(self._copy_stream):
-                    if unit.written is not None:
-                        self._copy_stream.wait_event(unit.written)
-                    for entry in unit.storages:
-                        entry.storage.resize_(entry.nbytes)  # allocated on the copy stream
-                        as_bytes(entry.storage).copy_(entry.host, non_blocking=True)
-                    unit.ready = _event()
-                    unit.ready.record(self._copy_stream)
-            else:
-                for entry in unit.storages:
-                    entry.storage.resize_(entry.nbytes)
-                    as_bytes(entry.storage).copy_(entry.host)
-            unit.resident, unit.waited, unit.written = True, False, None
-        if wait and not unit.waited:
-            if unit.ready is not None:
-                torch.cuda.current_stream(self.device).wait_event(unit.ready)
-            unit.waited = True
-
     def _offload(self, managed: _Managed) -> None:
         if managed.streamed:
             for module in managed.model.modules():
                 if isinstance(module, FSDPModule):
                     module.reshard()
             return
-        units = [unit for unit in (managed.root, *managed.blocks) if unit.resident]
-        if self._offload_stream is not None:
-            compute = torch.cuda.current_stream(self.device)
-            self._offload_stream.wait_stream(compute)  # the last forward's reads come first
-            with torch.cuda.stream(self._offload_stream):
-                for unit in units:
-                    if unit.ready is not None:
-                        self._offload_stream.wait_event(unit.ready)  # a look-ahead copy may still be landing
-                    for entry in unit.storages:
-                        device_bytes = as_bytes(entry.storage)
-                        if self.write_back:
-                            entry.host.copy_(device_bytes, non_blocking=True)
-                        # Freed now, reused only once both streams are past their uses of it.
-                        device_bytes.record_stream(self._offload_stream)
-                        device_bytes.record_stream(compute)
-                        entry.storage.resize_(0)
-                    if self.write_back:
-                        unit.written = _event()
-                        unit.written.record(self._offload_stream)
-        else:
-            for unit in units:
-                for entry in unit.storages:
-                    if self.write_back:
-                        entry.host.copy_(as_bytes(entry.storage))
-                    entry.storage.resize_(0)
-        for unit in units:
-            unit.resident, unit.waited, unit.ready = False, False, None
+        self._mover.free([unit for unit in (managed.root, *managed.blocks) if unit.resident])
 
-    # Registration.
-
-    def _capture(self, tensors: list[torch.Tensor], captured: dict[int, HostStorage], name: str) -> _Unit:
-        """Take a host copy of each storage behind `tensors` and point the tensors at device storage."""
-        unit = _Unit([])
-        for tensor in tensors:
-            source = tensor.untyped_storage()
-            if source.nbytes() == 0:
-                continue
-            key = source.data_ptr()
-            if key in captured:  # tied to a tensor another unit (or this one) already moved
-                if tensor.device != self.device:
-                    tensor.data = view_over(tensor, captured[key].storage, self.device)
-                continue
-            if source.device.type == "cpu" and self.device.type != "cpu":
-                host = self._host_copy(source)
-                storage = new_storage(source.nbytes(), self.device)
-            elif source.device == self.device:
-                host, storage = self._host_copy(source), source
-            else:
-                raise ValueError(f"{name}: a tensor is on {source.device}; this switcher manages {self.device}")
-            entry = HostStorage(storage, host, source.nbytes())
-            captured[key] = entry
-            unit.storages.append(entry)
-            if storage is not source:
-                # Every tensor on this storage moves with it (views keep their offsets and strides).
-                for other in tensors:
-                    if other.untyped_storage().data_ptr() == key:
-                        other.data = view_over(other, storage, self.device)
-        return unit
-
-    def _host_copy(self, storage: torch.UntypedStorage) -> torch.Tensor:
-        host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=self._pin)
-        host.copy_(as_bytes(storage))
-        return host
+    # Hooks: each block comes in just before its forward, the next ones start copying behind it.
 
     def _install_hooks(self, managed: _Managed, blocks: nn.ModuleList) -> None:
         # Registered after fully_shard, so the prepended hooks run before FSDP's pre-forward (which gathers
@@ -368,9 +222,9 @@ class ModelSwitcher:
         if managed.report is not None:
             managed.report.start_span(self.device)
         if index is not None and not managed.streamed:
-            self._restore(managed.blocks[index], wait=True)
+            self._mover.restore(managed.blocks[index], wait=True)
             for unit in managed.blocks[index + 1 : index + 1 + self.lookahead]:
-                self._restore(unit, wait=False)
+                self._mover.restore(unit, wait=False)
 
     def _entered(self, managed: _Managed, module: nn.Module, args: Any) -> None:
         if managed.report is not None:
@@ -392,14 +246,3 @@ def _blocks_or_none(model: nn.Module) -> nn.ModuleList:
     """The model's `.blocks`, or an empty list for a model that moves whole (a VAE)."""
     blocks = getattr(model, "blocks", None)
     return blocks if isinstance(blocks, nn.ModuleList) else nn.ModuleList()
-
-
-# torch's CUDA stream, event and storage constructors are untyped; these give mypy their types.
-
-
-def _event(*, timing: bool = False) -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
-
-
-def _stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]

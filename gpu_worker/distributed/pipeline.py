@@ -35,15 +35,16 @@ from gpu_worker.distributed.errors import StepFailed
 from gpu_worker.distributed.runtime import RankContext, RankGroup
 from gpu_worker.distributed.sequence import sequence_parallel
 from gpu_worker.models import build_family
-from gpu_worker.pipeline.module import Anchor, Family, Reference
+from gpu_worker.pipeline.module import Anchor, ModelSet, Reference
 from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline, Session
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec
+from monologue.contracts import Family
+from monologue.contracts.session import AnchorRef
 from monologue.errors import InputError
 
-FamilyBuilder = Callable[[str], Family]
-AnchorKey = tuple[str, int, str]  # (chunk kind, index, "head" | "tail")
+FamilyBuilder = Callable[[Family], ModelSet]
 
 MIRRORED_SESSIONS = 8  # twice the node's session cache: a session it still holds is never evicted first
 
@@ -100,23 +101,16 @@ class SessionMirrors:
         return key in self._sessions
 
 
-def anchors_read_by(chunk: ChunkRequest) -> list[AnchorKey]:
-    """The anchors AudioToVideoStage reads for `chunk`."""
-    if chunk.kind == "N":
-        return [("N", chunk.index - 1, "tail")] if chunk.index > 0 else []
-    return [("N", chunk.index, "tail"), ("N", chunk.index + 1, "head")]
-
-
 @dataclass(frozen=True)
 class LoadFamily:
     """Build and load a family on every rank (a sharded family shards its models here, all ranks at once)."""
 
-    family: str
+    family: Family
     builder: FamilyBuilder
     stages: tuple[type[Stage], ...]
 
     def run(self, context: RankContext) -> Pipeline:
-        pipelines: dict[str, Pipeline] = context.local.setdefault("pipelines", {})
+        pipelines: dict[Family, Pipeline] = context.local.setdefault("pipelines", {})
         if self.family not in pipelines:
             # Loaded under SP: compile warm-ups (the SR's attention buckets) are for the heads a rank runs.
             with sequence_parallel(context.group.sp):
@@ -129,7 +123,7 @@ class StartSession:
     """Set up a session on every rank: encode the portrait (every rank, as the encoder may be sharded) or
     take the stored reference conditioning."""
 
-    family: str
+    family: Family
     key: str
     output: OutputSpec
     audio_rate: int
@@ -170,13 +164,13 @@ class AdoptReference:
 class RunChunk:
     """Run every stage of one chunk on every rank; rank 0 writes the frames to the real sink."""
 
-    family: str
+    family: Family
     key: str
     chunk: ChunkRequest
     audio_start: int
     audio: np.ndarray
     total_samples: int | None  # grows while a live session's audio arrives
-    anchors: dict[AnchorKey, Anchor]
+    anchors: dict[AnchorRef, Anchor]  # the ones the chunk reads (`Chunk.anchors_read`)
     rehydrate: StartSession | None  # the session's reference, when the other ranks no longer hold it
     capacity: int
 
@@ -196,8 +190,8 @@ class RunChunk:
                 found = self.rehydrate.run(context)
             session, sink, progress = found, DiscardFrames(), no_progress
             session.audio = ForwardedAudio(session.audio.rate, self.total_samples, self.audio_start, self.audio)
-            for (kind, index, end), anchor in self.anchors.items():
-                session.anchors.put_one(kind, index, end, anchor)
+            for ref, anchor in self.anchors.items():
+                session.anchors.put_one(ref, anchor)
         with sequence_parallel(context.group.sp):  # None (SP off): the models run whole on every rank
             return pipeline.run_chunk(session, self.chunk, sink, progress)
 
@@ -216,26 +210,26 @@ class DistributedPipeline(Pipeline):
     def __init__(
         self,
         group: RankGroup,
-        family: str,
+        family: Family,
         *,
         builder: FamilyBuilder = build_family,
         stages: tuple[type[Stage], ...] = DEFAULT_STAGES,
         mirrors: int = MIRRORED_SESSIONS,
         check_replicas: bool = False,
     ) -> None:
-        """builder: a module-level function (it is pickled by name) from family name to Family.
+        """builder: a module-level function (it is pickled by name) from family to its ModelSet.
         check_replicas: gather every rank's frame hashes and fail the chunk if they differ (debugging
         a family's determinism across ranks; costs one more round trip per chunk)."""
         # Not Pipeline.__init__: building and loading the family is a step that every rank runs together.
         if not group.is_leader:
             raise RuntimeError("DistributedPipeline runs on rank 0; the other ranks serve")
         self.group = group
-        self.family_name = family
+        self.family = family
         self._capacity = mirrors
         self._check_replicas = check_replicas
         self._keys: dict[int, str] = {}  # id(session) → key, while the session object lives
         local = group.run_on_all(LoadFamily(family, builder, stages))
-        self.family = local.family
+        self.models = local.models
         self.stages = local.stages
 
     def start_session(
@@ -260,16 +254,16 @@ class DistributedPipeline(Pipeline):
         key = self._keys.get(id(session))
         if key is None:
             raise ValueError("this session was not started by this DistributedPipeline")
-        start, end = self.family.context.audio_range(chunk, session.output.fps, session.audio.rate)
+        start, end = self.models.context.audio_range(chunk, session.output.fps, session.audio.rate)
         samples = session.audio.read(start, end)
-        anchors = {name: session.anchors.get(*name) for name in anchors_read_by(chunk)}
+        anchors = {ref: session.anchors.get(ref) for ref in chunk.chunk.anchors_read()}
         extras = {"session": session, "sink": sink, "progress": progress}  # rank 0's alone
         with self.group.exclusive():  # the mirrors cannot change between this check and the step
             rehydrate = None
             if key not in _mirrors(self.group.context, self._capacity):
                 rehydrate = self._start_work(key, session.output, session.audio, reference=session.reference)
             work = RunChunk(
-                self.family_name,
+                self.family,
                 key,
                 chunk,
                 start,
@@ -297,7 +291,7 @@ class DistributedPipeline(Pipeline):
         reference: Reference | None = None,
     ) -> StartSession:
         return StartSession(
-            family=self.family_name,
+            family=self.family,
             key=key,
             output=output,
             audio_rate=audio.rate,

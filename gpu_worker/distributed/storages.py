@@ -3,7 +3,8 @@ tensors changing identity (parameters, hooks and FSDP's bookkeeping that hold th
 
 A model's tensors view storages; freeing a storage (`resize_(0)`) releases the device memory under every
 tensor that views it, and refilling it from a host copy (`resize_` then `copy_`) restores them all.
-`HostCopy` does this for whole models (`TorchModule.offload`); `ModelSwitcher` (offload.py) block by block.
+`HostCopy` does this for whole models (`TorchModule.offload`); `UnitMover` (weight_units.py) block by block,
+for `ModelSwitcher` (offload.py).
 """
 
 from __future__ import annotations
@@ -80,5 +81,16 @@ def view_over(tensor: torch.Tensor, storage: torch.UntypedStorage, device: torch
     )
 
 
+# torch's storage, CUDA stream and event constructors are untyped; these give mypy their types.
+
+
 def new_storage(nbytes: int, device: torch.device) -> torch.UntypedStorage:
     return torch.UntypedStorage(nbytes, device=device)  # type: ignore[no-untyped-call]
+
+
+def new_event(*, timing: bool = False) -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
+
+
+def new_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]

@@ -1,8 +1,9 @@
 """Modules: one model (and its weights) each, in five roles that the stages drive.
 
-A family provides one module per role. Modules are stateless between chunks apart from their weights:
-everything a chunk leaves for later is returned explicitly (reference conditioning, anchors) and kept
-by the Pipeline, so memory stays flat and a session can move to another node.
+A family provides one module per role, bundled in a `ModelSet`. Modules are stateless between chunks
+apart from their weights: everything a chunk leaves for later is returned explicitly (reference
+conditioning, anchors) and kept by the Pipeline, so memory stays flat and a session can move to another
+node.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest, OutputSpec
+from monologue.contracts.session import AnchorEnd
 from monologue.errors import InputError
 
 # Named arrays: what crosses chunks (anchors) or is computed once per session (the reference
@@ -25,7 +27,7 @@ Reference = dict[str, np.ndarray]
 
 
 class Role(StrEnum):
-    """A family's five modules, by the name of their field in `Family` (and their `Module.name`)."""
+    """A family's five modules, by the name of their field in `ModelSet` (and their `Module.name`)."""
 
     REFERENCE = "reference"
     CONTEXT = "context"
@@ -118,6 +120,9 @@ class A2VOutput:
     head: Anchor | None = None  # state at the chunk's first frame (N chunks: the next seam's right anchor)
     tail: Anchor | None = None  # state at the chunk's last frame (N chunks: conditions the next N chunk)
 
+    def anchor(self, end: AnchorEnd) -> Anchor | None:
+        return self.head if end is AnchorEnd.HEAD else self.tail
+
 
 class AudioToVideo(Module, ABC):
     """Generates a chunk's motion/latents, conditioned on the reference, the context and the anchors."""
@@ -171,8 +176,9 @@ class Decoder(Module, ABC):
 
 
 @dataclass
-class Family:
-    """A model family: one module per role, loaded together."""
+class ModelSet:
+    """What a model family runs: one module per role, loaded together (`gpu_worker.models.build_family` builds a
+    `contracts.Family`'s). `name` is for messages: the family's, or a test's own."""
 
     name: str
     reference: ReferenceEncoder

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpu_worker.pipeline.module import A2VOutput, Anchor, Family, Reference, Role
+from gpu_worker.pipeline.module import A2VOutput, Anchor, ModelSet, Reference, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
 from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec, chunk_rng
-from monologue.contracts.session import Residency
+from monologue.contracts.session import AnchorRef, Chunk, Residency
 
 if TYPE_CHECKING:
     from gpu_worker.distributed.offload import ModelSwitcher, SwitchReport
@@ -42,61 +42,59 @@ SWITCH_KEY = "switch"  # the stage_ms entry with a chunk's visible switch time (
 
 
 class AnchorStore:
-    """Anchors by (chunk kind, index, "head" | "tail"), pruned as soon as nothing can need them.
-
-    N(k)'s tail conditions N(k+1) and anchors I(k) on the left; N(k+1)'s head anchors I(k) on the
-    right. Once I(k) is done (or N(k+1) exists and no I chunk will come), the older ones go.
-    """
+    """Anchors by `AnchorRef` (N index, head or tail), released once a chunk is done and nothing after it can
+    need them: which anchors a chunk reads, leaves and releases is `Chunk`'s rule (`anchors_read`,
+    `anchors_left`, `anchors_released`), so at most four are held whatever the session's length."""
 
     def __init__(self) -> None:
-        self._anchors: dict[tuple[str, int, str], Anchor] = {}
+        self._anchors: dict[AnchorRef, Anchor] = {}
 
-    def put_n(self, index: int, generated: A2VOutput) -> None:
-        if generated.head is None or generated.tail is None:
-            raise RuntimeError(f"an N chunk must leave head and tail anchors (chunk N{index})")
-        self._anchors[("N", index, "head")] = generated.head
-        self._anchors[("N", index, "tail")] = generated.tail
-        # Generation order is N0 N1 I0 N2 I1 …: by the time N(k) runs, I(k-2) is done, so nothing can need
-        # N(k-1)'s head or anything older than N(k-1)'s tail (this also bounds seams that have no I chunk).
-        for key in list(self._anchors):
-            if key[1] < index - 1 or key == ("N", index - 1, "head"):
-                del self._anchors[key]
+    def read(self, chunk: Chunk) -> list[Anchor]:
+        """The anchors `chunk` is conditioned on, in `Chunk.anchors_read`'s order."""
+        return [self.get(ref) for ref in chunk.anchors_read()]
 
-    def put_one(self, kind: str, index: int, end: str, anchor: Anchor) -> None:
+    def put_left(self, chunk: Chunk, generated: A2VOutput) -> None:
+        """Keep the anchors `chunk` leaves (an N chunk: its head and tail)."""
+        for ref in chunk.anchors_left():
+            anchor = generated.anchor(ref.end)
+            if anchor is None:
+                raise RuntimeError(f"an N chunk must leave head and tail anchors (chunk {chunk.name})")
+            self._anchors[ref] = anchor
+
+    def release(self, chunk: Chunk) -> None:
+        """`chunk` is done: drop what nothing after it reads. Not before it is done: a chunk that fails in a
+        later stage runs again, and reads its anchors again."""
+        for ref in chunk.anchors_released(list(self._anchors)):
+            del self._anchors[ref]
+
+    def put_one(self, ref: AnchorRef, anchor: Anchor) -> None:
         """Put back one anchor loaded from storage (a node that did not generate its chunk)."""
-        self._anchors[(kind, index, end)] = anchor
+        self._anchors[ref] = anchor
 
-    def get(self, kind: str, index: int, end: str) -> Anchor:
+    def get(self, ref: AnchorRef) -> Anchor:
         try:
-            return self._anchors[(kind, index, end)]
+            return self._anchors[ref]
         except KeyError:
             raise LookupError(
-                f"no anchor {kind}{index}.{end}: its chunk has not been generated on this node, "
+                f"no anchor {ref.name}: its chunk has not been generated on this node, "
                 f"or was released (have {sorted(self.names())})"
             ) from None
 
-    def release_seam(self, index: int) -> None:
-        """The seam between N(index) and N(index+1) is done: nothing needs N(index).tail or N(index+1).head."""
-        self._anchors.pop(("N", index, "tail"), None)
-        self._anchors.pop(("N", index + 1, "head"), None)
-        self._anchors.pop(("N", index, "head"), None)
+    def __contains__(self, ref: object) -> bool:
+        return ref in self._anchors
 
     def names(self) -> list[str]:
-        return [f"{kind}{index}.{end}" for kind, index, end in self._anchors]
+        return [ref.name for ref in self._anchors]
 
     def export(self) -> dict[str, np.ndarray]:
         """Flat named arrays (for a checkpoint): `N3.tail.<field>`."""
-        return {
-            f"{kind}{index}.{end}.{key}": value
-            for (kind, index, end), anchor in self._anchors.items()
-            for key, value in anchor.items()
-        }
+        return {f"{ref.name}.{key}": value for ref, anchor in self._anchors.items() for key, value in anchor.items()}
 
     def restore(self, flat: dict[str, np.ndarray]) -> None:
         self._anchors.clear()
         for name, value in flat.items():
             chunk, end, key = name.split(".", 2)
-            self._anchors.setdefault((chunk[0], int(chunk[1:]), end), {})[key] = value
+            self._anchors.setdefault(AnchorRef.parse(f"{chunk}.{end}"), {})[key] = value
 
     def __len__(self) -> int:
         return len(self._anchors)
@@ -104,9 +102,9 @@ class AnchorStore:
 
 @dataclass
 class Session:
-    """What the pipeline keeps for one session: the family, its reference conditioning and the anchors."""
+    """What the pipeline keeps for one session: the family's models, its reference conditioning and the anchors."""
 
-    family: Family
+    models: ModelSet
     output: OutputSpec
     audio: AudioSource
     reference: Reference
@@ -115,11 +113,11 @@ class Session:
 
     @property
     def frame_width(self) -> int:
-        return self.family.reference.frame_size(self.reference)[0]
+        return self.models.reference.frame_size(self.reference)[0]
 
     @property
     def frame_height(self) -> int:
-        return self.family.reference.frame_size(self.reference)[1]
+        return self.models.reference.frame_size(self.reference)[1]
 
 
 class StageTimer:
@@ -149,16 +147,16 @@ class StageSwitcher:
     """SWITCH residency: gives the accelerator to one role's models at a time through a ModelSwitcher, and
     keeps the reports of the switches made since `take_visible_ms` last ran.
 
-    It loads the family itself, one module at a time, registering each module's models (which takes their
+    It loads the models itself, one module at a time, registering each module's models (which takes their
     host copy and frees their device memory) before the next loads: the device never holds more than one
     module's weights, even at load."""
 
-    def __init__(self, family: Family) -> None:
+    def __init__(self, model_set: ModelSet) -> None:
         self._models: dict[Role, list[Any]] = {}
         self._switcher: ModelSwitcher | None = None
         self._reports: list[SwitchReport] = []
         for role in Role:
-            module = family.module(role)
+            module = model_set.module(role)
             if not module.loaded:
                 module.load()
             self._models[role] = models = module.device_models()
@@ -169,7 +167,9 @@ class StageSwitcher:
 
                 self._switcher, device = ModelSwitcher(module.device), module.device
             elif module.device != device:
-                raise ValueError(f"{family.name}: switch residency needs one device, got {device} and {module.device}")
+                raise ValueError(
+                    f"{model_set.name}: switch residency needs one device, got {device} and {module.device}"
+                )
             for index, model in enumerate(models):
                 self._switcher.register(model, name=f"{role.value}.{index}.{type(model).__name__}")
 
@@ -208,17 +208,17 @@ class Pipeline:
 
     def __init__(
         self,
-        family: Family,
+        models: ModelSet,
         stages: tuple[type[Stage], ...] = DEFAULT_STAGES,
         *,
         residency: Residency = Residency.RESIDENT,
     ) -> None:
-        self.family = family
+        self.models = models
         self.stages: list[Stage] = [stage() for stage in stages]
         self.residency = residency
-        self._switch = StageSwitcher(family) if residency is Residency.SWITCH else None  # loads the family
-        family.load()
-        self._timer = StageTimer(cuda=any(module.device.startswith("cuda") for module in family.modules()))
+        self._switch = StageSwitcher(models) if residency is Residency.SWITCH else None  # loads the models
+        models.load()
+        self._timer = StageTimer(cuda=any(module.device.startswith("cuda") for module in models.modules()))
 
     def start_session(
         self, portrait: np.ndarray, output: OutputSpec, audio: AudioSource, reference: Reference | None = None
@@ -227,13 +227,13 @@ class Pipeline:
         if reference is None:
             if self._switch is not None:
                 self._switch.enter(Role.REFERENCE)
-            reference = self.family.reference.encode(portrait, output)
-        return Session(family=self.family, output=output, audio=audio, reference=reference)
+            reference = self.models.reference.encode(portrait, output)
+        return Session(models=self.models, output=output, audio=audio, reference=reference)
 
     def prepare_speech(self, session: Session, transcript: str) -> None:
         """Let the context module prepare the session's whole speech with its transcript, before the first
         chunk (CPU work; done again, deterministically, when the session is rebuilt on another node)."""
-        session.prepared = self.family.context.prepare(session.audio, transcript)
+        session.prepared = self.models.context.prepare(session.audio, transcript)
 
     def run_chunk(
         self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress
@@ -257,6 +257,5 @@ class Pipeline:
             stage_ms[stage.name] = self._timer.stop()
         if switch is not None:
             stage_ms[SWITCH_KEY] = switch.take_visible_ms()
-        if chunk.kind == "I":
-            session.anchors.release_seam(chunk.index)
+        session.anchors.release(chunk.chunk)
         return ChunkResult(chunk=chunk, frame_hashes=state.frame_hashes, stage_ms=stage_ms)

@@ -12,6 +12,7 @@ import numpy as np
 from gpu_worker.pipeline.module import A2VOutput, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink
+from monologue.contracts import ChunkKind
 
 if TYPE_CHECKING:
     from gpu_worker.pipeline.pipeline import Session
@@ -46,7 +47,7 @@ class ContextStage:
     role = Role.CONTEXT
 
     def run(self, session: Session, state: ChunkState) -> None:
-        module = session.family.context
+        module = session.models.context
         chunk, fps, audio = state.chunk, session.output.fps, session.audio
         start, end = module.audio_range(chunk, fps, audio.rate)
         state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps, prepared=session.prepared)
@@ -62,21 +63,21 @@ class AudioToVideoStage:
     def run(self, session: Session, state: ChunkState) -> None:
         if state.context is None:
             raise RuntimeError("audio_to_video needs the context stage to run first")
-        model, chunk, anchors = session.family.audio_to_video, state.chunk, session.anchors
+        model, chunk, anchors = session.models.audio_to_video, state.chunk, session.anchors
         progress = state.progress
 
         def step(done: int, steps: int) -> None:  # a diffusion family's denoising steps
             progress(self.name, done, steps)
 
-        if chunk.kind == "N":
-            previous = anchors.get("N", chunk.index - 1, "tail") if chunk.index > 0 else None
+        read = anchors.read(chunk.chunk)  # N(k): N(k-1)'s tail (none for N0); I(k): its left and right
+        if chunk.kind is ChunkKind.N:
+            previous = read[0] if read else None
             state.generated = model.generate_n(
                 session.reference, state.context, previous, chunk, state.rng, progress=step
             )
-            anchors.put_n(chunk.index, state.generated)
+            anchors.put_left(chunk.chunk, state.generated)
         else:
-            left = anchors.get("N", chunk.index, "tail")
-            right = anchors.get("N", chunk.index + 1, "head")
+            left, right = read
             state.generated = model.generate_i(
                 session.reference, state.context, left, right, chunk, state.rng, progress=step
             )
@@ -92,7 +93,7 @@ class SuperResolutionStage:
     def run(self, session: Session, state: ChunkState) -> None:
         if state.generated is None:
             raise RuntimeError("super_resolution needs audio_to_video to run first")
-        state.upscaled = session.family.super_resolution.upscale(session.reference, state.generated.latents)
+        state.upscaled = session.models.super_resolution.upscale(session.reference, state.generated.latents)
         state.generated = None
 
 
@@ -103,12 +104,12 @@ class DecodePublishStage:
     role = Role.DECODER
 
     def run(self, session: Session, state: ChunkState) -> None:
-        frames = session.family.decoder.decode(session.reference, state.upscaled)  # (T, H, W, 3) uint8
+        frames = session.models.decoder.decode(session.reference, state.upscaled)  # (T, H, W, 3) uint8
         state.upscaled = None
         expected = (state.chunk.n_frames, session.frame_height, session.frame_width, 3)
         if frames.shape != expected or frames.dtype != np.uint8:
             raise RuntimeError(
-                f"{session.family.name} decoded {frames.shape} {frames.dtype}, expected {expected} uint8"
+                f"{session.models.name} decoded {frames.shape} {frames.dtype}, expected {expected} uint8"
             )
         state.frame_hashes = [hashlib.sha256(frame.tobytes()).hexdigest() for frame in frames]
         state.sink.write(frames)

@@ -5,27 +5,36 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from monologue.contracts import Chunk, ChunkKind, LipSync
+from monologue.contracts import Chunk, ChunkKind, LipSync, RenderOptions, Resolution
 
-Resolution = Literal["source", "512", "720p", "1080p"]
-# Short side in pixels for each named resolution; "source" keeps the portrait's own size.
-_SHORT_SIDE = {"512": 512, "720p": 720, "1080p": 1080}
-_LONG_SIDE = {"512": 512, "720p": 1280, "1080p": 1920}
+# The options' defaults, read from their one definition: the engine declares none of its own.
+_DEFAULTS = RenderOptions()
+# Short and long side in pixels for each named resolution; SOURCE keeps the portrait's own size.
+_SHORT_SIDE = {Resolution.SQUARE_512: 512, Resolution.HD_720: 720, Resolution.HD_1080: 1080}
+_LONG_SIDE = {Resolution.SQUARE_512: 512, Resolution.HD_720: 1280, Resolution.HD_1080: 1920}
 
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Per-session output options (the engine's own configuration lives with its modules)."""
+    """The session options that shape the output (`RenderOptions`' fps, resolution and preview; the engine's own
+    configuration lives with its modules). Preview renders fast for iterating on script and motion: half the
+    resolution (and fewer sampling steps in diffusion families), the same motion for the same seed."""
 
-    fps: int = 25
-    resolution: Resolution = "source"
-    # Preview renders fast for iterating on script and motion: half the resolution (and fewer sampling
-    # steps in diffusion families). The motion is the same as at full quality for the same seed.
-    preview: bool = False
+    fps: int = _DEFAULTS.fps
+    resolution: Resolution = _DEFAULTS.resolution
+    preview: bool = _DEFAULTS.preview
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resolution", Resolution(self.resolution))  # ValueError naming any other size
+
+    @classmethod
+    def of(cls, options: RenderOptions) -> OutputSpec:
+        """A session's output spec, from its options."""
+        return cls(fps=options.fps, resolution=options.resolution, preview=options.preview)
 
 
 def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) -> tuple[int, int]:
@@ -34,9 +43,9 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
     "source" keeps the portrait's size (rounded down to even); "512" is 512x512; "720p" and "1080p" are
     16:9 frames, landscape unless the portrait is taller than wide. Preview halves each side.
     """
-    if output.resolution == "source":
+    if output.resolution is Resolution.SOURCE:
         width, height = portrait_width, portrait_height
-    elif output.resolution == "512":
+    elif output.resolution is Resolution.SQUARE_512:
         width = height = 512
     elif portrait_height > portrait_width:
         width, height = _SHORT_SIDE[output.resolution], _LONG_SIDE[output.resolution]
@@ -48,7 +57,7 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
     if width < 16 or height < 16:
         raise ValueError(
             f"output frames of {width}x{height} are too small (portrait {portrait_width}x"
-            f"{portrait_height}, resolution {output.resolution!r}, preview={output.preview})"
+            f"{portrait_height}, resolution {output.resolution.value!r}, preview={output.preview})"
         )
     return width, height
 
@@ -57,13 +66,24 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
 class ChunkRequest:
     """A chunk to make: the timeline's `Chunk` (the one shape from the plan to here) and what the session adds
     to every chunk: its seed, its optional text/scene prompt, its denoising steps (0: the family's own) and how
-    the lips move (warp)."""
+    the lips move (warp). These are `RenderOptions`' fields, with its defaults (`of` takes them from a session's)."""
 
     chunk: Chunk
-    seed: int = 0
-    prompt: str = ""
-    sampling_steps: int = 0
-    lip_sync: LipSync = LipSync.VISEMES
+    seed: int = _DEFAULTS.seed
+    prompt: str = _DEFAULTS.prompt
+    sampling_steps: int = _DEFAULTS.sampling_steps
+    lip_sync: LipSync = _DEFAULTS.lip_sync
+
+    @classmethod
+    def of(cls, chunk: Chunk, options: RenderOptions) -> ChunkRequest:
+        """`chunk` of a session with these options."""
+        return cls(
+            chunk,
+            seed=options.seed,
+            prompt=options.prompt,
+            sampling_steps=options.sampling_steps,
+            lip_sync=options.lip_sync,
+        )
 
     @property
     def kind(self) -> ChunkKind:

@@ -25,6 +25,14 @@ def chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode("ascii") + data + b"\r\n"
 
 
+def ack_number(value: Any) -> int | None:
+    """An acknowledgement's number (KVS sends some as JSON numbers, some as strings), None if absent or not one."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 class Acknowledgements:
     """Splits the response body into JSON objects, however the HTTP chunks cut it and whatever separates them."""
 

@@ -11,6 +11,8 @@ COPY monologue /src/monologue
 COPY workflows /src/workflows
 COPY activities /src/activities
 COPY gpu_worker /src/gpu_worker
+COPY node /src/node
+COPY cli /src/cli
 COPY api /src/api
 COPY migrations /src/migrations
 RUN /opt/monologue/bin/pip install --no-deps /src

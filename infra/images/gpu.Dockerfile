@@ -14,6 +14,8 @@ COPY monologue /src/monologue
 COPY workflows /src/workflows
 COPY activities /src/activities
 COPY gpu_worker /src/gpu_worker
+COPY node /src/node
+COPY cli /src/cli
 COPY api /src/api
 COPY migrations /src/migrations
 RUN /opt/monologue/bin/pip install --no-deps /src
@@ -35,4 +37,4 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \
 STOPSIGNAL SIGTERM
 # torchrun forwards SIGTERM to its ranks; rank 0 drains the node, the others leave when it shuts the group down.
 # --nproc-per-node gpu: one process per visible GPU. --max-restarts: a broken rank group restarts the node afresh.
-CMD ["torchrun", "--nproc-per-node", "gpu", "--max-restarts", "3", "-m", "gpu_worker.distributed.launch"]
+CMD ["torchrun", "--nproc-per-node", "gpu", "--max-restarts", "3", "-m", "node.launch"]

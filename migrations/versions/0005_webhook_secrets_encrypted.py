@@ -3,7 +3,7 @@
 A `whsec_` secret encrypted under MONOLOGUE_WEBHOOKS__SECRET_KEYS is a Fernet token of 164 characters (the
 column held 128), and a deleted endpoint's row keeps no secret (NULL). Rows are not rewritten here: encrypting
 needs the operator's key, which migrations do not read, so the secrets of rows from before stay as they are
-(still read, and signed with) until `monologue webhooks rotate-key` encrypts them (monologue/webhook_secrets.py).
+(still read, and signed with) until `monologue webhooks rotate-key` encrypts them (monologue/webhooks/encryption.py).
 
 Revision ID: 0005
 Revises: 0004

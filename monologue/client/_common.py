@@ -7,7 +7,6 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,7 +15,7 @@ from pydantic import BaseModel
 
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.errors import ApiError, SessionEnded
-from monologue.schemas import RenderPublic
+from monologue.schemas import RenderPublic, VideoLayout
 
 Model = TypeVar("Model", bound=BaseModel)
 Input = Path | bytes | None  # a file to upload (a path, or its bytes); its URL goes in the *_url argument
@@ -25,11 +24,7 @@ RETRIES = 3  # tries of a create that hit a network error (the same Idempotency-
 # An event stream sends a keep-alive at least every MONOLOGUE_API__EVENTS_KEEPALIVE_S (15 s): silence this long means
 # the connection is gone, and the client reconnects.
 STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)
-
-
-class Layout(StrEnum):
-    FRAGMENTED = "fragmented"
-    PROGRESSIVE = "progressive"
+Layout = VideoLayout  # the client's name for the API's `layout` query: fragmented or progressive MP4
 
 
 def auth(api_key: str | None) -> dict[str, str]:

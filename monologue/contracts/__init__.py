@@ -11,50 +11,21 @@ from dataclasses import dataclass, field
 # The session model lives in contracts/session.py; re-exported, as everything that crosses Temporal is named here.
 from monologue.contracts.session import (
     RESUMABLE as RESUMABLE,
-)
-from monologue.contracts.session import (
     TERMINAL as TERMINAL,
-)
-from monologue.contracts.session import (
     Bounds as Bounds,
-)
-from monologue.contracts.session import (
     Chunk as Chunk,
-)
-from monologue.contracts.session import (
     ChunkKind as ChunkKind,
-)
-from monologue.contracts.session import (
     Family as Family,
-)
-from monologue.contracts.session import (
     KvsSink as KvsSink,
-)
-from monologue.contracts.session import (
     LipSync as LipSync,
-)
-from monologue.contracts.session import (
     RenderOptions as RenderOptions,
-)
-from monologue.contracts.session import (
     Residency as Residency,
-)
-from monologue.contracts.session import (
     Resolution as Resolution,
-)
-from monologue.contracts.session import (
     S3Sink as S3Sink,
-)
-from monologue.contracts.session import (
     SessionKind as SessionKind,
-)
-from monologue.contracts.session import (
     SessionStatus as SessionStatus,
-)
-from monologue.contracts.session import (
     Sink as Sink,
-)
-from monologue.contracts.session import (
+    SinkType as SinkType,
     render_options as render_options,
 )
 
@@ -273,16 +244,13 @@ class NodeAcquired:
 
 @dataclass
 class OfSessionKind:
-    """An activity input's `session_kind`, with `live`, the flag it replaced, kept in step with it: an input
-    scheduled by older workflow code carries only `live` (true for a live session)."""
+    """An activity input's session kind, taken from `RenderInput.kind` (the one place it is decided).
+
+    Named `session_kind` on the wire, as since issue 12: inputs scheduled by that code also carry `live`, the flag
+    it replaced, which decoding now ignores (unknown fields are), so they still decode to the right kind. Only an
+    input scheduled before issue 12 had `live` alone; none can still be waiting for a worker."""
 
     session_kind: SessionKind = field(default=SessionKind.RENDER, kw_only=True)
-    live: bool = field(default=False, kw_only=True)  # read-only: set `session_kind`
-
-    def __post_init__(self) -> None:
-        if self.live:
-            self.session_kind = SessionKind.LIVE
-        self.live = self.session_kind == SessionKind.LIVE
 
 
 @dataclass
@@ -397,7 +365,7 @@ class ValidateInputsInput:
 
     session_id: str
     kind: SessionKind
-    family: str
+    family: Family  # histories recorded when this was a str decode to the enum (a StrEnum travels as its value)
     max_portrait_side: int
     max_audio_seconds: float
 

@@ -6,9 +6,10 @@ Standard library only: workflow code imports it inside the sandbox."""
 
 # No `from __future__ import annotations` here: Temporal's converter resolves these field types at
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 
 class SessionKind(StrEnum):
@@ -39,6 +40,34 @@ class ChunkKind(StrEnum):
     I = "I"  # noqa: E741 (the name the whole design uses)
 
 
+class AnchorEnd(StrEnum):
+    """Which end of an N chunk an anchor holds: its state at its first frame or at its last."""
+
+    HEAD = "head"
+    TAIL = "tail"
+
+
+@dataclass(frozen=True)
+class AnchorRef:
+    """One anchor: N(index)'s head or tail (only N chunks leave anchors). `name` is how it is shown and stored in
+    flat arrays ("N3.tail"); a checkpoint file keeps its own chunk's anchors under "head." and "tail."."""
+
+    index: int
+    end: AnchorEnd
+
+    @property
+    def name(self) -> str:
+        return f"{ChunkKind.N.value}{self.index}.{self.end.value}"
+
+    @classmethod
+    def parse(cls, name: str) -> "AnchorRef":
+        """The anchor a name such as "N3.tail" stands for; ValueError for anything else."""
+        chunk, _, end = name.partition(".")
+        if not chunk.startswith(ChunkKind.N.value) or not chunk[1:].isdigit():
+            raise ValueError(f"not an anchor name: {name!r} (expected N<index>.head or N<index>.tail)")
+        return cls(int(chunk[1:]), AnchorEnd(end))
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One chunk of the timeline, the one shape from the plan to the pipeline: N chunks carry the timeline, an
@@ -60,12 +89,36 @@ class Chunk:
     def name(self) -> str:
         return f"{self.kind.value}{self.index}"
 
+    # THE anchor rule: which anchors a chunk reads, leaves and releases. The generation order is N0 N1 I0 N2 I1 …:
+    # N(k) continues from N(k-1)'s tail; I(k) fills the seam between N(k)'s tail and N(k+1)'s head.
+
+    def anchors_read(self) -> tuple[AnchorRef, ...]:
+        """The anchors this chunk is conditioned on: N(k) reads N(k-1)'s tail (N0 none); I(k) reads N(k)'s tail
+        (its left) and N(k+1)'s head (its right), in that order."""
+        if self.kind is ChunkKind.N:
+            return (AnchorRef(self.index - 1, AnchorEnd.TAIL),) if self.index > 0 else ()
+        return AnchorRef(self.index, AnchorEnd.TAIL), AnchorRef(self.index + 1, AnchorEnd.HEAD)
+
+    def anchors_left(self) -> tuple[AnchorRef, ...]:
+        """The anchors this chunk leaves behind (and its checkpoint stores): an N chunk its head and tail."""
+        if self.kind is ChunkKind.N:
+            return AnchorRef(self.index, AnchorEnd.HEAD), AnchorRef(self.index, AnchorEnd.TAIL)
+        return ()
+
+    def anchors_released(self, held: Iterable[AnchorRef]) -> tuple[AnchorRef, ...]:
+        """Of the anchors `held`, those nothing after this chunk reads. After N(k), I(k-2) is done, so N(k-1)'s
+        head and everything older than N(k-1) go (this also bounds seams without an I chunk; N(k-1)'s tail stays
+        for I(k-1)). After I(k), its seam is done: N(k)'s head and tail and N(k+1)'s head go."""
+        if self.kind is ChunkKind.N:
+            stale = AnchorRef(self.index - 1, AnchorEnd.HEAD)
+            return tuple(ref for ref in held if ref.index < self.index - 1 or ref == stale)
+        seam = {AnchorRef(self.index, AnchorEnd.HEAD), *self.anchors_read()}
+        return tuple(ref for ref in held if ref in seam)
+
     @property
     def depends_on(self) -> tuple[tuple[ChunkKind, int], ...]:
-        """Chunks that must be generated first: N(k) needs N(k-1); I(k) needs N(k) and N(k+1)."""
-        if self.kind is ChunkKind.N:
-            return ((ChunkKind.N, self.index - 1),) if self.index > 0 else ()
-        return ((ChunkKind.N, self.index), (ChunkKind.N, self.index + 1))
+        """Chunks that must be generated first: the N chunks that leave the anchors this one reads."""
+        return tuple((ChunkKind.N, ref.index) for ref in self.anchors_read())
 
 
 @dataclass(frozen=True)
@@ -93,18 +146,20 @@ class Family(StrEnum):
     INFINITETALK = "infinitetalk"
 
     @property
+    def grid(self) -> "LatentGrid":
+        """The family's latent grid (`LATENT_GRIDS`): the workflows plan chunks on it, so it is part of the
+        contract; what a node loads for the family is in `gpu_worker.models.FAMILIES`."""
+        return LATENT_GRIDS[self]
+
+    @property
     def temporal_stride(self) -> int:
-        """Video frames per latent frame: every chunk boundary but a session's end falls on the latent grid.
-        The dit family's video VAE compresses 4 frames into one latent (gpu_worker/models/dit/vae.py checks
-        its checkpoint agrees), as does the Wan VAE of infinitetalk; warp works frame by frame."""
-        return 1 if self is Family.WARP else 4
+        """Video frames per latent frame: every chunk boundary but a session's end falls on the latent grid."""
+        return self.grid.stride
 
     @property
     def leading_frames(self) -> int:
-        """Frames the first latent stands for alone before the stride starts: the Wan VAE encodes a video's
-        first frame on its own (1 + 4k frames make k + 1 latents), so infinitetalk's first chunk has 1 + 4k
-        frames and every later boundary falls on 1 + 4m; 0 for the others."""
-        return 1 if self is Family.INFINITETALK else 0
+        """Frames the first latent stands for alone before the stride starts (see `LatentGrid.lead`)."""
+        return self.grid.lead
 
     def first_chunk_on_grid(self, frames: int) -> int:
         """The smallest first-chunk size of at least `frames` frames on this family's grid (lead + a multiple
@@ -113,6 +168,24 @@ class Family(StrEnum):
             return 0
         lead, stride = self.leading_frames, self.temporal_stride
         return lead + -(-max(frames - lead, 0) // stride) * stride
+
+
+class LatentGrid(NamedTuple):
+    """Where a family's chunk boundaries may fall: `lead` + a multiple of `stride` frames from the start."""
+
+    stride: int  # video frames per latent frame
+    lead: int  # frames the first latent stands for alone before the stride starts
+
+
+# One row per family. The dit family's video VAE compresses 4 frames into one latent (gpu_worker/models/dit/vae.py
+# checks its checkpoint agrees), as does infinitetalk's Wan VAE, which also encodes a video's first frame on its own
+# (1 + 4k frames make k + 1 latents: its first chunk has 1 + 4k frames, every later boundary falls on 1 + 4m); warp
+# works frame by frame.
+LATENT_GRIDS: dict[Family, LatentGrid] = {
+    Family.WARP: LatentGrid(stride=1, lead=0),
+    Family.DIT: LatentGrid(stride=4, lead=0),
+    Family.INFINITETALK: LatentGrid(stride=4, lead=1),
+}
 
 
 class Residency(StrEnum):
@@ -185,6 +258,14 @@ class KvsSink:
 # A sink, told apart by `type` (S3 first: Temporal's converter tries a union's members in order, and the
 # `type` literal refuses the wrong one).
 Sink = S3Sink | KvsSink
+
+
+class SinkType(StrEnum):
+    """Which publisher a sink is: its spec's `type` tag (the literal that tells the union's members apart on the
+    wire), as an enum for everything past the spec (the sink's row, the API, metrics)."""
+
+    S3 = S3Sink.type
+    KVS = KvsSink.type
 
 
 # A transcript travels with every chunk's activity input (the options do): 10,000 characters is about 11 minutes
@@ -274,7 +355,7 @@ def _sink(spec: object) -> Sink:
     if isinstance(spec, S3Sink | KvsSink):
         return spec
     fields = {key: value for key, value in dict(spec).items() if value not in ("", None)}  # type: ignore[call-overload]
-    if fields.get("type") == "kvs":
+    if fields.get("type") == SinkType.KVS:
         return KvsSink(**{k: v for k, v in fields.items() if k in _KVS_FIELDS})
     return S3Sink(**{k: v for k, v in fields.items() if k in _S3_FIELDS})
 

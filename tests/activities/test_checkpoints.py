@@ -10,8 +10,7 @@ from safetensors.numpy import save
 from temporalio.exceptions import ApplicationError
 
 from activities.checkpoints import Checkpoints
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
 from monologue.storage import LocalStore
 

@@ -14,8 +14,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.node import NodeActivities
 from activities.pipelines import Pipelines, PipelineSlot
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
 from monologue.media import normalise_audio, normalise_portrait
 from monologue.storage import LocalStore

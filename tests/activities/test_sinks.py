@@ -19,9 +19,9 @@ from gpu_worker.publish import StreamFormat, init_segment, playlist
 from gpu_worker.publish.kvs import KinesisVideoSink
 from gpu_worker.publish.s3_sink import S3Sink, segment_name
 from gpu_worker.publish.sinks import Sink, SinkError
-from monologue import contracts as c
-from monologue import keys, repo
+from monologue import contracts as c, keys, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.repo import sinks as repo_sinks
 from monologue.s3_presign import presigned_playlist
 from monologue.settings import SinkSettings
 from monologue.storage import LocalStore
@@ -115,7 +115,7 @@ def test_the_pump_feeds_segments_in_order_as_they_are_published(pump_env: tuple[
     assert [entry[1] for entry in log if entry[0] == "put"] == list(range(6))
     assert log[0] == ("start", 0) and log[-1] == ("finish", True)
     with sessions() as db:
-        row = repo.get_sink(db, session_id=SID, name="rec")
+        row = repo_sinks.get_sink(db, session_id=SID, name="rec")
     assert row is not None and (row.status, row.acknowledged, row.error) == ("done", 6, None)
 
 
@@ -131,7 +131,7 @@ def test_a_failed_sink_resumes_after_what_it_acknowledged_without_repeats(pump_e
     with pytest.raises(ApplicationError, match="injected failure at segment 3"):
         _run(activities)
     with sessions() as db:
-        row = repo.get_sink(db, session_id=SID, name="rec")
+        row = repo_sinks.get_sink(db, session_id=SID, name="rec")
     assert row is not None and row.status == "retrying" and row.acknowledged == 3 and "segment 3" in (row.error or "")
     assert _run(activities).acknowledged == 5  # the retry (Temporal's, here by hand) starts at segment 3
     puts = [entry[1] for entry in log if entry[0] == "put"]
@@ -163,7 +163,7 @@ def test_the_pump_refuses_a_sink_the_nodes_settings_no_longer_allow_and_writes_n
             _run(SinkActivities(store=store, sessions=sessions, allowed=allowed, poll_s=0.02), spec)
         assert refused.value.non_retryable and refused.value.type == "SinkRefused"
         with sessions() as db:
-            row = repo.get_sink(db, session_id=SID, name="archive")
+            row = repo_sinks.get_sink(db, session_id=SID, name="archive")
         assert row is not None and row.status == "failed" and setting in (row.error or "")
         assert bucket.list_objects_v2(Bucket="pump-sink").get("KeyCount") == 0
 
@@ -206,7 +206,7 @@ def test_a_kvs_data_endpoint_the_node_does_not_allow_fails_the_pump_for_good(pum
         assert refused.value.non_retryable
         assert elsewhere.connections == []
     with sessions() as db:
-        row = repo.get_sink(db, session_id=SID, name="live")
+        row = repo_sinks.get_sink(db, session_id=SID, name="live")
     assert row is not None and row.status == "failed" and elsewhere.url in (row.error or "")
 
 

@@ -23,11 +23,12 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.webhooks import WebhookActivities
 from monologue import contracts as c
-from monologue import repo_webhooks, webhook_secrets
 from monologue.db import WebhookEndpointRow, make_engine, make_sessionmaker, migrate
-from monologue.repo_webhooks import DeliveryFilter
+from monologue.repo import webhooks as repo_webhooks
+from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import DeliveryStatus, WebhookEvent
 from monologue.settings import OutboundSettings, Settings, WebhookSettings
+from monologue.webhooks import encryption as webhook_secrets
 from tests.local_server import Answer, LocalServer, Received
 
 HUGE = 200 * 1024 * 1024  # a receiver's error page: what the node must not hold

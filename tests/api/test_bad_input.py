@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 from sqlalchemy import select
 
+from cli.stack import Stack
 from monologue.db import SessionRow, make_engine
-from monologue.stack import Stack
 from tests.helpers import get, post, submit, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow

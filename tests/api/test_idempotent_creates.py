@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from api.submit import TERMINAL
-from monologue.stack import Stack
+from cli.stack import Stack
 from tests.helpers import api_key, poll, post, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow

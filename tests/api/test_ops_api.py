@@ -23,9 +23,9 @@ from api.app import create_app
 from api.deps import Services, ops_access
 from api.routes import ops
 from api.routes.ops import STATIC
-from monologue import apikeys, keys, repo_nodes
-from monologue import contracts as c
+from monologue import apikeys, contracts as c, keys
 from monologue.db import CheckpointRow, ChunkRow, SessionRow, make_engine, make_sessionmaker, migrate
+from monologue.repo import nodes as repo_nodes
 from monologue.settings import ApiSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
 

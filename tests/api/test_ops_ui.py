@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
+from cli.stack import Stack, free_port
 from monologue.media import decode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 from tests.browser import CHROMIUM_ARGS, chromium_path
 from tests.helpers import wav_bytes
 

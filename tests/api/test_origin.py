@@ -32,10 +32,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from api.app import create_app
 from api.deps import Services
+from cli.stack import Stack, free_port, http_ok
 from monologue import apikeys, keys
 from monologue.db import SessionRow, make_engine, make_sessionmaker, migrate
 from monologue.settings import ApiSettings, Settings, to_env
-from monologue.stack import Stack, free_port, http_ok
 from monologue.storage import LocalStore
 from tests.helpers import postgres_database
 
@@ -337,7 +337,7 @@ def open_api(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     env = os.environ | to_env(stack.settings.model_copy(update={"api": api})) | {"PYTHONUNBUFFERED": "1"}
     log_path = tmp_path_factory.mktemp("open-api") / "api.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "monologue", "api"], stdout=log, stderr=log, env=env)
+        process = subprocess.Popen([sys.executable, "-m", "cli", "api"], stdout=log, stderr=log, env=env)
     try:
         deadline = time.monotonic() + 60
         while not http_ok(f"{api.public_url}/healthz"):

@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 from api.links import link_key, sign
+from cli.stack import Stack
 from monologue import keys
 from monologue.contracts import TERMINAL
 from monologue.media import decode_wav, normalise_audio
 from monologue.mp4.boxes import iter_boxes
 from monologue.settings import Settings
-from monologue.stack import Stack
 from tests.browser import CHROMIUM_ARGS, chromium_path, play_video
 from tests.helpers import api_key, get, poll, post, submit, wait_done, wav_bytes
 from tests.local_server import Answer, LocalServer

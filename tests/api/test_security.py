@@ -26,13 +26,13 @@ from websockets.sync.client import connect
 from api.app import create_app
 from api.deps import require_key
 from api.submit import TERMINAL
+from cli.main import main
+from cli.stack import Stack
 from monologue import apikeys, repo
-from monologue.cli import main
 from monologue.client import auth
 from monologue.db import ApiKeyRow, make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
 from monologue.settings import Settings, get_settings
-from monologue.stack import Stack
 from tests.helpers import api_key, poll, skip_ready, wav_bytes, workflow_count
 
 pytestmark = pytest.mark.slow

@@ -23,12 +23,10 @@ from fastapi import FastAPI
 from sqlalchemy import Connection
 
 from api import links
-from monologue import apikeys, keys, repo
-from monologue import contracts as c
-from monologue import options as options_
+from cli.stack import Stack
+from monologue import apikeys, contracts as c, keys, options as options_, repo
 from monologue.db import make_engine, make_sessionmaker, migrate
 from monologue.settings import DatabasePoolSettings
-from monologue.stack import Stack
 from monologue.storage import ObjectStore, open_store
 from tests.helpers import postgres_database, serve_api
 

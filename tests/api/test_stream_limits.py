@@ -21,11 +21,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from api.submit import TERMINAL
+from cli.stack import Stack
 from monologue import apikeys, repo
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker
 from monologue.media import AUDIO_RATE
-from monologue.stack import Stack
 from tests.helpers import serve_api, skip_ready
 
 pytestmark = pytest.mark.slow

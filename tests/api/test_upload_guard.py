@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from monologue.stack import Stack
+from cli.stack import Stack
 from tests.helpers import api_key, wav_bytes
 from tests.monologue.test_media import hour_of_silence_flac
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cli.stack import Stack
 from monologue.media import decode_wav, normalise_audio
-from monologue.stack import Stack
 from tests.helpers import post, wait_done, wav_bytes, workflow_count
 from tests.local_server import Answer, LocalServer
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from monologue.stack import Stack
+from cli.stack import Stack
 from tests.helpers import api_headers, get, post, submit, workflow_count
 
 pytestmark = pytest.mark.slow

@@ -17,10 +17,11 @@ import pytest
 from sqlalchemy import Engine, event, text
 from standardwebhooks import Webhook
 
-from monologue import apikeys, webhook_secrets
+from monologue import apikeys
 from monologue.client import auth
 from monologue.db import make_engine, make_sessionmaker, migrate
 from monologue.settings import OutboundSettings, Settings, WebhookSettings
+from monologue.webhooks import encryption as webhook_secrets
 from tests.helpers import postgres_database, serve_api
 
 TENANT = "hooks"

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def _peak_rss_mb(minutes: float) -> tuple[float, int]:
-    command = [sys.executable, "-m", "monologue", "bench", "pipeline", "--minutes", str(minutes)]
+    command = [sys.executable, "-m", "cli", "bench", "pipeline", "--minutes", str(minutes)]
     command += ["--resolution", "512", "--preview", "--json"]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert completed.returncode == 0, completed.stderr

@@ -8,8 +8,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gpu_worker.publish import (
     SegmentWriter,

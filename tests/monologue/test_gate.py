@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from cli.main import main as cli
 from gpu_worker.models.dit.runtime import Precision
 from gpu_worker.render_record import RecordSettings, render_record, stored_indices
-from monologue.cli import main as cli
 from monologue.contracts import Residency
 from monologue.gate import FRAMES_FILE, RECORD_FILE, Band, GateInputError, Verdict, frame_hash, gate, main, ssim
 

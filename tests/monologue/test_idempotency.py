@@ -14,7 +14,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import sessionmaker
 
 from monologue.db import IdempotencyKeyRow, make_engine, make_sessionmaker, migrate, utcnow
-from monologue.repo_idempotency import Claim, Claimed, claim, holder, release
+from monologue.repo.idempotency import Claim, Claimed, claim, holder, release
 from tests.helpers import postgres_database
 
 RACERS = 8

@@ -7,9 +7,9 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+from cli.stack import Stack, _announce_key
 from monologue import apikeys
 from monologue.db import make_engine, make_sessionmaker, migrate
-from monologue.stack import Stack, _announce_key
 from monologue.storage import LocalStore
 
 

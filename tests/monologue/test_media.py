@@ -16,11 +16,10 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from PIL import Image
 
-from monologue.bench_upload import silence_flac
+from cli.benches.upload import silence_flac
 from monologue.errors import InputError
 from monologue.media import (
     AUDIO_RATE,

@@ -15,9 +15,8 @@ from pydantic import ValidationError
 
 from api.app import create_app
 from api.inputs import option_form
-from monologue import contracts as c
-from monologue import options as options_
-from monologue.cli_options import model_options
+from cli.options import model_options
+from monologue import contracts as c, options as options_
 from monologue.settings import Settings
 
 

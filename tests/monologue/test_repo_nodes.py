@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from monologue import repo_nodes
 from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.repo import nodes as repo_nodes
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

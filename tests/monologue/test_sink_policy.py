@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from monologue import contracts as c
-from monologue import options as options_
+from monologue import contracts as c, options as options_
 from monologue.settings import SinkSettings
 from monologue.sink_policy import data_endpoint_refusal, endpoint_allowed, refusal
 

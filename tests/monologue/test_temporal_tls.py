@@ -19,10 +19,9 @@ from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 from temporalio.service import TLSConfig
 
 from api.app import create_app
-from monologue import contracts as c
-from monologue import temporal_client
+from cli.stack import free_port, temporal_binary
+from monologue import contracts as c, temporal_client
 from monologue.settings import Settings, TemporalSettings, TemporalTlsSettings, to_env
-from monologue.stack import free_port, temporal_binary
 from monologue.temporal_client import TemporalConfigError, connect, connect_args
 from tests.tls_proxy import SERVER_NAME, Pki, make_pki, tls_proxy
 
@@ -131,7 +130,7 @@ def test_the_cli_registers_and_checks_search_attributes_through_mutual_tls(
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "monologue", "temporal", *args], env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "cli", "temporal", *args], env=env, capture_output=True, text=True, timeout=60
         )
 
     before = cli("check")

@@ -1,4 +1,4 @@
-"""Webhook secrets at rest (`monologue.webhook_secrets`, `repo_webhooks.rotate_secrets`), on SQLite and on a real
+"""Webhook secrets at rest (`monologue.webhooks.encryption`, `repo_webhooks.rotate_secrets`), on SQLite and on a real
 PostgreSQL: rotating to a new key re-encrypts every secret while tokens under the old key still open as long as it
 is listed; secrets stored in clear before encryption keep working until the rotation encrypts them; the key file
 is made once, private; a malformed key is refused without being shown; the API and the nodes share one key."""
@@ -17,12 +17,14 @@ from pydantic import SecretStr
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import sessionmaker
 
-from monologue import repo_webhooks, webhook_secrets, webhooks
-from monologue.cli import main
+from cli.main import main
+from monologue import webhooks
 from monologue.db import WebhookEndpointRow, downgrade, make_engine, make_sessionmaker, migrate
-from monologue.repo_webhooks import Rotation
+from monologue.repo import webhooks as repo_webhooks
+from monologue.repo.webhooks import Rotation
 from monologue.schemas import WebhookEvent
 from monologue.settings import Settings, WebhookSettings, get_settings, to_env
+from monologue.webhooks import encryption as webhook_secrets
 from tests.helpers import postgres_database
 from tests.kustomize import render
 

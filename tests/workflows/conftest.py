@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 from temporalio.testing import WorkflowEnvironment
 
-from monologue.stack import search_attribute_flags, temporal_binary
+from cli.stack import search_attribute_flags, temporal_binary
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

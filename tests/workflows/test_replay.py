@@ -7,6 +7,7 @@ every session in flight at deploy time. The histories in `histories/` were recor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,35 @@ async def test_a_new_input_decodes_as_itself() -> None:
     )
     payloads = await DataConverter.default.encode([request])
     assert await DataConverter.default.decode(payloads, [c.RenderInputs]) == [request]  # type: ignore[list-item]
+
+
+# The activity inputs that carried `live` beside `session_kind` (issue 12 to issue 26).
+OF_SESSION_KIND: dict[str, type[c.OfSessionKind]] = {
+    c.INIT_SESSION: c.InitSessionInput,
+    c.GENERATE_CHUNK: c.GenerateChunkInput,
+    c.PUBLISH: c.PublishInput,
+    c.RECORD_STATUS: c.RecordStatusInput,
+}
+
+
+async def test_recorded_activity_inputs_decode_to_the_session_kind_their_live_flag_said() -> None:
+    """An activity task scheduled by older code may still be waiting when new workers start: its input (with
+    `live` beside `session_kind`) decodes to the kind `live` said, and re-encoded it carries no `live`."""
+    kinds = set()
+    for path in HISTORIES:
+        for event in WorkflowHistory.from_json(workflow_id_of(path), path.read_text()).events:
+            scheduled = event.activity_task_scheduled_event_attributes
+            input_type = OF_SESSION_KIND.get(scheduled.activity_type.name)
+            payloads = scheduled.input.payloads
+            if input_type is None or "session_kind" not in json.loads(payloads[0].data):
+                continue  # not one of them, or scheduled before issue 12 (its tasks are long done)
+            [request] = await DataConverter.default.decode(payloads, [input_type])
+            live = json.loads(payloads[0].data)["live"]
+            assert request.session_kind == (c.SessionKind.LIVE if live else c.SessionKind.RENDER), path.name
+            encoded = json.loads((await DataConverter.default.encode([request]))[0].data)
+            assert "live" not in encoded and encoded["session_kind"] == request.session_kind
+            kinds.add(request.session_kind)
+    assert kinds == set(c.SessionKind)
 
 
 async def test_recorded_histories_replay_with_the_tracing_interceptor() -> None:

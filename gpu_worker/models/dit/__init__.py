@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import os
 
+from gpu_worker.models import FAMILIES
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.context import DiTContext
 from gpu_worker.models.dit.reference import DiTReference
 from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
 from gpu_worker.models.dit.runtime import Precision, TorchModule
-from gpu_worker.pipeline.module import Family
+from gpu_worker.pipeline.module import ModelSet
+from monologue.contracts import Family
 
-WEIGHTS_ENV = "MONOLOGUE_DIT_WEIGHTS"
+WEIGHTS_ENV = FAMILIES[Family.DIT].env("weights")
 # Output resolutions whose compiled attention kernels are built when the node loads the family (comma-separated).
-WARM_ENV = "MONOLOGUE_DIT_WARM_RESOLUTIONS"
+WARM_ENV = FAMILIES[Family.DIT].env("warm_resolutions")
 SMOKE_SEED = 20_261_130
 
 
@@ -56,21 +58,21 @@ def warm_resolutions() -> tuple[str, ...]:
     return tuple(name.strip() for name in names if name.strip())
 
 
-def build_family(weights: Weights | None = None, precision: Precision = Precision.AUTO) -> Family:
+def build_family(weights: Weights | None = None, precision: Precision = Precision.AUTO) -> ModelSet:
     """The dit family's five modules over `weights` (default: `default_weights()`), storing their parameters
     in `precision` (AUTO: bf16 on CUDA, fp32 on CPU); they load when a Pipeline starts."""
     weights = weights or default_weights()
     super_resolution = DiTSuperResolution(weights)
     super_resolution.warm_resolutions = warm_resolutions()
-    family = Family(
-        name="dit",
+    models = ModelSet(
+        name=Family.DIT,
         reference=DiTReference(weights),
         context=DiTContext(weights),
         audio_to_video=DiTAudioToVideo(weights),
         super_resolution=super_resolution,
         decoder=DiTDecoder(weights),
     )
-    for module in family.modules():
+    for module in models.modules():
         if isinstance(module, TorchModule):
             module.precision = precision
-    return family
+    return models

@@ -11,8 +11,6 @@ module needs nothing beyond torch and numpy.
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -23,7 +21,6 @@ from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.models.dit.vae import VAEEncoder
 from gpu_worker.pipeline.module import Reference, ReferenceEncoder
 from gpu_worker.pipeline.types import OutputSpec, frame_size
-from gpu_worker.pipeline.types import Resolution as OutputResolution
 from monologue.contracts import Resolution
 from monologue.errors import InputError
 
@@ -56,7 +53,7 @@ def named_canvas(config: DiTConfig, resolution: str) -> tuple[int, int]:
     named = Resolution(resolution)
     if named is Resolution.SOURCE:
         raise ValueError("a canvas needs a named resolution (512, 720p, 1080p): 'source' depends on the portrait")
-    width, height = frame_size(16 * 256, 9 * 256, OutputSpec(resolution=cast(OutputResolution, named.value)))
+    width, height = frame_size(16 * 256, 9 * 256, OutputSpec(resolution=named))
     return canvas_size(width, height, config.canvas_multiple)
 
 

@@ -54,8 +54,7 @@ from gpu_worker.models.dit.vae import VAEDecoder, fold
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
-from monologue.contracts import ChunkKind
-from monologue.contracts import Family as FamilyName
+from monologue.contracts import ChunkKind, Family as FamilyName
 
 
 @dataclass

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpu_worker.models import INFINITETALK_PART_ENVS, INFINITETALK_WEIGHTS_ENV
+from gpu_worker.models import FAMILIES
 from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.models.dit.runtime import Precision, TorchModule
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
@@ -36,15 +36,17 @@ from gpu_worker.models.infinitetalk.config import preset
 from gpu_worker.models.infinitetalk.context import InfiniteTalkContext
 from gpu_worker.models.infinitetalk.reference import InfiniteTalkReference
 from gpu_worker.models.infinitetalk.roles import InfiniteTalkAudioToVideo, InfiniteTalkDecoder, PassThrough
-from gpu_worker.pipeline.module import Family
+from gpu_worker.pipeline.module import ModelSet
+from monologue.contracts import Family
 
-WEIGHTS_ENV = INFINITETALK_WEIGHTS_ENV
-PART_ENVS = INFINITETALK_PART_ENVS
-PRESET_ENV = "MONOLOGUE_INFINITETALK_PRESET"
+_ENTRY = FAMILIES[Family.INFINITETALK]
+WEIGHTS_ENV = _ENTRY.env("weights")
+PART_ENVS = {part: _ENTRY.env(part) for part in ("wan", "wav2vec", "adapter")}
+PRESET_ENV = _ENTRY.env("preset")
 
 
 def configured() -> bool:
-    return any(os.environ.get(name, "").strip() for name in (WEIGHTS_ENV, *PART_ENVS.values()))
+    return _ENTRY.weights_configured()
 
 
 def default_weights() -> InfiniteTalkWeights:
@@ -72,18 +74,18 @@ def check_weights() -> None:
         default_weights().check()
 
 
-def build_family(weights: InfiniteTalkWeights | None = None, precision: Precision = Precision.AUTO) -> Family:
+def build_family(weights: InfiniteTalkWeights | None = None, precision: Precision = Precision.AUTO) -> ModelSet:
     """The five modules over `weights` (default: the environment's); they load when a Pipeline starts."""
     weights = weights or default_weights()
-    family = Family(
-        name="infinitetalk",
+    models = ModelSet(
+        name=Family.INFINITETALK,
         reference=InfiniteTalkReference(weights),
         context=InfiniteTalkContext(weights),
         audio_to_video=InfiniteTalkAudioToVideo(weights),
         super_resolution=PassThrough(),
         decoder=InfiniteTalkDecoder(weights),
     )
-    for module in family.modules():
+    for module in models.modules():
         if isinstance(module, TorchModule):
             module.precision = precision
-    return family
+    return models

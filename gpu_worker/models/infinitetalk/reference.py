@@ -23,11 +23,12 @@ from gpu_worker.models.infinitetalk.runtime import WanModule
 from gpu_worker.models.infinitetalk.vae import encode
 from gpu_worker.pipeline.module import Reference, ReferenceEncoder
 from gpu_worker.pipeline.types import OutputSpec
+from monologue.contracts import Resolution
 
 
 def canvas(config: InfiniteTalkConfig, width: int, height: int, output: OutputSpec) -> tuple[int, int, bool]:
     """(width, height, 720-class) of the frames for a portrait of width x height."""
-    large = output.resolution in ("720p", "1080p")
+    large = output.resolution in (Resolution.HD_720, Resolution.HD_1080)
     canvas_width, canvas_height = bucket(width, height, config.buckets_720 if large else config.buckets_480)
     if output.preview:  # half, kept on the DiT's grid (VAE stride 8 x patch 2)
         canvas_width, canvas_height = canvas_width // 32 * 16, canvas_height // 32 * 16

@@ -11,13 +11,14 @@ from gpu_worker.models.warp.features import SpeechContext
 from gpu_worker.models.warp.motion import WarpMotion
 from gpu_worker.models.warp.reference import WarpReference
 from gpu_worker.models.warp.render import PassThroughDecoder, WarpRenderer
-from gpu_worker.pipeline.module import Family
+from gpu_worker.pipeline.module import ModelSet
+from monologue.contracts import Family
 
 
-def build_family() -> Family:
+def build_family() -> ModelSet:
     """The warp family's five modules (none has weights to load)."""
-    return Family(
-        name="warp",
+    return ModelSet(
+        name=Family.WARP,
         reference=WarpReference(),
         context=SpeechContext(),
         audio_to_video=WarpMotion(),

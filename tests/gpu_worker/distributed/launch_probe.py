@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from gpu_worker.distributed import GroupBroken, GroupConfig, RankGroup
-from gpu_worker.distributed.launch import launch
+from node.launch import launch
 from tests.gpu_worker.distributed.toy import ShardedForward, WhoAmI
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from gpu_worker.distributed import DistributedPipeline, RankContext, RankGroup
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
-from monologue.contracts import Chunk
+from monologue.contracts import Chunk, Family, LipSync
 from tests.gpu_worker.distributed.sp_work import sp_scenarios
 from tests.gpu_worker.distributed.toy import (
     DiTOutputs,
@@ -30,11 +30,11 @@ from tests.gpu_worker.distributed.worlds import attempt
 
 # Generation order of a short timeline: N0 N1 I0 N2 I1.
 CHUNKS = [
-    ChunkRequest(Chunk("N", 0, 0, 8), seed=3),
-    ChunkRequest(Chunk("N", 1, 10, 8), seed=3),
-    ChunkRequest(Chunk("I", 0, 8, 2), seed=3),
-    ChunkRequest(Chunk("N", 2, 20, 8), seed=3),
-    ChunkRequest(Chunk("I", 1, 18, 2), seed=3),
+    ChunkRequest(Chunk("N", 0, 0, 8), seed=3, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk("N", 1, 10, 8), seed=3, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk("I", 0, 8, 2), seed=3, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk("N", 2, 20, 8), seed=3, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk("I", 1, 18, 2), seed=3, lip_sync=LipSync.VISEMES),
 ]
 
 
@@ -92,7 +92,7 @@ WARP_OUTPUT = OutputSpec(fps=25, resolution="512", preview=True)
 def node_activities_pipeline(group: RankGroup) -> str:
     from temporalio.testing import ActivityEnvironment
 
-    from gpu_worker.distributed.node_activities import DistributedNodeActivities
+    from node.distributed_activities import DistributedNodeActivities
 
     activities = DistributedNodeActivities(group=group, store=None, sessions=None, node_id="test")  # type: ignore[arg-type]
     # Building a pipeline heartbeats (loading weights takes long): it runs inside an activity on a node.
@@ -127,11 +127,11 @@ def drive(group: RankGroup) -> dict[str, Any]:
     )
     out["toy_plain"] = attempt(lambda: render(Pipeline(build_plain_toy("toy")), toy_portrait(), OutputSpec(fps=25)))
     out["warp_distributed"] = attempt(
-        lambda: render(DistributedPipeline(group, "warp", check_replicas=True), warp_portrait(), WARP_OUTPUT)
+        lambda: render(DistributedPipeline(group, Family.WARP, check_replicas=True), warp_portrait(), WARP_OUTPUT)
     )
     from gpu_worker.models import build_family
 
-    out["warp_plain"] = attempt(lambda: render(Pipeline(build_family("warp")), warp_portrait(), WARP_OUTPUT))
+    out["warp_plain"] = attempt(lambda: render(Pipeline(build_family(Family.WARP)), warp_portrait(), WARP_OUTPUT))
     out["node_activities"] = attempt(lambda: node_activities_pipeline(group))
     out["dit_outputs"] = attempt(lambda: group.gather_from_all(DiTOutputs()))
     out.update(sp_scenarios(group))  # sequence parallelism (sp_work.py, test_sp_pipeline.py)

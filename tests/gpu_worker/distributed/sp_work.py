@@ -22,9 +22,9 @@ from gpu_worker.models.dit.roles import ChunkLatents, DiTDecoder
 from gpu_worker.models.dit.runtime import DiTLatents
 from gpu_worker.models.dit.vae import VAEDecoder
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
-from gpu_worker.pipeline.module import Family, Reference
+from gpu_worker.pipeline.module import ModelSet, Reference
 from gpu_worker.pipeline.pipeline import Session
-from monologue.contracts import Chunk, ChunkKind
+from monologue.contracts import Chunk, ChunkKind, Family
 from tests.gpu_worker.distributed.worlds import attempt
 
 # (name, latents, decoder-context latents, video frames): N and I chunks, a ragged last chunk, and a chunk
@@ -150,7 +150,7 @@ class FailingDecoder(DiTDecoder):
         return frames
 
 
-def build_failing_dit(name: str) -> Family:
+def build_failing_dit(family: Family) -> ModelSet:
     family = build_family()
     family.decoder = FailingDecoder(default_weights())
     return family
@@ -204,7 +204,9 @@ def sp_scenarios(group: RankGroup) -> dict[str, Any]:
     out: dict[str, Any] = {"sp_degree": group.sp.degree if group.sp else 1}
     out["sp_decode"] = attempt(lambda: group.gather_from_all(DecodeCases()))
     out["dit_sp"] = attempt(
-        lambda: render_dit(DistributedPipeline(group, "dit", builder=build_failing_dit, check_replicas=True), group)
+        lambda: render_dit(
+            DistributedPipeline(group, Family.DIT, builder=build_failing_dit, check_replicas=True), group
+        )
     )
     out["dit_plain"] = attempt(lambda: render_dit(Pipeline(build_family())))
     return out

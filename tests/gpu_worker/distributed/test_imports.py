@@ -22,7 +22,7 @@ class Missing(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Missing())
 import gpu_worker.distributed
-import gpu_worker.distributed.launch
+import node.launch
 print("ok")
 """
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli.main import main
 from gpu_worker.distributed.sequence import SequenceShard, SPGroup
 from gpu_worker.distributed.sp_counts import SEED_18B
 from gpu_worker.distributed.sp_model import (
@@ -29,7 +30,6 @@ from gpu_worker.models.dit import flops
 from gpu_worker.models.dit.a2v import AudioToVideoDiT
 from gpu_worker.models.dit.config import preset
 from gpu_worker.models.dit.sr import SuperResolutionDiT
-from monologue.cli import main
 
 
 def test_one_gpu_time_is_the_counted_flops_over_the_rates() -> None:

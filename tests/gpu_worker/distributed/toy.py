@@ -21,7 +21,7 @@ from gpu_worker.pipeline import (
     ChunkRequest,
     ContextGenerator,
     Decoder,
-    Family,
+    ModelSet,
     OutputSpec,
     ReferenceEncoder,
     SuperResolution,
@@ -251,12 +251,12 @@ class Quantise(Decoder):
         return frames
 
 
-def build_sharded_toy(name: str) -> Family:
-    return Family(name, Portrait(), Loudness(), Motion(sharded=True), Paint(), Quantise())
+def build_sharded_toy(name: str) -> ModelSet:
+    return ModelSet(name, Portrait(), Loudness(), Motion(sharded=True), Paint(), Quantise())
 
 
-def build_plain_toy(name: str) -> Family:
-    return Family(name, Portrait(), Loudness(), Motion(sharded=False), Paint(), Quantise())
+def build_plain_toy(name: str) -> ModelSet:
+    return ModelSet(name, Portrait(), Loudness(), Motion(sharded=False), Paint(), Quantise())
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from skimage import data
 
-from gpu_worker.models.warp import build_family
-from gpu_worker.models.warp import parameters as p
+from gpu_worker.models.warp import build_family, parameters as p
 from gpu_worker.models.warp.layout import Layout
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, SuperResolution
 from gpu_worker.pipeline.module import Reference

@@ -14,7 +14,7 @@ from skimage import data
 from gpu_worker.models.warp import build_family
 from gpu_worker.models.warp.layout import DETECTION, Layout, _cascade, _detect_at, detect_layout
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
-from monologue.contracts import Chunk
+from monologue.contracts import Chunk, LipSync
 from monologue.errors import NoFaceFound
 from monologue.media import decode_png, decode_wav, normalise_portrait
 from tests.gpu_worker.models.test_warp import SPEECH_WAV, _ListSink
@@ -49,7 +49,9 @@ def test_a_face_of_a_tenth_of_a_wide_picture_is_found_and_renders() -> None:
     speech = decode_wav(SPEECH_WAV.read_bytes())
     session = pipeline.start_session(picture, OutputSpec(resolution="720p", preview=True), ArrayAudio(speech))
     sink = _ListSink()
-    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 8)), sink)  # frames 15-22: speech
+    pipeline.run_chunk(
+        session, ChunkRequest(Chunk("N", 0, 15, 8), lip_sync=LipSync.VISEMES), sink
+    )  # frames 15-22: speech
     frames = np.concatenate(sink.frames)
     assert frames.shape == (8, 360, 640, 3)
     assert len({frame.tobytes() for frame in frames}) > 1  # it talks

@@ -11,7 +11,7 @@ import pytest
 from gpu_worker.models.warp import build_family
 from gpu_worker.models.warp.reference import cover_crop
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, frame_size
-from monologue.contracts import Chunk
+from monologue.contracts import Chunk, LipSync
 from monologue.errors import NoFaceFound
 from tests.gpu_worker.models.test_warp import (  # noqa: F401 (module-scoped fixtures shared with it)
     _ListSink,
@@ -56,7 +56,9 @@ def test_any_portrait_size_colour_or_resolution_renders_talking_frames(
     pipeline = Pipeline(build_family())
     session = pipeline.start_session(image, output, ArrayAudio(speech))
     sink = _ListSink()
-    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 8)), sink)  # frames 15-22: speech
+    pipeline.run_chunk(
+        session, ChunkRequest(Chunk("N", 0, 15, 8), lip_sync=LipSync.VISEMES), sink
+    )  # frames 15-22: speech
 
     frames = np.concatenate(sink.frames)
     assert frames.shape == (8, expected_height, expected_width, 3)

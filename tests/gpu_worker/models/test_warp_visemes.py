@@ -12,12 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from skimage import data
 
-from gpu_worker.models.warp import build_family
-from gpu_worker.models.warp import parameters as p
+from gpu_worker.models.warp import build_family, parameters as p
 from gpu_worker.models.warp.phonemes import PHONES, WINDOW_CACHE, PhoneRecogniser, WindowCache
 from gpu_worker.models.warp.texture import _LUMA, _skin_luma
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
@@ -217,9 +215,9 @@ def assert_chunks_read_the_whole_timeline_s_mouth(
 ) -> None:
     """Every chunk of this chunking gets the viseme targets that one chunk over the whole speech gives its frames."""
     total = len(spoken.samples) * FPS // AUDIO_RATE
-    whole = _visemes(session, ChunkRequest(plan_chunks(total, n_frames=total)[0]))
+    whole = _visemes(session, ChunkRequest(plan_chunks(total, n_frames=total)[0], lip_sync=LipSync.VISEMES))
     for chunk in plan_chunks(total, n_frames=n_frames, i_frames=i_frames, first_frames=first):
-        targets = _visemes(session, ChunkRequest(chunk))
+        targets = _visemes(session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES))
         assert np.array_equal(targets, whole[chunk.first_frame : chunk.end_frame]), chunk.name
 
 
@@ -237,7 +235,7 @@ def test_the_mouth_is_the_same_for_every_chunk_layout(
         recorder.latents.clear()
         chunks = plan_chunks(total, n_frames=n_frames, i_frames=i_frames, first_frames=first_frames)
         for chunk in chunks:
-            pipeline.run_chunk(session, ChunkRequest(chunk), _ListSink())
+            pipeline.run_chunk(session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink())
         timeline = np.argsort([chunk.first_frame for chunk in chunks])
         latents = np.concatenate([recorder.latents[index] for index in timeline])
         assert np.array_equal(latents[:, mouth], spoken_render.latents[:, mouth]), (n_frames, i_frames)
@@ -265,7 +263,9 @@ def test_a_live_feed_with_exactly_the_planned_lookahead_renders_the_render_s_fra
         audio.update(stored, ended)
         available = live_frames(stored, options, ended=ended)
         for chunk in planner.advance(available, final=ended):
-            hashes[chunk.first_frame] = pipeline.run_chunk(session, ChunkRequest(chunk), _ListSink()).frame_hashes
+            hashes[chunk.first_frame] = pipeline.run_chunk(
+                session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink()
+            ).frame_hashes
     live_hashes = [digest for start in sorted(hashes) for digest in hashes[start]]
     assert len(live_hashes) == len(spoken.samples) * FPS // AUDIO_RATE
     assert live_hashes == _render_with_first_chunk(portrait, spoken, output, 16)
@@ -276,7 +276,9 @@ def _render_with_first_chunk(portrait: np.ndarray, spoken: Spoken, output: Outpu
     session = pipeline.start_session(portrait, output, ArrayAudio(spoken.samples))
     total = len(spoken.samples) * FPS // AUDIO_RATE
     results = {
-        chunk.first_frame: pipeline.run_chunk(session, ChunkRequest(chunk), _ListSink()).frame_hashes
+        chunk.first_frame: pipeline.run_chunk(
+            session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink()
+        ).frame_hashes
         for chunk in plan_chunks(total, n_frames=40, i_frames=4, first_frames=first)
     }
     return [digest for start in sorted(results) for digest in results[start]]
@@ -292,15 +294,21 @@ def test_a_node_that_never_saw_the_session_resumes_it_with_the_same_frames(
     first = Pipeline(build_family())
     session = first.start_session(portrait, output, ArrayAudio(spoken.samples))
     for chunk in order[:3]:  # N0 N1 I0
-        first.run_chunk(session, ChunkRequest(chunk), _ListSink())
+        first.run_chunk(session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink())
     checkpoint = session.anchors.export()
-    originals = [first.run_chunk(session, ChunkRequest(chunk), _ListSink()).frame_hashes for chunk in order[3:]]
+    originals = [
+        first.run_chunk(session, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink()).frame_hashes
+        for chunk in order[3:]
+    ]
 
     WINDOW_CACHE.clear()
     second = Pipeline(build_family())
     resumed = second.start_session(portrait, output, ArrayAudio(spoken.samples), reference=session.reference)
     resumed.anchors.restore({name: value.copy() for name, value in checkpoint.items()})
-    again = [second.run_chunk(resumed, ChunkRequest(chunk), _ListSink()).frame_hashes for chunk in order[3:]]
+    again = [
+        second.run_chunk(resumed, ChunkRequest(chunk, lip_sync=LipSync.VISEMES), _ListSink()).frame_hashes
+        for chunk in order[3:]
+    ]
     assert again == originals and len(again) >= 3
 
 
@@ -335,7 +343,9 @@ def test_the_live_planner_waits_for_exactly_the_audio_a_chunk_reads(fps: int) ->
     options = RenderOptions(lip_sync=LipSync.VISEMES, fps=fps)
     for end in range(1, 4 * fps):
         reads = [
-            context.audio_range(ChunkRequest(Chunk(ChunkKind.N, 0, end - n, n)), fps, AUDIO_RATE)[1]
+            context.audio_range(
+                ChunkRequest(Chunk(ChunkKind.N, 0, end - n, n), lip_sync=LipSync.VISEMES), fps, AUDIO_RATE
+            )[1]
             for n in (1, 16, 40)
             if n <= end
         ]

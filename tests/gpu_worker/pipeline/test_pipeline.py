@@ -14,7 +14,7 @@ from gpu_worker.pipeline import (
     ChunkRequest,
     ContextGenerator,
     Decoder,
-    Family,
+    ModelSet,
     OutputSpec,
     Pipeline,
     ReferenceEncoder,
@@ -96,8 +96,8 @@ class ListSink:
         self.frames.extend(frames.copy())
 
 
-def family() -> Family:
-    return Family("fake", Reference_(), Loudness(), Walk(), Paint(), Clip())
+def family() -> ModelSet:
+    return ModelSet("fake", Reference_(), Loudness(), Walk(), Paint(), Clip())
 
 
 @pytest.fixture

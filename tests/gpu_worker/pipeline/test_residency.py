@@ -18,17 +18,17 @@ from gpu_worker.models.dit import SMOKE_SEED, build_family
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.runtime import Precision
-from gpu_worker.pipeline import ArrayAudio, ChunkRequest, Family, OutputSpec, Pipeline
+from gpu_worker.pipeline import ArrayAudio, ChunkRequest, ModelSet, OutputSpec, Pipeline
 from gpu_worker.pipeline.module import Role
 from gpu_worker.pipeline.pipeline import SWITCH_KEY, Session
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
-from monologue.contracts import Chunk, ChunkKind, Residency
+from monologue.contracts import Chunk, ChunkKind, Family, LipSync, Residency
 
 # Generation order N0 N1 I0, boundaries on multiples of the VAE's temporal stride (4).
 CHUNKS = [
-    ChunkRequest(Chunk(ChunkKind.N, 0, 0, 8), seed=5),
-    ChunkRequest(Chunk(ChunkKind.N, 1, 12, 8), seed=5),
-    ChunkRequest(Chunk(ChunkKind.I, 0, 8, 4), seed=5),
+    ChunkRequest(Chunk(ChunkKind.N, 0, 0, 8), seed=5, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk(ChunkKind.N, 1, 12, 8), seed=5, lip_sync=LipSync.VISEMES),
+    ChunkRequest(Chunk(ChunkKind.I, 0, 8, 4), seed=5, lip_sync=LipSync.VISEMES),
 ]
 
 
@@ -61,11 +61,11 @@ def audio() -> ArrayAudio:
     return ArrayAudio(np.random.default_rng(2).normal(scale=0.1, size=16_000 * 2).astype(np.float32))
 
 
-def tiny(precision: Precision = Precision.AUTO) -> Family:
+def tiny(precision: Precision = Precision.AUTO) -> ModelSet:
     return build_family(Weights(TINY, seed=SMOKE_SEED), precision)
 
 
-def device_bytes(family: Family, role: Role) -> int:
+def device_bytes(family: ModelSet, role: Role) -> int:
     return sum(
         parameter.untyped_storage().nbytes()
         for model in family.module(role).device_models()
@@ -78,16 +78,16 @@ def checked(stage: type[Stage], run: Run) -> type[Stage]:
 
     class Checked(stage):  # type: ignore[misc,valid-type]
         def run(self, session: Session, state: ChunkState) -> None:
-            before = {role: device_bytes(session.family, role) for role in Role}
+            before = {role: device_bytes(session.models, role) for role in Role}
             super().run(session, state)
-            after = {role: device_bytes(session.family, role) for role in Role}
+            after = {role: device_bytes(session.models, role) for role in Role}
             run.seen.append((self.role, before, after))
 
     return Checked
 
 
 def render(
-    family: Family, residency: Residency, *, chunks: list[ChunkRequest] = CHUNKS, image: np.ndarray | None = None
+    family: ModelSet, residency: Residency, *, chunks: list[ChunkRequest] = CHUNKS, image: np.ndarray | None = None
 ) -> Run:
     run = Run()
     output = OutputSpec(fps=25) if image is None else OutputSpec(fps=25, resolution="512", preview=True)
@@ -139,8 +139,8 @@ def test_a_family_without_torch_models_renders_the_same_in_both_modes() -> None:
     with Image.open(Path(__file__).resolve().parents[3] / "monologue" / "samples" / "portrait.jpg") as opened:
         image = np.asarray(opened.convert("RGB"))
     chunks = CHUNKS[:2]
-    resident = render(build_family_by_name("warp"), Residency.RESIDENT, chunks=chunks, image=image)
-    switched = render(build_family_by_name("warp"), Residency.SWITCH, chunks=chunks, image=image)
+    resident = render(build_family_by_name(Family.WARP), Residency.RESIDENT, chunks=chunks, image=image)
+    switched = render(build_family_by_name(Family.WARP), Residency.SWITCH, chunks=chunks, image=image)
     assert switched.hashes == resident.hashes
     assert all(stage_ms[SWITCH_KEY] == 0 for stage_ms in switched.stage_ms)
 

@@ -12,8 +12,7 @@ import torch
 from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, default_weights
 from gpu_worker.models.dit.checkpoint import MODEL_NAMES, Checkpoint, CheckpointError, Weights
 from gpu_worker.models.dit.config import TINY, DiTConfig, preset
-from gpu_worker.models.dit.make_checkpoint import main as make_checkpoint_main
-from gpu_worker.models.dit.make_checkpoint import parameter_counts
+from gpu_worker.models.dit.make_checkpoint import main as make_checkpoint_main, parameter_counts
 from monologue.storage import LocalStore, S3Store
 from tests.s3_server import S3Server
 

@@ -10,8 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load as load_tensors
-from safetensors.numpy import save as save_tensors
+from safetensors.numpy import load as load_tensors, save as save_tensors
 
 from gpu_worker.models import build_family as build_family_by_name
 from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, build_family
@@ -21,7 +20,7 @@ from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.runtime import TorchModule
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session
-from monologue.contracts import Chunk, ChunkKind
+from monologue.contracts import Chunk, ChunkKind, Family
 from monologue.errors import InputError
 from monologue.plan import plan_chunks
 
@@ -163,21 +162,21 @@ def test_offload_and_restore_keep_the_frames(portrait: np.ndarray, speech: np.nd
 
 
 def test_every_transformer_exposes_its_blocks_for_sharding(pipeline: Pipeline) -> None:
-    for module in pipeline.family.modules():
+    for module in pipeline.models.modules():
         assert isinstance(module, TorchModule)
         for name, model in module.models.items():
             if name.startswith("vae"):
                 continue
             blocks = getattr(model, "blocks", None)
             assert isinstance(blocks, torch.nn.ModuleList) and len(blocks) > 0, name
-    a2v = pipeline.family.audio_to_video
+    a2v = pipeline.models.audio_to_video
     assert isinstance(a2v, TorchModule)
     assert isinstance(a2v.models["a2v"], AudioToVideoDiT)
 
 
 def test_the_family_builds_by_name_with_the_smoke_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WEIGHTS_ENV, raising=False)
-    family = build_family_by_name("dit")
+    family = build_family_by_name(Family.DIT)
     assert family.name == "dit"
     assert [module.name for module in family.modules()] == [
         "reference",
@@ -190,9 +189,9 @@ def test_the_family_builds_by_name_with_the_smoke_model(monkeypatch: pytest.Monk
 
 def test_an_unusable_portrait_is_refused_at_submit_time(pipeline: Pipeline) -> None:
     with pytest.raises(InputError, match="too small"):
-        pipeline.family.reference.check(np.zeros((12, 40, 3), np.uint8))
+        pipeline.models.reference.check(np.zeros((12, 40, 3), np.uint8))
     with pytest.raises(InputError, match="uint8"):
-        pipeline.family.reference.check(np.zeros((40, 40, 3), np.float32))
+        pipeline.models.reference.check(np.zeros((40, 40, 3), np.float32))
 
 
 def _rss_mb() -> float:

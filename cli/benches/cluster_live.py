@@ -14,11 +14,11 @@ import numpy as np
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
+from cli.cluster import Cluster
+from cli.live_stream import start_session
 from monologue.client import auth
 from monologue.client.live import MESSAGE_SAMPLES
-from monologue.cluster import Cluster
 from monologue.errors import ApiError
-from monologue.live_client import start_session
 from monologue.media import AUDIO_RATE
 
 OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": 16, "i_frames": 4, "seed": 11}

@@ -1,5 +1,5 @@
 """`monologue bench cluster` end to end: a fresh PostgreSQL database, SeaweedFS, the loopback cluster and a real
-Prometheus scraping every API and node, then the scenario (monologue/bench_cluster.py) and the Prometheus figures.
+Prometheus scraping every API and node, then the scenario (cli/benches/cluster.py) and the Prometheus figures.
 Counters of a killed process lose what it counted since its last scrape (every second here)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from monologue.bench_cluster import Report, Scenario, run
-from monologue.cluster import cluster, fresh_database
-from monologue.prometheus_server import Prometheus, prometheus
-from monologue.seaweed import seaweed_s3
+from cli.benches.cluster import Report, Scenario, run
+from cli.cluster import cluster, fresh_database
+from cli.prometheus_server import Prometheus, prometheus
+from cli.seaweed import seaweed_s3
 
 WINDOW = "[2h]"  # longer than any run: increase() over it is the run's total, counter resets included
 

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from monologue.db import IdempotencyKeyRow, utcnow
-from monologue.repo_nodes import aware
+from monologue.repo.nodes import aware
 
 
 class Claimed(StrEnum):

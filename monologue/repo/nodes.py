@@ -11,9 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from monologue.db import NodeRow, utcnow
-
-NODE_STATUSES = ("up", "draining", "stopped")
+from monologue.db import NodeRow, NodeStatus, utcnow
 
 
 def report_node(
@@ -21,15 +19,15 @@ def report_node(
     *,
     node_id: str,
     capacity: int,
-    status: str,
+    status: NodeStatus,
     sessions: list[str],
     chunks_done: int,
     memory_mb: float | None,
     started_at: datetime,
 ) -> None:
     """Upsert the node's row with a fresh heartbeat (a node restarted under the same id overwrites it)."""
-    if status not in NODE_STATUSES:
-        raise ValueError(f"node status must be one of {', '.join(NODE_STATUSES)}, got {status!r}")
+    if status not in set(NodeStatus):
+        raise ValueError(f"node status must be one of {', '.join(NodeStatus)}, got {status!r}")
     db.merge(
         NodeRow(
             id=node_id,
@@ -60,7 +58,7 @@ def heartbeat_age_s(node: NodeRow, *, now: datetime) -> float:
 
 def chunks_per_minute(node: NodeRow, *, now: datetime) -> float:
     """Chunks done per minute since the node started (up to its last heartbeat once it has stopped)."""
-    end = aware(node.heartbeat_at) if node.status == "stopped" else now
+    end = aware(node.heartbeat_at) if node.status == NodeStatus.STOPPED else now
     minutes = (end - aware(node.started_at)).total_seconds() / 60
     return node.chunks_done / minutes if minutes > 0 else 0.0
 

@@ -1,7 +1,7 @@
 """A Monologue cluster on loopback, as real processes: one Temporal dev server, PostgreSQL (a fresh database on a
 server you give), SeaweedFS as S3, several API processes and several nodes, each node with its own metrics and
 probe port. Processes can be SIGKILLed and restarted; what the nodes logged about their leases is read back.
-`monologue bench cluster` and tests/test_cluster_chaos.py drive it (monologue/bench_cluster.py)."""
+`monologue bench cluster` and tests/test_cluster_chaos.py drive it (cli/benches/cluster.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, text
 
-from monologue.seaweed import S3Server
+from cli.seaweed import S3Server
+from cli.stack import Child, Stack, free_port, http_ok
 from monologue.settings import (
     ApiSettings,
     LimitSettings,
@@ -28,7 +29,6 @@ from monologue.settings import (
     StorageSettings,
     TemporalSettings,
 )
-from monologue.stack import Child, Stack, free_port, http_ok
 
 BUCKET = "monologue-cluster"
 

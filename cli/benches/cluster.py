@@ -1,4 +1,4 @@
-"""`monologue bench cluster`: sessions through a loopback cluster (monologue/cluster.py) while nodes and an API
+"""`monologue bench cluster`: sessions through a loopback cluster (cli/cluster.py) while nodes and an API
 process are SIGKILLed and restarted; checks what must hold and prints figures.
 
 What must hold (`Report.problems`, empty when all do; tests/test_cluster_chaos.py asserts it on the small
@@ -21,10 +21,10 @@ from typing import Any
 
 from sqlalchemy import select
 
+from cli.benches.cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
+from cli.cluster import Cluster, Kill, Shape
 from monologue import keys
-from monologue.bench_cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
 from monologue.client import Client
-from monologue.cluster import Cluster, Kill, Shape
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from gpu_worker.registry import NodeReporter, resident_mb
-from monologue import repo_nodes
-from monologue.db import make_engine, make_sessionmaker, migrate
+from monologue.db import NodeStatus, make_engine, make_sessionmaker, migrate
+from monologue.repo import nodes as repo_nodes
+from node.registry import NodeReporter, resident_mb
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ async def test_reporter_refreshes_sessions_and_chunk_count_every_tick(sessions: 
     held.append("s2")
     chunks[0] = 5
     await _eventually(lambda: (_row(sessions) or ())[:3] == ("up", ["s1", "s2"], 5))
-    reporter.set_status("stopped")
+    reporter.set_status(NodeStatus.STOPPED)
     await asyncio.wait_for(running, timeout=5)
 
 
@@ -69,10 +69,10 @@ async def test_a_status_change_is_written_at_once_and_stopped_last(sessions: ses
     reporter = _reporter(sessions, held, chunks, interval_s=60)  # no tick during the test
     running = asyncio.create_task(reporter.run())
     await _eventually(lambda: (_row(sessions) or ("",))[0] == "up")
-    reporter.set_status("draining")
+    reporter.set_status(NodeStatus.DRAINING)
     await _eventually(lambda: (_row(sessions) or ("",))[0] == "draining")
     held.clear()
-    reporter.set_status("stopped")
+    reporter.set_status(NodeStatus.STOPPED)
     await asyncio.wait_for(running, timeout=5)  # returns once `stopped` is written
     assert (_row(sessions) or ())[:3] == ("stopped", [], 3)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from monologue.contracts import LipSync, Residency
+from monologue.contracts import Family, LipSync, Residency, Resolution
 from monologue.settings import get_settings
 
 
@@ -17,9 +17,11 @@ def bench() -> None:
 
 @bench.command("pipeline")
 @click.option("--minutes", type=float, default=2.0, show_default=True, help="Minutes of speech to render.")
-@click.option("--resolution", type=click.Choice(["source", "512", "720p", "1080p"]), default="720p", show_default=True)
+@click.option(
+    "--resolution", type=click.Choice([r.value for r in Resolution]), default=Resolution.HD_720.value, show_default=True
+)
 @click.option("--preview", is_flag=True, help="Half resolution, same motion.")
-@click.option("--family", default="warp", show_default=True)
+@click.option("--family", type=click.Choice([f.value for f in Family]), default=Family.WARP.value, show_default=True)
 @click.option(
     "--lip-sync",
     type=click.Choice([mode.value for mode in LipSync]),
@@ -36,7 +38,11 @@ def bench_pipeline_command(
     from gpu_worker.bench import bench_pipeline, report_json
 
     report = bench_pipeline(
-        minutes=minutes, resolution=resolution, preview=preview, family=family, lip_sync=LipSync(lip_sync)
+        minutes=minutes,
+        resolution=Resolution(resolution),
+        preview=preview,
+        family=Family(family),
+        lip_sync=LipSync(lip_sync),
     )
     click.echo(report_json(report) if as_json else report.table())
 
@@ -126,7 +132,7 @@ def bench_sp_command(
 def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
     """Decode SECONDS of FLAC silence (about half a megabyte for an hour) as a node does at submit; print the
     outcome and how much the process's peak RSS grew. Run it in a fresh process: the peak is per process."""
-    from monologue.bench_upload import bench_upload
+    from cli.benches.upload import bench_upload
 
     limit = max_audio_seconds if max_audio_seconds is not None else get_settings().limits.max_audio_seconds
     click.echo(bench_upload(max_seconds=limit, seconds=seconds).line())
@@ -138,7 +144,7 @@ def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
 def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
     """Start a private stack with two nodes and print node idle time between chunks, Temporal's round trip,
     checkpoint write time, history events per chunk and recovery time after a node kill."""
-    from monologue.bench_orchestration import bench_orchestration
+    from cli.benches.orchestration import bench_orchestration
 
     click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
 
@@ -174,9 +180,9 @@ def bench_cluster_command(
     utilisation and Prometheus figures, and every check that failed (exit 1)."""
     import dataclasses
 
-    from monologue.bench_cluster import FULL, SMALL
-    from monologue.bench_cluster_run import bench_cluster
-    from monologue.cluster import Shape
+    from cli.benches.cluster import FULL, SMALL
+    from cli.benches.cluster_run import bench_cluster
+    from cli.cluster import Shape
 
     scenario = SMALL if small else FULL
     if not small:

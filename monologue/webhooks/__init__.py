@@ -6,7 +6,7 @@ Endpoints belong to a tenant and may point only where the operator allows that t
 (MONOLOGUE_WEBHOOKS__ALLOWED_URLS, `{tenant}` filled in, a trailing `*` any rest) and, when delivered, only to
 public addresses or ranges the operator allows (`monologue.outbound`, checked on the address connected to). This
 module is the one definition of both; the API applies it when an endpoint is made, each delivery before it sends.
-Data access is in `monologue/repo_webhooks.py`; delivery runs on the nodes (`activities/webhooks.py`)."""
+Data access is in `monologue/repo/webhooks.py`; delivery runs on the nodes (`activities/webhooks.py`)."""
 
 from __future__ import annotations
 

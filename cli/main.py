@@ -11,20 +11,20 @@ from typing import Any
 
 import click
 
-from monologue import __version__
-from monologue import options as options_
-from monologue.cli_bench import bench
-from monologue.cli_options import given_options, model_options
-from monologue.cli_renders import api_target, renders
-from monologue.cli_temporal import temporal
-from monologue.cli_webhooks import webhooks
+from cli.bench import bench
+from cli.options import given_options, model_options
+from cli.renders import api_target, renders
+from cli.temporal import temporal
+from cli.webhooks import webhooks
+from monologue import __version__, options as options_
+from monologue.contracts import SessionStatus
 from monologue.exit import exit_when_done
 from monologue.settings import Settings, describe_settings, get_settings
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
 SETTINGS_HELP = "\b\nSettings (environment variables; nested groups use `__`):\n" + describe_settings()
 # The session options `render` and `live` take, one --option per field: an option added to this model appears
-# in both commands' --help with no edit here (monologue/cli_options.py).
+# in both commands' --help with no edit here (cli/options.py).
 SESSION_OPTIONS = options_.request_model()  # derived from contracts.RenderOptions, the one definition
 
 
@@ -51,7 +51,7 @@ def _configured() -> Settings:
 @main.command(epilog=SETTINGS_HELP)
 def up() -> None:
     """Start Temporal, the API and one node on this machine; Ctrl-C stops them all."""
-    from monologue.stack import Stack
+    from cli.stack import Stack
 
     settings = get_settings()
     # Ctrl-C is recorded from the start: raised as KeyboardInterrupt inside a start-up check (the Temporal
@@ -92,7 +92,7 @@ def api() -> None:
 @main.command()
 def node() -> None:
     """Run one node: poll the shared queue and this node's own queue."""
-    from gpu_worker.node import run_node
+    from node.worker import run_node
 
     exit_when_done(lambda: asyncio.run(run_node(_configured())))
 
@@ -143,7 +143,7 @@ def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json
     """Stream AUDIO into a live session of PORTRAIT in real time; print its latency and TTFF."""
     import json
 
-    from monologue.live_client import stream_live
+    from cli.live_stream import stream_live
 
     url, key = api_target(api_url)
     given = given_options(options, SESSION_OPTIONS) or None
@@ -170,7 +170,7 @@ def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json
     else:
         for name, value in figures.items():
             click.echo(f"{name:>26}: {value}")
-    if session["status"] != "completed":
+    if session["status"] != SessionStatus.COMPLETED:
         raise SystemExit(f"live session ended {session['status']}: {session.get('error')}")
 
 
@@ -189,7 +189,7 @@ def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json
 )
 def demo(output: Path | None, keep_running: bool | None) -> None:
     """Start the embedded stack and render the bundled sample (a real portrait, real speech)."""
-    from monologue.stack import Stack, http_ok
+    from cli.stack import Stack, http_ok
 
     settings = get_settings()
     output = output or settings.home / "demo.mp4"

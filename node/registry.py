@@ -17,8 +17,8 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from monologue import repo_nodes
-from monologue.db import utcnow
+from monologue.db import NodeStatus, utcnow
+from monologue.repo import nodes as repo_nodes
 
 log = structlog.get_logger("node")
 
@@ -44,24 +44,24 @@ class NodeReporter:
         self._interval_s = interval_s
         self._started_at = utcnow()
         self._wake = asyncio.Event()
-        self.status = "up"
+        self.status = NodeStatus.UP
 
     async def run(self) -> None:
         """Report every `interval_s`, and at once after `set_status`; return after reporting `stopped`."""
         while True:
             status = self.status
             await self._report(status)
-            if status == "stopped":
+            if status == NodeStatus.STOPPED:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self._interval_s)
             self._wake.clear()
 
-    def set_status(self, status: str) -> None:
+    def set_status(self, status: NodeStatus) -> None:
         self.status = status
         self._wake.set()
 
-    async def _report(self, status: str) -> None:
+    async def _report(self, status: NodeStatus) -> None:
         # In a thread: SQLite may wait on its lock, and the event loop must keep heartbeating. A database
         # hiccup is logged and retried at the next tick, never fatal to the node.
         held, chunks_done = self._held_sessions(), self._chunks_done()  # read here, on the loop that owns them
@@ -70,7 +70,7 @@ class NodeReporter:
         except SQLAlchemyError as err:
             log.warning("node report failed", node_id=self._node_id, error=str(err))
 
-    def _write(self, status: str, held: list[str], chunks_done: int) -> None:
+    def _write(self, status: NodeStatus, held: list[str], chunks_done: int) -> None:
         with self._sessions() as db:
             repo_nodes.report_node(
                 db,

@@ -1,7 +1,7 @@
 """Data access for webhooks: endpoints per tenant, deliveries (one per message and endpoint) and their attempts.
 Keyword-only functions over a SQLAlchemy session; a delivery's row is written once (its id is deterministic, so a
 retried activity finds it) and every attempt adds one attempt row. Endpoints' secrets are stored encrypted
-(`monologue.webhook_secrets`) and dropped when the endpoint is deleted."""
+(`monologue.webhooks.encryption`) and dropped when the endpoint is deleted."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from cryptography.fernet import MultiFernet
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from monologue import webhook_secrets, webhooks
+from monologue import webhooks
 from monologue.db import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow, utcnow
 from monologue.errors import InputError
 from monologue.repo import lock_tenant  # the one per-tenant lock: the session limit and this one
 from monologue.schemas import DeliveryStatus, WebhookEvent
+from monologue.webhooks import encryption as webhook_secrets
 
 
 class EndpointLimitReached(InputError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from monologue.cli_renders import api_option, connected, json_option
+from cli.renders import api_option, connected, json_option
 from monologue.schemas import WebhookEvent
 
 
@@ -80,9 +80,10 @@ def rotate_key_command() -> None:
     """Re-encrypt every stored endpoint secret under the first of MONOLOGUE_WEBHOOKS__SECRET_KEYS (list the new
     key first and the old ones after it, here and on every API and node; drop an old key once this has run).
     Also encrypts secrets stored in clear before encryption, and drops those of deleted endpoints."""
-    from monologue import repo_webhooks, webhook_secrets
     from monologue.db import make_engine, make_sessionmaker, migrate
+    from monologue.repo import webhooks as repo_webhooks
     from monologue.settings import get_settings
+    from monologue.webhooks import encryption as webhook_secrets
 
     settings = get_settings()
     keys = webhook_secrets.keyring(settings)

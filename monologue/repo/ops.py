@@ -11,7 +11,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from monologue.contracts import SessionKind, SessionStatus
-from monologue.db import CheckpointRow, ChunkRow, SessionRow
+from monologue.db import CheckpointRow, ChunkRow, ChunkStatus, SessionRow
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def chunk_totals(db: Session, *, session_ids: Iterable[str]) -> dict[str, ChunkT
         return {}
     query = (
         select(ChunkRow.session_id, func.count(), func.coalesce(func.sum(ChunkRow.frames), 0))
-        .where(ChunkRow.session_id.in_(ids), ChunkRow.status == "done")
+        .where(ChunkRow.session_id.in_(ids), ChunkRow.status == ChunkStatus.DONE)
         .group_by(ChunkRow.session_id)
     )
     return {sid: ChunkTotals(int(count), int(frames)) for sid, count, frames in db.execute(query)}

@@ -1,7 +1,7 @@
-"""One multi-GPU node: `torchrun --nproc-per-node <gpus> -m gpu_worker.distributed.launch`.
+"""One multi-GPU node: `torchrun --nproc-per-node <gpus> -m node.launch`.
 
 Every rank pins itself to its GPU's NUMA node and joins the node's rank group. Rank 0 then runs the
-ordinary node process (`gpu_worker.node.run_node`: the Temporal workers, leases, publishing) with pinned
+ordinary node process (`node.worker.run_node`: the Temporal workers, leases, publishing) with pinned
 activities whose pipelines run on every rank; the other ranks serve rank 0's steps until it shuts them
 down. The node's settings are read by rank 0 only, as in a single-process node, except the two every rank
 needs before it joins: `MONOLOGUE_SP_DEGREE` (how many ranks split each model forward: unset, all of them;
@@ -93,8 +93,8 @@ def serve_node(group: RankGroup) -> int:
 async def _run_node(group: RankGroup, settings: Settings) -> None:
     import asyncio
 
-    from gpu_worker.distributed.node_activities import DistributedNodeActivities
-    from gpu_worker.node import run_node
+    from node.distributed_activities import DistributedNodeActivities
+    from node.worker import run_node
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
-from monologue.db import CheckpointRow, ChunkRow, SessionRow, SinkRow, utcnow
+from monologue.db import CheckpointRow, ChunkRow, ChunkStatus, SessionRow, utcnow
 
 
 def create_session(
@@ -151,7 +151,7 @@ def record_chunk(
             index=index,
             first_frame=first_frame,
             frames=frames,
-            status="done",
+            status=ChunkStatus.DONE,
             attempt=attempt,
             node_id=node_id,
             stage_ms=stage_ms,
@@ -171,7 +171,9 @@ def record_chunk(
 
 def chunks_done(db: Session, *, session_id: str) -> int:
     query = (
-        select(func.count()).select_from(ChunkRow).where(ChunkRow.session_id == session_id, ChunkRow.status == "done")
+        select(func.count())
+        .select_from(ChunkRow)
+        .where(ChunkRow.session_id == session_id, ChunkRow.status == ChunkStatus.DONE)
     )
     return int(db.scalar(query) or 0)
 
@@ -254,7 +256,9 @@ def get_checkpoint(db: Session, *, session_id: str, index: int) -> CheckpointRow
 
 def generated_chunks(db: Session, *, session_id: str) -> set[tuple[str, int]]:
     """(kind, index) of every chunk done: where a resumed session picks up."""
-    query = select(ChunkRow.kind, ChunkRow.index).where(ChunkRow.session_id == session_id, ChunkRow.status == "done")
+    query = select(ChunkRow.kind, ChunkRow.index).where(
+        ChunkRow.session_id == session_id, ChunkRow.status == ChunkStatus.DONE
+    )
     return {(kind, index) for kind, index in db.execute(query)}
 
 
@@ -375,29 +379,3 @@ def _percentile(ordered: list[float], percent: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def record_sink(
-    db: Session, *, session_id: str, name: str, kind: str, status: str, acknowledged: int, error: str | None = None
-) -> None:
-    """Upsert a sink's progress (one row per session and sink: pumps never write each other's rows)."""
-    db.merge(
-        SinkRow(
-            session_id=session_id,
-            name=name,
-            kind=kind,
-            status=status,
-            acknowledged=acknowledged,
-            error=error,
-            updated_at=utcnow(),
-        )
-    )
-    db.commit()
-
-
-def get_sink(db: Session, *, session_id: str, name: str) -> SinkRow | None:
-    return db.get(SinkRow, (session_id, name))
-
-
-def list_sinks(db: Session, *, session_id: str) -> list[SinkRow]:
-    return list(db.scalars(select(SinkRow).where(SinkRow.session_id == session_id).order_by(SinkRow.name)))

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from monologue.stack import free_port
+from cli.stack import free_port
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from cli.stack import Stack, free_port
 from monologue.client import Client
+from monologue.contracts import SessionStatus
 from monologue.media import decode_wav, encode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-from monologue.stack import Stack, free_port
 
 SAMPLES = Path(__file__).resolve().parent / "samples"
 
@@ -128,8 +129,8 @@ def bench_orchestration(*, minutes: float = 1.0, lease_timeout_s: float = 5.0) -
             _KEY[api] = stack.api_key
             audio = _speech(minutes, folder)
             session_id = _submit(api, audio)
-            render = _wait(api, session_id, lambda r: r["status"] in ("completed", "failed"))
-            if render["status"] != "completed":
+            render = _wait(api, session_id, lambda r: r["status"] in (SessionStatus.COMPLETED, SessionStatus.FAILED))
+            if render["status"] != SessionStatus.COMPLETED:
                 raise RuntimeError(f"the benchmark render failed: {render['error']}")
             engine = make_engine(settings.db_url)
             with make_sessionmaker(engine)() as db:

@@ -87,7 +87,7 @@ class Stack:
             migrate(self.settings.db_url)
             self.api_key = self._local_key()
             api = self.settings.api
-            self._spawn("api", [sys.executable, "-m", "monologue", "api"])
+            self._spawn("api", [sys.executable, "-m", "cli", "api"])
             if with_node:
                 self.start_node()
             self._wait(lambda: http_ok(f"http://{api.host}:{api.port}/healthz"), "api", timeout_s)
@@ -115,19 +115,19 @@ class Stack:
     def start_node(self, node_id: str | None = None, *, ranks: int = 1, env: dict[str, str] | None = None) -> Child:
         """Start a node (another one, with `node_id`); `env` adds to its environment (e.g. its own ports). With
         `ranks` > 1 a multi-GPU node of that many processes under torchrun (gloo on a CPU), one node to Temporal,
-        its models split across the ranks (gpu_worker.distributed.launch)."""
+        its models split across the ranks (node.launch)."""
         node_env = {"MONOLOGUE_NODE__ID": node_id} if node_id else {}
-        command = [sys.executable, "-m", "monologue", "node"]
+        command = [sys.executable, "-m", "cli", "node"]
         if ranks > 1:
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
             command += ["--max-restarts", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-            command += ["-m", "gpu_worker.distributed.launch"]
+            command += ["-m", "node.launch"]
         return self._spawn(f"node-{node_id or self.settings.node.id}", command, node_env | (env or {}))
 
     def start_api(self, name: str, port: int, timeout_s: float = 60.0) -> Child:
         """Another API process (a replica behind the same load balancer) on `port`; waits until it answers."""
         env = {"MONOLOGUE_API__PORT": str(port), "MONOLOGUE_API__PUBLIC_URL": f"http://{self.settings.api.host}:{port}"}
-        child = self._spawn(name, [sys.executable, "-m", "monologue", "api"], env)
+        child = self._spawn(name, [sys.executable, "-m", "cli", "api"], env)
         self._wait(lambda: http_ok(f"http://{self.settings.api.host}:{port}/healthz"), name, timeout_s)
         return child
 

@@ -19,17 +19,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from monologue import __version__
-from monologue import contracts as c
-from monologue import options as options_
-from monologue.cli import SESSION_OPTIONS, main
-from monologue.cli_options import given_options, model_options
-from monologue.stack import Stack, free_port, http_ok
+from cli.main import SESSION_OPTIONS, main
+from cli.options import given_options, model_options
+from cli.stack import Stack, free_port, http_ok
+from monologue import __version__, contracts as c, options as options_
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, decode_video, submit, wav_bytes
 
 pytestmark = pytest.mark.slow
-MONOLOGUE = [sys.executable, "-m", "monologue"]
+MONOLOGUE = [sys.executable, "-m", "cli"]
 
 
 def _children(pid: int) -> set[int]:
@@ -69,11 +67,11 @@ def _up(tmp_path: Path) -> subprocess.Popen[bytes]:
         "MONOLOGUE_TEMPORAL__ADDRESS": f"127.0.0.1:{free_port()}",
         "MONOLOGUE_TEMPORAL__UI_PORT": str(free_port()),
         "MONOLOGUE_API__PORT": str(api_port),
-        # A stopping node exits within this plus gpu_worker.node.SHUTDOWN_MARGIN_S, whatever its workers do.
+        # A stopping node exits within this plus node.worker.SHUTDOWN_MARGIN_S, whatever its workers do.
         "MONOLOGUE_NODE__GRACEFUL_SHUTDOWN_S": "5",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "monologue", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "cli", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     deadline = time.monotonic() + 120
     while not http_ok(f"http://127.0.0.1:{api_port}/healthz"):
@@ -126,7 +124,7 @@ def test_render_command_reports_bad_input_without_a_traceback(api_url: str, tmp_
     not_audio = tmp_path / "notes.txt"
     not_audio.write_text("this is not speech")
     completed = subprocess.run(
-        [sys.executable, "-m", "monologue", "render", str(SAMPLES / "portrait.jpg"), str(not_audio), "--api", api_url],
+        [sys.executable, "-m", "cli", "render", str(SAMPLES / "portrait.jpg"), str(not_audio), "--api", api_url],
         capture_output=True,
         text=True,
         timeout=60,

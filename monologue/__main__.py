@@ -1,3 +1,0 @@
-from monologue.cli import main
-
-main()

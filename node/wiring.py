@@ -1,0 +1,189 @@
+"""What a node runs, wired once: its activities (`NodeParts`, built from settings) and the five Temporal workers
+that poll its queues (`make_workers`), each with the slots and throttles its queue needs. The process around them
+(start, drain, stop) is `node/worker.py`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import sessionmaker
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.fault_injection import Faults
+from activities.lease import NodeLease
+from activities.node import NodeActivities
+from activities.session import SessionActivities
+from activities.sinks import SinkActivities
+from activities.validate import ValidateActivities
+from activities.webhooks import WebhookActivities
+from monologue import contracts as c
+from monologue.settings import Settings
+from monologue.storage import ObjectStore
+from workflows.render import RenderWorkflow
+from workflows.validate import ValidateInputsWorkflow
+from workflows.webhook import WebhookDeliveryWorkflow
+
+SINK_SLOTS = 32  # sink pumps one node runs at once (each mostly waits on the network)
+WEBHOOK_SLOTS = 16  # webhook attempts one node makes at once (async: each waits on a receiver)
+# Cancellations reach activities through heartbeat responses, and progress must reach Temporal well within the
+# heartbeat timeouts: let heartbeats through within a second.
+SECOND = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """The node's activities, one object per queue's concern."""
+
+    shared: SessionActivities
+    validate: ValidateActivities
+    sinks: SinkActivities
+    hooks: WebhookActivities
+    pinned: NodeActivities
+    lease: NodeLease
+
+
+def build_parts(
+    settings: Settings,
+    *,
+    store: ObjectStore,
+    sessions: sessionmaker[Any],
+    client: Client,
+    node_activities: Callable[..., NodeActivities],
+) -> NodeParts:
+    """The activities of node `settings.node.id`; `node_activities` builds the pinned ones (a multi-GPU node passes
+    one whose pipelines run on every rank)."""
+    node = settings.node
+    faults = Faults(
+        chunk_delay_s=node.chunk_delay_s, hang_chunk=node.hang_chunk, finalize_delay_s=node.finalize_delay_s
+    )
+    return NodeParts(
+        shared=SessionActivities(store=store, sessions=sessions),
+        validate=ValidateActivities(store=store),
+        sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks),
+        hooks=WebhookActivities(sessions=sessions, settings=settings),
+        pinned=node_activities(store=store, sessions=sessions, node_id=node.id, faults=faults),
+        lease=NodeLease(client=client, node_id=node.id),
+    )
+
+
+def executors(settings: Settings) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+    """The activity threads (per session slot: the chunk running and the next one, plus the shared queue's) and
+    the sink pumps' own threads."""
+    slots = settings.node.capacity * c.CHUNK_WINDOW + 4
+    return (
+        ThreadPoolExecutor(max_workers=slots, thread_name_prefix="activity"),
+        ThreadPoolExecutor(max_workers=SINK_SLOTS, thread_name_prefix="sink"),
+    )
+
+
+def make_workers(
+    client: Client,
+    settings: Settings,
+    parts: NodeParts,
+    executor: ThreadPoolExecutor,
+    sink_executor: ThreadPoolExecutor,
+) -> list[Worker]:
+    """One worker per queue the node polls: shared, its own, the lease queue, sinks and webhooks."""
+    grace = timedelta(seconds=settings.node.graceful_shutdown_s)
+    return [
+        _shared_worker(client, settings, parts, executor, grace),
+        _node_worker(client, settings, parts, executor, grace),
+        _lease_worker(client, settings, parts, grace),
+        _sink_worker(client, settings, parts, sink_executor, grace),
+        _webhook_worker(client, settings, parts, grace),
+    ]
+
+
+def queues(settings: Settings) -> list[str]:
+    """The queues that say which node this is (for its start-up line)."""
+    shared = settings.temporal.task_queue
+    return [shared, c.lease_task_queue(shared), c.node_task_queue(settings.node.id)]
+
+
+def _shared_worker(
+    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta
+) -> Worker:
+    """RenderWorkflow and ValidateInputsWorkflow, and the activities any node may run for any session."""
+    return Worker(
+        client,
+        task_queue=settings.temporal.task_queue,
+        workflows=[RenderWorkflow, ValidateInputsWorkflow],
+        activities=[
+            parts.shared.prepare,
+            parts.shared.publish,
+            parts.shared.record_status,
+            parts.shared.stored_audio,
+            parts.validate.validate_inputs,
+            parts.hooks.notify_session_ended,
+        ],
+        activity_executor=executor,
+        max_concurrent_activities=4,
+        graceful_shutdown_timeout=grace,
+    )
+
+
+def _node_worker(
+    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta
+) -> Worker:
+    """The pinned work of the sessions this node holds."""
+    pinned = parts.pinned
+    return Worker(
+        client,
+        task_queue=c.node_task_queue(settings.node.id),
+        activities=[pinned.init_session, pinned.generate_chunk, pinned.finalize],
+        # Per session slot: the chunk running and the next one, waiting its turn in-process.
+        activity_executor=executor,
+        max_concurrent_activities=settings.node.capacity * c.CHUNK_WINDOW,
+        graceful_shutdown_timeout=grace,
+        max_heartbeat_throttle_interval=SECOND,
+        default_heartbeat_throttle_interval=SECOND,
+    )
+
+
+def _lease_worker(client: Client, settings: Settings, parts: NodeParts, grace: timedelta) -> Worker:
+    """The lease queue, one slot per session the node can hold: how a node takes a session."""
+    return Worker(
+        client,
+        task_queue=c.lease_task_queue(settings.temporal.task_queue),
+        activities=[parts.lease.hold_node],
+        # The node's capacity: sessions beyond it wait in the queue, in order, for a free slot.
+        max_concurrent_activities=settings.node.capacity,
+        # A released lease learns of its cancellation from a heartbeat response: send them often, so a finished
+        # session frees its slot within about a second.
+        max_heartbeat_throttle_interval=SECOND,
+        default_heartbeat_throttle_interval=SECOND,
+        graceful_shutdown_timeout=grace,
+    )
+
+
+def _sink_worker(
+    client: Client, settings: Settings, parts: NodeParts, sink_executor: ThreadPoolExecutor, grace: timedelta
+) -> Worker:
+    """Sink pumps stream for as long as their sessions: their own queue and threads, never the shared slots."""
+    return Worker(
+        client,
+        task_queue=c.sink_task_queue(settings.temporal.task_queue),
+        activities=[parts.sinks.run_sink],
+        activity_executor=sink_executor,
+        max_concurrent_activities=SINK_SLOTS,
+        max_heartbeat_throttle_interval=SECOND,
+        default_heartbeat_throttle_interval=SECOND,
+        graceful_shutdown_timeout=grace,
+    )
+
+
+def _webhook_worker(client: Client, settings: Settings, parts: NodeParts, grace: timedelta) -> Worker:
+    """Webhook deliveries: their workflows and attempts on a queue of their own, so a slow receiver waits there."""
+    return Worker(
+        client,
+        task_queue=c.webhook_task_queue(settings.temporal.task_queue),
+        workflows=[WebhookDeliveryWorkflow],
+        activities=[parts.hooks.deliver_webhook, parts.hooks.webhook_given_up],
+        max_concurrent_activities=WEBHOOK_SLOTS,
+        graceful_shutdown_timeout=grace,
+    )

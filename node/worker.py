@@ -1,0 +1,180 @@
+"""The node process: one worker machine that generates frames.
+
+It polls five Temporal task queues: the shared queue (RenderWorkflow itself, `prepare`, `publish`,
+`record_status`, `stored_audio`, `notify_session_ended`, and `validate_inputs` for the API's uploads), the lease
+queue (`hold_node`, with one slot per session the node can hold: this is how a node takes a session), its own queue
+`node-<id>` (the pinned per-session work), the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video
+Streams from storage) and the webhook queue (WebhookDeliveryWorkflow and its attempts). Heavy work runs in sync
+activities on a thread pool so the event loop keeps heartbeating.
+SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
+chunks finish."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from datetime import timedelta
+
+import structlog
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.node import NodeActivities
+from gpu_worker.models import check_configured_weights
+from gpu_worker.models.dit.checkpoint import CheckpointError
+from monologue import metrics, temporal_client, tracing
+from monologue.db import NodeStatus, make_engine, make_sessionmaker
+from monologue.settings import Settings
+from monologue.storage import open_store
+from node import http_port as node_http
+from node.registry import NodeReporter
+from node.wiring import NodeParts, build_parts, executors, make_workers, queues
+
+SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
+HEALTH_EVERY_S = 5.0  # how often the node checks that Temporal and its database answer (for /readyz)
+
+log = structlog.get_logger("node")
+
+
+async def run_node(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    node_activities: Callable[..., NodeActivities] = NodeActivities,
+    handle_signals: bool = True,
+) -> None:
+    """Run the node's workers until `stop` is set or the process gets SIGTERM/SIGINT.
+
+    `node_activities` builds the pinned activities: a multi-GPU node passes one whose pipelines run on
+    every rank (node/launch.py). `handle_signals` False: a node inside another program
+    (a test) leaves its signals alone."""
+    _check_weights()
+    stop = stop or asyncio.Event()
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    tracing.configure(settings.tracing, "monologue-node")
+    metrics.initialise()
+    engine = make_engine(settings.db_url, settings.database_pool)
+    sessions = make_sessionmaker(engine)
+    client = await _connect(settings)
+    parts = build_parts(
+        settings, store=open_store(settings.storage), sessions=sessions, client=client, node_activities=node_activities
+    )
+    node = settings.node
+    reporter = NodeReporter(
+        sessions=sessions,
+        node_id=node.id,
+        capacity=node.capacity,
+        held_sessions=parts.lease.held_sessions,
+        chunks_done=lambda: parts.pinned.chunks_done,
+    )
+    health = node_http.NodeHealth(
+        capacity=node.capacity, require_gpu=node.require_gpu, slots_used=lambda: len(parts.lease.held_sessions())
+    )
+    server = None if node.http_port is None else node_http.serve(health, node.http_host, node.http_port)
+    executor, sink_executor = executors(settings)
+    with executor, sink_executor:
+        workers = make_workers(client, settings, parts, executor, sink_executor)
+        overrun = await _serve(settings, workers, parts, reporter, health, (client, engine), stop)
+    overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
+    if server is not None:
+        server.shutdown()
+    engine.dispose()
+    tracing.shutdown()
+    log.info("node stopped", node_id=node.id)
+
+
+def _check_weights() -> None:
+    """A user's checkpoint that cannot load: say which file and key, and start nothing."""
+    try:
+        check_configured_weights()
+    except CheckpointError as exc:
+        log.error("model weights do not load", error=str(exc))
+        raise SystemExit(f"node not started: {exc}") from exc
+
+
+async def _connect(settings: Settings) -> Client:
+    node = settings.node
+    port = node.temporal_metrics_port
+    return await temporal_client.connect(
+        settings.temporal, metrics_address=None if port is None else f"{node.http_host}:{port}"
+    )
+
+
+async def _serve(
+    settings: Settings,
+    workers: list[Worker],
+    parts: NodeParts,
+    reporter: NodeReporter,
+    health: node_http.NodeHealth,
+    probes: tuple[Client, Engine],
+    stop: asyncio.Event,
+) -> threading.Timer:
+    """Poll until `stop`, then drain: hand the sessions back first (their workflows move them at once instead of
+    waiting for a heartbeat timeout) while the chunk in progress finishes as the workers shut down. Returns the
+    timer that ends the process if the shutdown overruns."""
+    node_id = settings.node.id
+    async with AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
+        reporting = asyncio.create_task(reporter.run())
+        watching = asyncio.create_task(_watch_health(health, *probes))
+        health.polling = True
+        log.info("node ready", node_id=node_id, capacity=settings.node.capacity, queues=queues(settings))
+        await stop.wait()
+        health.draining = True
+        log.info("node draining", node_id=node_id)
+        overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
+        parts.lease.draining.set()
+        reporter.set_status(NodeStatus.DRAINING)
+        await asyncio.sleep(0.5)
+    health.polling = False
+    watching.cancel()
+    reporter.set_status(NodeStatus.STOPPED)
+    await reporting
+    return overrun
+
+
+async def _watch_health(health: node_http.NodeHealth, client: Client, engine: Engine) -> None:
+    """Every few seconds: does Temporal answer, does the database? (for /readyz; never fatal to the node)."""
+
+    def database() -> None:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    while True:
+        try:
+            health.temporal_ok = await client.service_client.check_health(timeout=timedelta(seconds=3))
+            health.problems.pop("temporal", None)
+        except Exception as err:  # any failure of the RPC means the same to a probe: not reachable
+            health.temporal_ok = False
+            health.problems["temporal"] = str(err)[:200]
+        try:
+            await asyncio.to_thread(database)
+            health.database_ok = True
+            health.problems.pop("database", None)
+        except SQLAlchemyError as err:
+            health.database_ok = False
+            health.problems["database"] = str(err).splitlines()[0][:200]
+        await asyncio.sleep(HEALTH_EVERY_S)
+
+
+def _exit_after(seconds: float) -> threading.Timer:
+    """A stopping node exits within `seconds` even if a worker's shutdown never returns (Temporal's workers
+    retry RPCs to a server that is gone when the whole stack stops at once, e.g. after its parent's SIGKILL)."""
+
+    def exit_now() -> None:
+        log.warning("node shutdown overran; exiting", after_s=seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
+    return timer
