@@ -59,7 +59,7 @@ from gpu_worker.models.dit.layers import parameter_count
 from gpu_worker.models.dit.runtime import default_device
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.samples import SPEECH_RATE, sample_portrait, sample_speech
-from monologue.contracts import Residency, Resolution
+from monologue.contracts import ChunkKind, Residency, Resolution
 from monologue.plan import plan_chunks
 
 
@@ -245,7 +245,7 @@ def _render(
     rendered.size = (session.frame_width, session.frame_height)
     for position, spec in enumerate(plan):
         kind = str(spec.kind)
-        capture.kind = kind if (kind == "I" or spec.index >= 1) else None  # N0 has no boundary
+        capture.kind = kind if (kind == ChunkKind.I or spec.index >= 1) else None  # N0 has no boundary
         spent: list[float] = []
         with stopwatch(device, spent):
             result = pipeline.run_chunk(session, ChunkRequest(spec, seed=7), sink)

@@ -343,7 +343,7 @@ def _timeline(row: SessionRow, made: list[ChunkRow]) -> list[OpsChunk]:
             )
     known = {(kind, index) for kind, index, _, _ in planned}
     planned += [(c.kind, c.index, c.first_frame, c.frames) for c in made if (c.kind, c.index) not in known]
-    planned.sort(key=lambda spec: (spec[2], spec[0] != "I"))  # an empty I chunk still precedes the N after it
+    planned.sort(key=lambda spec: (spec[2], spec[0] != ChunkKind.I))  # an empty I chunk still precedes the N after it
     moved = _moved(made)
     chunks: list[OpsChunk] = []
     for kind, index, first_frame, frames in planned:

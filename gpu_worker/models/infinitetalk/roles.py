@@ -43,6 +43,7 @@ from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
+from monologue.contracts import ChunkKind
 
 
 @dataclass
@@ -58,7 +59,7 @@ def first_latent(chunk: ChunkRequest, stride: int) -> int:
     """The video latent a chunk's first latent is; a ValueError for a chunk off the grid."""
     if chunk.first_frame == 0:
         return 0
-    if (chunk.first_frame - 1) % stride or (chunk.kind == "I" and chunk.n_frames % stride):
+    if (chunk.first_frame - 1) % stride or (chunk.kind == ChunkKind.I and chunk.n_frames % stride):
         raise ValueError(
             f"{chunk.name} (frames {chunk.first_frame}..{chunk.end_frame - 1}) is off the Wan VAE's latent grid: the "
             f"infinitetalk family needs first_chunk_frames of 1 + a multiple of {stride} and chunk_frames and i_frames "
