@@ -16,12 +16,11 @@ from cli.options import given_options, model_options
 from cli.renders import api_target, renders
 from cli.temporal import temporal
 from cli.webhooks import webhooks
-from monologue import __version__, options as options_
+from monologue import SAMPLES, __version__, options as options_
 from monologue.contracts import SessionStatus
 from monologue.exit import exit_when_done
 from monologue.settings import Settings, describe_settings, get_settings
 
-SAMPLES = Path(__file__).resolve().parent / "samples"
 SETTINGS_HELP = "\b\nSettings (environment variables; nested groups use `__`):\n" + describe_settings()
 # The session options `render` and `live` take, one --option per field: an option added to this model appears
 # in both commands' --help with no edit here (cli/options.py).

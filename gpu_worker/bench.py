@@ -11,18 +11,16 @@ import json
 import resource
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.publish import SegmentWriter, StreamFormat, init_segment
+from monologue import SAMPLES
 from monologue.contracts import Family, LipSync, Resolution
 from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
 from monologue.plan import frame_count, plan_chunks
-
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 
 
 class LoopedSpeech:

@@ -4,14 +4,13 @@ the standard library, numpy and Pillow alone: the GPU benchmark and render recor
 from __future__ import annotations
 
 import wave
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from gpu_worker.pipeline.types import ArrayAudio
+from monologue import SAMPLES
 
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 SPEECH_RATE = 16_000  # speech.wav: 16 kHz mono 16-bit
 
 

@@ -20,12 +20,12 @@ from cli.stack import Stack, free_port
 from gpu_worker.models import FAMILIES
 from gpu_worker.models.infinitetalk.config import TINY
 from gpu_worker.models.infinitetalk.make_checkpoint import write
+from monologue import SAMPLES
 from monologue.client import Client
 from monologue.contracts import Family
 from monologue.db import ChunkRow
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 RENDERS = [
     {"family": "warp", "seed": 3},
     {"family": "warp", "seed": 3, "lip_sync": "loudness", "resolution": "512"},

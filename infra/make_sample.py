@@ -17,9 +17,9 @@ import numpy as np
 from PIL import Image
 from skimage import data
 
+from monologue import SAMPLES
 from monologue.media import AUDIO_RATE, decode_wav, encode_wav, normalise_audio
 
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 VOICE, WORDS_PER_MINUTE = "en-us", 170
 SENTENCES = ("Hello! I am Monologue, a talking portrait.", "Every word you hear moves my lips.")
 # Seconds of exact digital silence: before, between and after the two sentences.

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from monologue import SAMPLES
+
 # What a bare GPU machine lacks; a missing module outside this list is a real error.
 SERVICE_PACKAGES = frozenset(
     {"pydantic", "pydantic_settings", "temporalio", "av", "structlog", "fastapi", "starlette", "sqlalchemy"}
@@ -28,8 +30,6 @@ except ModuleNotFoundError as missing:
 if TYPE_CHECKING:
     from cli.stack import Stack
     from monologue.settings import Settings
-
-SAMPLES = Path(__file__).resolve().parent.parent / "monologue" / "samples"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

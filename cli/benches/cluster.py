@@ -23,12 +23,10 @@ from sqlalchemy import select
 
 from cli.benches.cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
 from cli.cluster import Cluster, Kill, Shape
-from monologue import keys
+from monologue import SAMPLES, keys
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker
-
-SAMPLES = Path(__file__).resolve().parent / "samples"
 
 
 @dataclass(frozen=True)

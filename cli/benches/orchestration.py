@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from cli.stack import Stack, free_port
+from monologue import SAMPLES
 from monologue.client import Client
 from monologue.contracts import SessionStatus
 from monologue.media import decode_wav, encode_wav, normalise_audio
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
-
-SAMPLES = Path(__file__).resolve().parent / "samples"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from hypothesis import given, settings, strategies as st
 from PIL import Image
 
 from cli.benches.upload import silence_flac
+from monologue import SAMPLES
 from monologue.errors import InputError
 from monologue.media import (
     AUDIO_RATE,
@@ -33,7 +34,6 @@ from monologue.media import (
 )
 from monologue.settings import LimitSettings
 
-SAMPLES = Path(__file__).resolve().parents[2] / "monologue" / "samples"
 SECONDS = 1.5
 TOLERANCE = 0.030  # codecs pad to whole frames; 30 ms is under one video frame at 25 fps
 
