@@ -15,7 +15,6 @@ import functools
 import hashlib
 import hmac
 import math
-import os
 import re
 import secrets
 import time
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from monologue.localfs import private_dir
+from monologue.localfs import key_file
 from monologue.schemas import PlaybackLinks
 from monologue.settings import LinkSettings, Settings
 
@@ -61,21 +60,7 @@ def link_key(settings: Settings) -> bytes:
 
 @functools.cache
 def _key_file(home: Path) -> bytes:
-    path = private_dir(home) / "link-secret"
-    if not path.exists():
-        # Written whole under a temporary name, then linked into place: of two processes starting at once, one
-        # link wins and both read its key (a plain create could be read empty by the second).
-        draft = path.with_name(f".link-secret.{os.getpid()}.{secrets.token_hex(4)}")
-        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(secrets.token_hex(32))
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
-    return path.read_bytes().strip()
+    return key_file(home, "link-secret", lambda: secrets.token_hex(32).encode())
 
 
 def sign(key: bytes, session_id: str, expires: int) -> str:

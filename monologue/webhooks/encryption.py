@@ -14,14 +14,12 @@ module never logs a key or a secret, and no error it raises shows one."""
 from __future__ import annotations
 
 import functools
-import os
-import secrets
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from monologue.errors import MonologueError
-from monologue.localfs import private_dir
+from monologue.localfs import key_file
 from monologue.settings import Settings
 from monologue.webhooks import SECRET_PREFIX
 
@@ -94,18 +92,4 @@ def _keyring(keys: tuple[str, ...], source: str) -> MultiFernet:
 @functools.cache
 def _key_file(home: Path) -> str:
     """The key in `<home>/webhook-key`, made at first use (as `<home>/link-secret` is, api/links.py)."""
-    path = private_dir(home) / KEY_FILE
-    if not path.exists():
-        # Written whole under a temporary name, then linked into place: of two processes starting at once, one
-        # link wins and both read its key (a plain create could be read empty by the second).
-        draft = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(Fernet.generate_key())
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
-    return path.read_text().strip()
+    return key_file(home, KEY_FILE, Fernet.generate_key).decode()
