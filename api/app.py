@@ -12,11 +12,12 @@ from prometheus_client import CollectorRegistry
 from monologue import __version__, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
 from monologue.logs import configure_logging, redact_query_strings
-from monologue.metrics import SessionsCollector
+from monologue.metrics import LeaseBacklogCollector, SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
 from . import problems
+from .backlog import BacklogPoller
 from .deps import Services
 from .guard import UploadGuard
 from .origin import HostPolicy, RequestGuard, browser_access
@@ -42,8 +43,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.metrics_registry = CollectorRegistry(auto_describe=True)
         app.state.metrics_registry.register(SessionsCollector(sessions_))
+        # The lease queue's backlog for the node autoscaler: polled in the background, never on a request's path.
+        backlog = BacklogPoller.for_settings(temporal, settings)
+        app.state.metrics_registry.register(LeaseBacklogCollector(backlog.figures))
+        backlog.start()
         log.info("api ready", temporal=settings.temporal.address)
         yield
+        await backlog.stop()
         engine.dispose()
 
     app = FastAPI(

@@ -3,11 +3,12 @@
 Each `progress` event carries the whole session (as `GET /v1/renders/{id}` shows it) and an `id:` derived from it
 (a digest of what it says, the signed links aside: they renew every minute). A client that reconnects with
 `Last-Event-ID` (EventSource does) gets the next event only once something changed; since every event is the
-whole state, it misses nothing. An idle stream sends a `: keep-alive` comment every
-MONOLOGUE_API__EVENTS_KEEPALIVE_S so proxies keep it open. The database is read on the thread pool, never on
-the event loop. Events are framed by FastAPI's own SSE encoder (`fastapi.sse.format_sse_event`); the keep-alive
-is part of this loop because FastAPI's own timer is fixed at 15 s and its generator endpoints cannot hold the
-stream's slot (`streams.HeldStream`) past the response."""
+whole state, it misses nothing. While the session waits for a node its `queue` (position, ETA) is part of that
+state, so a session ahead leaving, or a chunk changing the ETA, is an event too. An idle stream sends a
+`: keep-alive` comment every MONOLOGUE_API__EVENTS_KEEPALIVE_S so proxies keep it open. The database is read on
+the thread pool, never on the event loop. Events are framed by FastAPI's own SSE encoder
+(`fastapi.sse.format_sse_event`); the keep-alive is part of this loop because FastAPI's own timer is fixed at 15 s
+and its generator endpoints cannot hold the stream's slot (`streams.HeldStream`) past the response."""
 
 from __future__ import annotations
 

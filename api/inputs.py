@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Form, HTTPException
 from pydantic import ValidationError
 
-from monologue import contracts as c, options as options_, sink_policy
+from monologue import apikeys, contracts as c, options as options_, sink_policy
 
 from .deps import Services
 from .problems import describe_errors
@@ -61,18 +61,37 @@ def enum_filter(enum: type[E], value: str | None, name: str) -> E | None:
         raise HTTPException(422, f"{name}: {value!r} is not one of {allowed}") from None
 
 
-def validated_options(services: Services, given: dict[str, Any], *, tenant: str) -> c.RenderOptions:
+def validated_options(
+    services: Services, given: dict[str, Any], *, tenant: str, scopes: tuple[str, ...]
+) -> c.RenderOptions:
     """The session's options: what was given over the server's defaults (`MONOLOGUE_RENDER__*`); 422 if bad,
-    or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`)."""
+    or if a sink is not one the operator allows `tenant` (`MONOLOGUE_SINKS__*`); 403 if the caller's key (its
+    `scopes`) may not ask for what it asked (`check_priority`)."""
     try:
         options: c.RenderOptions = options_.merge(services.settings.render, given)
     except ValidationError as err:
         raise HTTPException(422, describe_errors(err.errors())) from err
+    check_priority(options, given, scopes)
     for sink in options.sinks:
         problem = sink_policy.refusal(sink, tenant=tenant, allowed=services.settings.sinks)
         if problem is not None:
             raise HTTPException(422, f"sinks: {problem}")
     return options
+
+
+def check_priority(options: c.RenderOptions, given: dict[str, Any], scopes: tuple[str, ...]) -> None:
+    """403 for `priority=high` asked by a key with none of `apikeys.HIGH_PRIORITY_SCOPES`: high jumps every normal
+    render of every tenant, so the operator grants it. Low and normal are open to all, and a server default of high
+    (`MONOLOGUE_RENDER__PRIORITY`) is the operator's own choice: only a priority the request asks for is checked."""
+    if options.priority is not c.RenderPriority.HIGH or "priority" not in given:
+        return
+    if apikeys.HIGH_PRIORITY_SCOPES.isdisjoint(scopes):
+        raise HTTPException(
+            403,
+            f"priority: {c.RenderPriority.HIGH.value} needs a key with the '{apikeys.Scope.PRIORITY.value}' scope"
+            f" (`monologue keys create --tenant NAME --scope {apikeys.Scope.PRIORITY.value}`); this key's scopes:"
+            f" {', '.join(scopes) or 'none'}. Send normal or low, or leave priority out",
+        )
 
 
 MAX_JSON_DEPTH = 16  # JSON the API reads (sinks, audio socket messages) nests far less; Python's parser recurses

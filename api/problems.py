@@ -9,12 +9,14 @@ validation problems one by one."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -24,7 +26,8 @@ from starlette.routing import BaseRoute
 
 from monologue.schemas import Problem
 
-from .errors import IdempotencyConflict, TooManySessions, ValidationUnavailable
+from . import queue
+from .errors import IdempotencyConflict, NoNodeForLive, TooManySessions, ValidationUnavailable
 
 PROBLEM_JSON = "application/problem+json"
 OPS_PREFIX = "/ops"
@@ -66,7 +69,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(TooManySessions)
     async def too_many(request: Request, err: TooManySessions) -> JSONResponse:
-        return problem_response(429, str(err), instance=request.url.path)
+        services = request.app.state.services
+        seconds = await run_in_threadpool(queue.retry_after_s, services, err.tenant or _caller_tenant(request))
+        return problem_response(429, str(err), instance=request.url.path, headers={"Retry-After": str(seconds)})
 
     @app.exception_handler(IdempotencyConflict)
     async def reused_key(request: Request, err: IdempotencyConflict) -> JSONResponse:
@@ -75,6 +80,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ValidationUnavailable)
     async def no_validator(request: Request, err: ValidationUnavailable) -> JSONResponse:
         return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": "10"})
+
+    @app.exception_handler(NoNodeForLive)
+    async def no_node(request: Request, err: NoNodeForLive) -> JSONResponse:
+        retry = str(max(1, math.ceil(err.retry_after_s)))
+        return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": retry})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> JSONResponse:
@@ -90,6 +100,13 @@ def install(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = public_schema  # type: ignore[method-assign]
+
+
+def _caller_tenant(request: Request) -> str:
+    """The tenant of the key that sent a /v1 request with a body (the upload guard checked it), as the create
+    routes name it."""
+    principal = getattr(request.state, "principal", None)
+    return (principal.tenant if principal is not None else None) or "local"
 
 
 def schema_for(app: FastAPI, routes: Sequence[BaseRoute | RouteContext], *, title: str | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import structlog
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as TemporalTimeout
+from temporalio.service import RPCError
 
 from monologue import contracts as c, keys, options as options_, repo, sink_policy
 from monologue.db import SessionRow
@@ -27,9 +28,11 @@ from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.settings import Settings
 
 from .deps import Services
-from .errors import TooManySessions, ValidationUnavailable
+from .errors import NoNodeForLive, TooManySessions, ValidationUnavailable
 
 log = structlog.get_logger("api.submit")
+
+NODE_POLL_S = 0.1  # how often a new live session's row is read while it waits for a node
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,8 @@ def check_tenant_limit(services: Services, tenant: str) -> None:
 def _too_many(tenant: str, active: int) -> TooManySessions:
     return TooManySessions(
         f"tenant {tenant} has {active} sessions queued or running, the limit"
-        " (MONOLOGUE_LIMITS__MAX_SESSIONS_PER_TENANT); wait for one to end or cancel one"
+        " (MONOLOGUE_LIMITS__MAX_SESSIONS_PER_TENANT); wait for one to end or cancel one",
+        tenant=tenant,
     )
 
 
@@ -80,6 +84,7 @@ async def _start(
     # Database and storage work runs on the thread pool, never on the event loop (every other request waits there).
     await asyncio.to_thread(check_tenant_limit, services, tenant)  # first: a tenant at its limit costs no node work
     workflow_id = c.render_workflow_id(session_id)
+    started = False  # the workflow is started: undoing ends it first
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
             await asyncio.to_thread(_stage, services, session_id, uploads)
@@ -99,15 +104,51 @@ async def _start(
                 kind=kind,
                 tenant=tenant,
             )
+            started = True
+            if kind is c.SessionKind.LIVE:
+                await _wait_for_node(services, session_id)
         except BaseException as err:
-            if isinstance(err, InputError | TooManySessions):
+            if isinstance(err, InputError | TooManySessions | NoNodeForLive):
                 log.info("submit refused; removing what was written", error=str(err))
             else:
                 log.exception("submit failed; removing what was written")
             # Shielded: a cancelled request still removes everything (the thread finishes whatever happens here).
-            await asyncio.shield(asyncio.to_thread(_undo, services, session_id))
+            await asyncio.shield(_undo_started(services, session_id, workflow_id, started))
             raise
         log.info(f"{kind} started", seconds=round(seconds, 3), width=checked.width, height=checked.height)
+
+
+async def _wait_for_node(services: Services, session_id: str) -> None:
+    """A live session is admitted once a node holds it (its row is `running`: the node's init_session marks it), so
+    its first audio finds a node ready; NoNodeForLive if none did within MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S. The
+    database is asked in short sessions on the thread pool."""
+    timeout_s = services.settings.sched.live_start_timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if await asyncio.to_thread(_has_node, services, session_id):
+            return
+        await asyncio.sleep(NODE_POLL_S)
+    raise NoNodeForLive(
+        f"no node could take the live session within {timeout_s:g} s (MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S): every"
+        " slot holds a live session or no node is up; try again shortly",
+        retry_after_s=timeout_s,
+    )
+
+
+def _has_node(services: Services, session_id: str) -> bool:
+    with services.sessions() as db:
+        row = repo.get_session(db, session_id=session_id)
+    return row is not None and row.status != c.SessionStatus.QUEUED
+
+
+async def _undo_started(services: Services, session_id: str, workflow_id: str, started: bool) -> None:
+    """Remove everything a failed start wrote; a workflow already started is terminated first (not cancelled: its
+    cleanup would record the session that is being removed)."""
+    if started:
+        with contextlib.suppress(RPCError):  # it may have ended already
+            await services.temporal.get_workflow_handle(workflow_id).terminate("its start was undone")
+    await asyncio.to_thread(_undo, services, session_id)
 
 
 def _record(services: Services, limit: int, row: dict[str, Any]) -> bool:
@@ -183,7 +224,7 @@ async def _start_workflow(
             tenant=tenant,
             kind=kind,
             options=options,
-            orchestration=orchestration_config(settings),
+            orchestration=orchestration_config(settings, tenant),
         ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
@@ -229,7 +270,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
             kind=c.SessionKind(row.kind),
             options=options,
             # Today's settings (a resumed live session's lifetime is moot: its audio has ended).
-            orchestration=orchestration_config(settings),
+            orchestration=orchestration_config(settings, row.tenant),
             resume=resume,
         ),
         id=row.workflow_id or c.render_workflow_id(row.id),

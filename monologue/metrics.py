@@ -2,13 +2,15 @@
 
 Nodes observe what happens on them (chunks, checkpoints, leases, sinks, slots, memory) and serve it on their
 HTTP port (`node/http_port.py`); the API serves `/metrics` with the sessions by kind and status counted
-from the database at scrape time (`SessionsCollector`), so any replica reports the whole service. Temporal's
+from the database at scrape time (`SessionsCollector`), so any replica reports the whole service, and the lease
+queue's backlog by class as last polled from Temporal (`LeaseBacklogCollector`). Temporal's
 own SDK metrics (`temporal_*`) come from its runtime on a port of their own (`monologue/temporal_client.py`).
 Label values are bounded sets (families, stages, kinds, sink types): never ids."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,9 @@ CHUNK_RETRIES = Counter(
     "monologue_chunk_retries_total", "Chunk activities run again (attempt > 1)", ["family"], registry=NODE
 )
 NODE_CHANGES = Counter("monologue_session_node_changes_total", "Sessions taken over by another node", registry=NODE)
+PREEMPTIONS = Counter(
+    "monologue_preemptions_total", "Renders that gave their slot up to a waiting live session", registry=NODE
+)
 CHECKPOINT_WRITE = Histogram(
     "monologue_checkpoint_write_seconds",
     "Writing one checkpoint (anchors) to storage",
@@ -141,3 +146,48 @@ class SessionsCollector(Collector):
         except SQLAlchemyError:
             return  # no database: no figure (readiness says why)
         yield family
+
+
+@dataclass(frozen=True)
+class QueueBacklog:
+    """One class's leases waiting in the lease queue, as Temporal last counted them (approximate)."""
+
+    count: int
+    age_s: float  # how long the oldest of them has waited
+
+
+LEASE_BACKLOG = "monologue_lease_backlog"
+LEASE_BACKLOG_AGE = "monologue_lease_backlog_age_seconds"
+
+
+class LeaseBacklogCollector(Collector):
+    """`monologue_lease_backlog{class}` and `monologue_lease_backlog_age_seconds{class}`: the node leases waiting in
+    the lease queue by `QueueClass`, what the node autoscaler (infra/k8s/base/node-scaledobject.yaml) scales on.
+    `figures()` returns the last figures polled from Temporal (api/backlog.py), so a scrape never waits on Temporal;
+    no figures (Temporal unreachable), no series: an autoscaler must see "unknown", never a stale or zero backlog.
+    Every API replica polls the same queue and reports the same figures: aggregate across replicas with max."""
+
+    def __init__(self, figures: Callable[[], Mapping[str, QueueBacklog]]) -> None:
+        self._figures = figures
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        figures = self._figures()
+        if not figures:
+            return
+        count, age = self._families()
+        for queue_class, backlog in figures.items():
+            count.add_metric([queue_class], backlog.count)
+            age.add_metric([queue_class], backlog.age_s)
+        yield from (count, age)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(LEASE_BACKLOG, "Node leases waiting for a free slot, by class", labels=["class"]),
+            GaugeMetricFamily(
+                LEASE_BACKLOG_AGE, "How long the oldest waiting node lease has waited, by class", labels=["class"]
+            ),
+        )

@@ -9,8 +9,8 @@ from monologue import contracts as c
 from monologue.settings import Settings
 
 
-def orchestration_config(settings: Settings) -> c.Orchestration:
-    """The orchestration of a session started (or resumed) now, under these settings."""
+def orchestration_config(settings: Settings, tenant: str) -> c.Orchestration:
+    """The orchestration of `tenant`'s session started (or resumed) now, under these settings."""
     return c.Orchestration(
         window=c.CHUNK_WINDOW,
         continue_as_new_every=settings.render.continue_as_new_every,
@@ -19,4 +19,6 @@ def orchestration_config(settings: Settings) -> c.Orchestration:
         idle_timeout_s=settings.render.live_idle_timeout_s,
         max_live_s=settings.limits.max_live_seconds,
         search_attributes=settings.temporal.search_attributes,
+        fairness_weight=settings.sched.weight(tenant),
+        preempt_after_s=settings.sched.preempt_after_s,
     )

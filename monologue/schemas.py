@@ -10,10 +10,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from monologue import options as options_
-from monologue.contracts import SessionKind, SessionStatus, SinkType
+from monologue.contracts import QueueClass, SessionKind, SessionStatus, SinkType
 
 # A session's options: derived from `contracts.RenderOptions`, the one definition (`monologue/options.py`).
 RenderOptionsPublic = options_.request_model()
@@ -42,6 +42,10 @@ class Progress(BaseModel):
     chunks_total: int | None
     frames_total: int | None
     retries: int = Field(description="Chunk attempts beyond the first (retries and regenerations after a node loss).")
+    preemptions: int = Field(
+        default=0,
+        description="Times the render gave its node slot up to a live session (it resumes with the same frames).",
+    )
 
 
 class PlaybackLinks(BaseModel):
@@ -93,6 +97,33 @@ class Latency(BaseModel):
     max_ms: float
 
 
+# `class` is a Python keyword: a queue class is `queue_class` in Python and `class` in JSON, both ways (a model with
+# such a field takes BY_ALIAS, so every dump, the event stream's too, says `class`).
+BY_ALIAS = ConfigDict(serialize_by_alias=True)
+
+
+def queue_class_field(description: str = QueueClass.__doc__ or "") -> Any:
+    """A `QueueClass` field read and written as `class` (and readable as `queue_class`)."""
+    return Field(
+        validation_alias=AliasChoices("class", "queue_class"), serialization_alias="class", description=description
+    )
+
+
+class QueuePlace(BaseModel):
+    """Where a session waiting for a node stands: an estimate from the sessions waiting and running now, their
+    priorities and tenants' weights (docs/scheduling.md, "Queue position and ETA"). Sessions arriving later in a
+    more urgent class may still go first."""
+
+    model_config = BY_ALIAS
+
+    position: int = Field(ge=0, description="Sessions likely to get a node before this one (0: it is next).")
+    eta_s: float | None = Field(
+        description="Seconds until a node is likely free for it; null while that is unknown (no chunk time measured"
+        " yet, or it waits behind live sessions, whose length nobody knows)."
+    )
+    queue_class: QueueClass = queue_class_field()
+
+
 class RenderPublic(BaseModel):
     id: str
     kind: SessionKind = Field(default=SessionKind.RENDER, description=SessionKind.__doc__)
@@ -113,6 +144,9 @@ class RenderPublic(BaseModel):
     sinks: list[SinkStatus] = Field(default_factory=list)
     error: str | None
     progress: Progress
+    queue: QueuePlace | None = Field(
+        default=None, description="While the session waits for a node: its place and ETA; null once a node holds it."
+    )
     links: RenderLinks
     audio_ticket: AudioTicket | None = Field(
         default=None, description="Live sessions, in the answer that creates one: a ticket for its audio socket."

@@ -117,6 +117,9 @@ class ApiSettings(BaseModel):
     events_keepalive_s: float = Field(
         default=15.0, gt=0, description="an idle event stream sends a keep-alive comment this often"
     )
+    backlog_interval_s: float = Field(
+        default=5.0, gt=0, description="the lease queue's backlog (/metrics, for autoscaling) is polled this often"
+    )
 
 
 class NodeSettings(BaseModel):
@@ -173,6 +176,33 @@ class LimitSettings(BaseModel):
     def max_body_bytes(self) -> int:
         """A whole request: two uploads (portrait and audio) and the form's other fields."""
         return 2 * self.max_upload_bytes + 64 * 1024
+
+
+class SchedSettings(BaseModel):
+    """Who runs first when nodes are busy (docs/scheduling.md): Temporal orders the lease queue by class and, within a
+    class, shares it between tenants by weight; a live session that waits asks a render to yield its slot."""
+
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='fairness weights by tenant, JSON (e.g. {"acme": 3}): a tenant of weight 3 gets 3 slots to '
+        "another's 1 when both wait; unlisted tenants weigh default_weight",
+    )
+    default_weight: float = Field(default=1.0, gt=0, description="the weight of a tenant not in tenant_weights")
+    live_start_timeout_s: float = Field(
+        default=5.0, gt=0, description="a live session that has no node this long after its creation is refused (503)"
+    )
+    preempt_after_s: float = Field(
+        default=1.0, ge=0, description="a live session waiting this long for a node asks a render to yield (0: never)"
+    )
+    max_preemptions: int = Field(
+        default=2, ge=1, description="a render that has yielded this often is asked to yield only when no other can"
+    )
+    yield_grace_s: float = Field(
+        default=30.0, gt=0, description="a render asked to yield that has not within this long is asked no more"
+    )
+
+    def weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_weight)
 
 
 class DatabasePoolSettings(BaseModel):
@@ -304,6 +334,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     node: NodeSettings = NodeSettings()
     limits: LimitSettings = LimitSettings()
+    sched: SchedSettings = SchedSettings()
     sinks: SinkSettings = SinkSettings()
     render: RenderDefaults = RenderDefaults()
     tracing: TracingSettings = TracingSettings()

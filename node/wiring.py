@@ -17,6 +17,7 @@ from temporalio.worker import Worker
 from activities.fault_injection import Faults
 from activities.lease import NodeLease
 from activities.node import NodeActivities
+from activities.sched import SchedActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
@@ -40,6 +41,7 @@ class NodeParts:
     """The node's activities, one object per queue's concern."""
 
     shared: SessionActivities
+    sched: SchedActivities
     validate: ValidateActivities
     sinks: SinkActivities
     hooks: WebhookActivities
@@ -63,6 +65,7 @@ def build_parts(
     )
     return NodeParts(
         shared=SessionActivities(store=store, sessions=sessions),
+        sched=SchedActivities(client=client, sessions=sessions, settings=settings.sched),
         validate=ValidateActivities(store=store),
         sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks),
         hooks=WebhookActivities(sessions=sessions, settings=settings),
@@ -118,6 +121,8 @@ def _shared_worker(
             parts.shared.publish,
             parts.shared.record_status,
             parts.shared.stored_audio,
+            parts.sched.ask_to_yield,
+            parts.sched.record_yield,
             parts.validate.validate_inputs,
             parts.hooks.notify_session_ended,
         ],

@@ -64,6 +64,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         LinkSettings,
         NodeSettings,
         OutboundSettings,
+        SchedSettings,
         Settings,
         TemporalSettings,
         WebhookSettings,
@@ -77,7 +78,8 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
         # Metrics, probes and Temporal's SDK metrics on ports of their own (tests/test_observability.py scrapes them);
         # event-stream keep-alives every second, so a test sees one soon.
         api=ApiSettings(port=free_port(), temporal_metrics_port=free_port(), events_keepalive_s=1.0),
-        node=NodeSettings(id="test-node", http_port=free_port(), temporal_metrics_port=free_port()),
+        # Two slots: live sessions take their node when they start, and some tests hold two at once.
+        node=NodeSettings(id="test-node", capacity=2, http_port=free_port(), temporal_metrics_port=free_port()),
         # Small enough that the size-limit test need not send 50 MB.
         limits=LimitSettings(max_upload_bytes=8 * 1024 * 1024),
         # The viewer page of the playback tests is served from this origin (tests/api/test_playback_links.py).
@@ -94,6 +96,9 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
             give_up_after_s=60.0,
         ),
         inputs=InputSettings(s3_buckets=["inputs/{tenant}"]),
+        # Two node slots serve the whole suite: a live session may wait for the sessions of the tests before to end
+        # (tests/test_sched_stack.py tests the refusal with an API of its own).
+        sched=SchedSettings(live_start_timeout_s=120.0),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -65,7 +66,10 @@ def test_prometheus_scrapes_the_stack_during_a_render(
             "monologue_queue_wait_seconds_count",
         ):
             assert (server.value(f"sum({family})") or 0) >= 1, family
-        assert server.value("monologue_node_slots") == 1
+        assert server.value("monologue_node_slots") == stack.settings.node.capacity
+        # The node ScaledObject's query (infra/k8s) on these very metrics: a number, never empty (KEDA would fall back).
+        demand = server.wait_for(_scaling_query(), lambda v: v is not None)
+        assert demand is not None and demand >= 0, server.query(_scaling_query())
         assert (server.value('monologue_host_memory_bytes{state="total"}') or 0) > 0
         assert (server.value("process_resident_memory_bytes{job='node'}") or 0) > 0
         # Temporal's SDK metrics, from the node (its workers) and from the API (its client).
@@ -88,7 +92,7 @@ def test_the_api_and_the_node_are_alive_and_ready(stack: Stack, api_url: str) ->
     node = f"http://127.0.0.1:{stack.settings.node.http_port}"
     assert httpx.get(f"{node}/healthz").json() == {"status": "ok"}
     body = httpx.get(f"{node}/readyz").json()
-    assert body["status"] == "ready" and body["slots"]["total"] == 1, body
+    assert body["status"] == "ready" and body["slots"]["total"] == stack.settings.node.capacity, body
     assert body["checks"] == {"polling": True, "temporal": True, "database": True, "gpu": True}
     # Kubelets and Prometheus reach pods by address: the probes answer any Host, the API's routes do not.
     assert httpx.get(f"{api_url}/readyz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
@@ -135,3 +139,10 @@ def test_node_readiness_fails_while_draining_or_without_its_gpu(monkeypatch: pyt
         assert "monologue_node_slots 2.0" in httpx.get(f"{url}/metrics").text
     finally:
         server.shutdown()
+
+
+def _scaling_query() -> str:
+    """The PromQL the node ScaledObject scales on."""
+    path = Path(__file__).resolve().parent.parent / "infra" / "k8s" / "base" / "node-scaledobject.yaml"
+    [trigger] = yaml.safe_load(path.read_text())["spec"]["triggers"]
+    return str(trigger["metadata"]["query"])

@@ -1,7 +1,10 @@
 """The node a session holds, inside RenderWorkflow: the lease race, and activities pinned to the held node.
 
 A `hold_node` activity on the lease queue is taken by a node with a free slot, which signals NODE_ACQUIRED and
-heartbeats until released; the session's pinned work then runs on that node's own queue. If the lease dies
+heartbeats until released; the session's pinned work then runs on that node's own queue. The lease queue is ordered
+by Temporal's matcher: a `Priority` per lease (its `QueueClass`: live, moving, then renders by priority) with the
+tenant as fairness key. A live session that waits asks a render to yield (`ask_to_yield`); a render asked
+(the YIELD_SLOT signal) gives its slot up at its next chunk boundary and queues again as moving. If the lease dies
 (node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned activity stops (it cannot start:
 schedule-to-start timeout; it went silent: heartbeat timeout), the node is lost and the caller takes another
 lease. Workflow code: standard library, temporalio and the stdlib-only contracts only."""
@@ -15,10 +18,10 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout, TimeoutType
 
-from workflows.shared import RETRY
+from workflows.shared import RETRY, run_shared
 
 # A pinned activity whose heartbeats stopped is not retried: its retry would wait on the same (hung) node's
 # queue, whose slot the hung attempt still holds, until schedule_to_start; failing at once moves the session
@@ -31,6 +34,9 @@ with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
 
 Result = TypeVar("Result")
+
+# Sessions started before issue 27 scheduled their leases with no priority and never asked a render to yield.
+PRIORITY_PATCH = "lease-priority-and-preemption"
 
 
 class NodeLost(Exception):
@@ -47,6 +53,20 @@ class NodeLease:
         self._number = 0  # the current lease's number: a stale lease's signal is ignored
         self._offered: c.NodeAcquired | None = None
         self.node_id: str | None = None
+        # Under way already (resumed, continued as new, or moved in this run): its next lease queues as moving.
+        self._moving = request.resume.cursor > 0
+        self.yield_for: str | None = None  # a live session this render was asked to give its slot to
+
+    @property
+    def queue_class(self) -> c.QueueClass:
+        request = self._request
+        return c.QueueClass.of(request.kind, request.options.priority, moving=self._moving)
+
+    def ask_to_yield(self, asked: c.YieldSlot) -> None:
+        """A waiting live session asked for this render's slot (the YIELD_SLOT signal): it goes at the next chunk
+        boundary. Ignored by live sessions and while no node is held (there is no slot to give)."""
+        if self._request.kind is c.SessionKind.RENDER and self.node_id is not None:
+            self.yield_for = asked.for_session
 
     def offer(self, acquired: c.NodeAcquired) -> None:
         """A node took the lease (the NODE_ACQUIRED signal)."""
@@ -58,6 +78,8 @@ class NodeLease:
         while self.node_id is None:
             self._number += 1
             self._offered = None
+            prioritized = workflow.patched(PRIORITY_PATCH)
+            self._progress.queue_class = self.queue_class
             self._handle = workflow.start_activity(
                 c.HOLD_NODE,
                 c.HoldNodeInput(
@@ -71,8 +93,9 @@ class NodeLease:
                 schedule_to_close_timeout=timedelta(days=7),
                 heartbeat_timeout=timedelta(seconds=self._orchestration.lease_timeout_s),
                 retry_policy=RetryPolicy(maximum_attempts=1),  # this workflow decides what to do next
+                priority=self._priority() if prioritized else Priority.default,
             )
-            await workflow.wait_condition(self._offered_or_ended)
+            await self._wait_for_node(asking=prioritized)
             if self._offered is None:  # the lease ended before any node took it
                 self._handle = None
                 continue
@@ -89,6 +112,35 @@ class NodeLease:
                 await self.run(c.INIT_SESSION, init, c.InitSessionResult)
             except NodeLost:
                 self.lose()
+
+    def _priority(self) -> Priority:
+        """The lease's place in Temporal's queue: its class, then its tenant's share by weight."""
+        return Priority(
+            priority_key=self.queue_class.priority_key,
+            fairness_key=self._request.tenant,
+            fairness_weight=self._orchestration.fairness_weight,
+        )
+
+    async def _wait_for_node(self, *, asking: bool) -> None:
+        """Until a node takes the lease (or it ends). A live session that waits `preempt_after_s` asks a render to
+        yield, and asks again every as long while it still waits (the policy asks one render per live session)."""
+        after = self._orchestration.preempt_after_s
+        if not asking or after <= 0 or self.queue_class is not c.QueueClass.LIVE:
+            await workflow.wait_condition(self._offered_or_ended)
+            return
+        while True:
+            try:
+                await workflow.wait_condition(self._offered_or_ended, timeout=timedelta(seconds=after))
+                return
+            except TimeoutError:
+                await self._ask_a_render_to_yield()
+
+    async def _ask_a_render_to_yield(self) -> None:
+        session_id = self._request.session_id
+        try:
+            await run_shared(c.ASK_TO_YIELD, c.AskToYieldInput(session_id=session_id), c.AskToYieldResult)
+        except ActivityError as err:  # no render yields this time; the session still waits for a free slot
+            workflow.logger.warning("ask to yield failed", extra={"session_id": session_id, "error": str(err)})
 
     def _offered_or_ended(self) -> bool:
         return self._offered is not None or self._handle is None or self._handle.done()
@@ -143,13 +195,23 @@ class NodeLease:
         """The node is gone: give up its lease; the next `hold` takes another node."""
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})
         self.release()
+        self._moving = True
         self._progress.node_changes += 1
+
+    def give_way(self) -> str:
+        """Give the slot up to the live session that asked (at a chunk boundary): the next lease queues as moving.
+        Returns the node given up."""
+        node_id = self.node_id or ""
+        self.release()
+        self._moving, self.yield_for = True, None
+        self._progress.preemptions += 1
+        return node_id
 
     def release(self) -> None:
         """Give the node's slot back (the lease activity sees the cancellation at its next heartbeat)."""
         if self._handle is not None and not self._handle.done():
             self._handle.cancel()
-        self._handle, self.node_id = None, None
+        self._handle, self.node_id, self.yield_for = None, None, None
 
 
 def _draining(lease: workflow.ActivityHandle[None]) -> bool:

@@ -44,6 +44,9 @@ with workflow.unsafe.imports_passed_through():
 WEBHOOKS_PATCH = "webhooks-at-session-end"
 # Nor did sessions that a node took before `session.started` existed queue one then.
 STARTED_PATCH = "webhook-session-started"
+# A live session takes its node when it starts, before its first audio: the API admits it only once it has one
+# (MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S), and its first chunk finds the node ready. Earlier sessions waited for audio.
+LIVE_HOLDS_FIRST_PATCH = "live-holds-node-at-start"
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
 NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
 TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
@@ -73,6 +76,11 @@ class RenderWorkflow:
     @workflow.signal(name=c.NODE_ACQUIRED)
     def node_acquired(self, acquired: c.NodeAcquired) -> None:
         self._lease.offer(acquired)
+
+    @workflow.signal(name=c.YIELD_SLOT)
+    def yield_slot(self, asked: c.YieldSlot) -> None:
+        """A waiting live session asked for this render's slot: it goes at the next chunk boundary."""
+        self._lease.ask_to_yield(asked)
 
     @workflow.signal(name=c.AUDIO_AVAILABLE)
     def audio_available(self, audio: c.AudioAvailable) -> None:
@@ -133,6 +141,8 @@ class RenderWorkflow:
         self._publisher.start_sinks()
         self._publisher.restore(request.resume.cursor)
         self._progress.chunks_done = request.resume.cursor
+        if request.kind is c.SessionKind.LIVE and workflow.patched(LIVE_HOLDS_FIRST_PATCH):
+            await self._lease.hold()
         await self._generate()
         await self._publisher.flush()
         self._final = await self._finalize()
@@ -190,6 +200,22 @@ class RenderWorkflow:
                 continue
             cursor += 1
             self._chunk_generated(spec, cursor)
+            if lease.yield_for is not None:
+                await self._give_way(cursor)
+
+    async def _give_way(self, cursor: int) -> None:
+        """Yield the slot to the live session that asked: the chunks scheduled ahead are dropped (the next node makes
+        them again from the anchors, the same frames), and the session queues again as moving."""
+        for_session = self._lease.yield_for or ""
+        self._chunks.abandon()
+        node_id = self._lease.give_way()
+        session_id = self._request.session_id
+        workflow.logger.info("yielded", extra={"session_id": session_id, "for_session": for_session, "node": node_id})
+        record = c.RecordYieldInput(session_id=session_id, for_session=for_session, node_id=node_id, chunks_done=cursor)
+        try:
+            await run_shared(c.RECORD_YIELD, record, type(None))
+        except ActivityError as err:  # the record is for people; the session goes on
+            workflow.logger.warning("yield not recorded", extra={"session_id": session_id, "error": str(err)})
 
     def _should_renew(self, chunks_this_run: int) -> bool:
         """Time to continue as new (once the chunks scheduled are done), so the history stays bounded."""

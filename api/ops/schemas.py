@@ -8,8 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from monologue.contracts import ChunkKind, SessionKind, SessionStatus
+from monologue.contracts import ChunkKind, QueueClass, SessionKind, SessionStatus
 from monologue.db import ChunkStatus, NodeStatus
+from monologue.schemas import BY_ALIAS, queue_class_field
 
 
 class OpsProgress(BaseModel):
@@ -17,6 +18,7 @@ class OpsProgress(BaseModel):
     chunks_total: int | None
     frames_done: int
     frames_total: int | None
+    preemptions: int = Field(description="Times the session gave its slot up to a live session (docs/scheduling.md).")
 
 
 class OpsSession(BaseModel):
@@ -104,3 +106,27 @@ class OpsNode(BaseModel):
 
 class OpsNodeList(BaseModel):
     items: list[OpsNode]
+
+
+class OpsQueueWaiting(BaseModel):
+    model_config = BY_ALIAS
+
+    queue_class: QueueClass = queue_class_field()
+    tenant: str
+    sessions: int = Field(description="Sessions of the tenant in this class waiting for a node.")
+
+
+class OpsQueueRunning(BaseModel):
+    model_config = BY_ALIAS
+
+    queue_class: QueueClass = queue_class_field()
+    sessions: int = Field(description="Sessions of this class holding a node's slot.")
+
+
+class OpsQueue(BaseModel):
+    """The lease queue now, as the database shows it (docs/scheduling.md, "Queue position and ETA")."""
+
+    waiting: list[OpsQueueWaiting] = Field(description="By class (most urgent first), then tenant.")
+    running: list[OpsQueueRunning] = Field(description="By class (most urgent first).")
+    slots: int = Field(description="Places on the nodes that are up with a fresh heartbeat (at least 1).")
+    seconds_per_chunk: float | None = Field(description="The recent chunk time ETAs are built on; null before one.")

@@ -1,5 +1,6 @@
-"""`/ops`: the operator's web UI (sessions, one session's timeline and live stream, nodes) and what it calls
-(`/ops/api/…`): JSON, a session's events, stream and video, cancel and resume. Operators see every tenant.
+"""`/ops`: the operator's web UI (sessions and the lease queue, one session's timeline and live stream, nodes) and
+what it calls (`/ops/api/…`): JSON, a session's events, stream and video, cancel and resume. Operators see every
+tenant.
 
 Every `/ops/api` route depends on `OpsAccess`, the one place where access is decided, and the pages call
 nothing else (no `/v1`: that needs a tenant's key). The pages and their scripts hold no data and are served
@@ -20,7 +21,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
 from monologue import repo
-from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
+from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, QueueClass, SessionKind, SessionStatus
 from monologue.db import ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo import nodes as repo_nodes, ops as repo_ops, webhooks as repo_webhooks
@@ -28,7 +29,7 @@ from monologue.repo.nodes import aware
 from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import VideoLayout, WebhookDeliveryList
 
-from .. import problems, streams
+from .. import problems, queue, streams
 from ..deps import DbDep, OpsAccess, ServicesDep, with_db
 from ..events import progress_events
 from ..files import stream_file, video_file
@@ -40,6 +41,7 @@ from ..ops.schemas import (
     OpsNode,
     OpsNodeList,
     OpsProgress,
+    OpsQueue,
     OpsSession,
     OpsSessionDetail,
     OpsSessionPage,
@@ -94,6 +96,7 @@ def enums_module() -> Response:
         "RESUMABLE": sorted(status.value for status in RESUMABLE),
         "KINDS": [kind.value for kind in SessionKind],
         "CHUNK_KINDS": [kind.value for kind in ChunkKind],
+        "QUEUE_CLASSES": [queue_class.value for queue_class in QueueClass],  # most urgent first
     }
     body = "// Generated from monologue/contracts/session.py by the API: do not edit.\n" + "".join(
         f"export const {name} = {json.dumps(value)};\n" for name, value in values.items()
@@ -256,6 +259,12 @@ def session_webhooks(session_id: str, db: DbDep, access: OpsAccess) -> WebhookDe
     return delivery_list(repo_webhooks.list_deliveries(db, where=DeliveryFilter(session_id=session_id)))
 
 
+@router.get("/api/queue", response_model=OpsQueue)
+def queue_counts(services: ServicesDep, db: DbDep, access: OpsAccess) -> OpsQueue:
+    """Sessions waiting for a node by class and tenant, those holding one by class, and the nodes' slots."""
+    return queue.ops_queue(services, db)
+
+
 @router.get("/api/nodes", response_model=OpsNodeList)
 def list_nodes(db: DbDep, access: OpsAccess) -> OpsNodeList:
     """Every node that ever reported, with the age of its last heartbeat (a silent node may be lost)."""
@@ -311,6 +320,7 @@ def _session(row: SessionRow, totals: repo_ops.ChunkTotals, now: datetime) -> Op
             chunks_total=row.chunks_total,
             frames_done=totals.frames_done,
             frames_total=row.frames,
+            preemptions=row.preemptions,
         ),
         realtime_factor=_realtime_factor(row, totals.frames_done, now),
         ttff_ms=row.ttff_ms,

@@ -14,10 +14,11 @@ from temporalio.service import RPCError
 
 from monologue import contracts as c, repo, sink_policy
 from monologue.db import SessionRow
+from monologue.repo import queue as repo_queue
 from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.schemas import RenderList, RenderPublic, VideoLayout
 
-from .. import streams
+from .. import queue, streams
 from ..create import Created, create, read_inputs
 from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
@@ -34,6 +35,8 @@ def operation_id(route: APIRoute) -> str:
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"], generate_unique_id_function=operation_id)
 PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
+# A key's stream frees when its client closes it, which nothing here can foresee: a short wait, then ask again.
+STREAM_RETRY_AFTER_S = 10
 MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
 Responses = dict[int | str, dict[str, Any]]  # a route's documented answers besides its success
 
@@ -47,6 +50,19 @@ def answers(*groups: Responses) -> Responses:
 
 
 NOT_FOUND: Responses = {404: {"description": "No such session for this key's tenant."}}
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}}
+CREATE_REFUSALS: Responses = {
+    403: {"description": "priority=high asked by a key without the `priority` scope."},
+    413: {},
+    422: {},
+    429: {
+        "description": "The tenant has its limit of sessions queued or running; Retry-After: when one likely ends.",
+        "headers": RETRY_AFTER,
+    },
+}
+TOO_MANY_STREAMS: Responses = {
+    429: {"description": "The key holds its limit of open streams; close one.", "headers": RETRY_AFTER}
+}
 CONFLICT: Responses = {409: {"description": "Not possible in the session's status (the message says why)."}}
 IdempotencyKey = Annotated[
     str | None,
@@ -61,7 +77,7 @@ PortraitUrl = Annotated[
 AudioUrl = Annotated[str | None, Form(description="The speech by URL instead of a file: https://… or s3://bucket/key.")]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={413: {}, 422: {}})
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses=CREATE_REFUSALS)
 async def create_render(
     response: Response,
     services: ServicesDep,
@@ -78,7 +94,7 @@ async def create_render(
     Each input is a file or a URL (`portrait_url`, `audio_url`). Options left out take the server's defaults
     (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one made."""
     tenant = principal.tenant or "local"
-    options = validated_options(services, fields, tenant=tenant)
+    options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
     given = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
     inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
     created = await create(
@@ -113,7 +129,9 @@ def list_renders(
 ) -> RenderList:
     """The key's sessions (renders and live ones), newest first."""
     rows = repo.list_sessions(db, limit=limit, offset=offset, status=status_, tenant=principal.tenant)
-    return RenderList(items=[public(services, db, row) for row in rows], limit=limit, offset=offset)
+    estimate = queue.current(services, db) if any(repo_queue.waits(row) for row in rows) else None
+    items = [public(services, db, row, estimate=estimate) for row in rows]
+    return RenderList(items=items, limit=limit, offset=offset)
 
 
 @router.get("/{session_id}", response_model=RenderPublic, responses=NOT_FOUND)
@@ -150,7 +168,9 @@ async def resume_render(session_id: str, services: ServicesDep, principal: Tenan
     "/{session_id}/events",
     response_class=StreamingResponse,
     responses=answers(
-        {200: {"content": {"text/event-stream": {}}}, 204: {"description": "Ended, nothing new."}}, NOT_FOUND
+        {200: {"content": {"text/event-stream": {}}}, 204: {"description": "Ended, nothing new."}},
+        NOT_FOUND,
+        TOO_MANY_STREAMS,
     ),
 )
 async def render_events(
@@ -179,7 +199,7 @@ def key_slot(request: Request, services: ServicesDep, principal: Principal) -> s
             principal.key_id, services.settings.limits.max_streams_per_key
         )
     except streams.TooManyStreams as err:
-        raise HTTPException(429, str(err)) from None
+        raise HTTPException(429, str(err), headers={"Retry-After": str(STREAM_RETRY_AFTER_S)}) from None
 
 
 # cancel and resume (below) are these routes' bodies, shared with /ops (api/routes/ops.py), whose routes find the

@@ -43,12 +43,21 @@ from ..live_socket import CLOSE_UNAUTHORIZED, AudioRefused, serve
 from ..origin import public_ws_base
 from ..submit import TERMINAL
 from ..views import find, shown
-from .renders import CONFLICT, NOT_FOUND, IdempotencyKey, PortraitUrl, answers, created_answer, operation_id
+from .renders import (
+    CONFLICT,
+    CREATE_REFUSALS,
+    NOT_FOUND,
+    IdempotencyKey,
+    PortraitUrl,
+    answers,
+    created_answer,
+    operation_id,
+)
 
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"], generate_unique_id_function=operation_id)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses={413: {}, 422: {}})
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses=CREATE_REFUSALS)
 async def create_session(
     response: Response,
     services: ServicesDep,
@@ -67,9 +76,10 @@ async def create_session(
     # A live session's first chunk waits for its own audio: keep it short (a setting) unless told, on the grid of
     # the session's family (16 frames become 17 for infinitetalk's Wan VAE); 0 ("derived") is valid for any family.
     if "first_chunk_frames" not in fields:
-        family = validated_options(services, {**fields, "first_chunk_frames": 0}, tenant=tenant).family
+        first = {**fields, "first_chunk_frames": 0}
+        family = validated_options(services, first, tenant=tenant, scopes=principal.scopes).family
         fields["first_chunk_frames"] = family.first_chunk_on_grid(services.settings.render.live_first_chunk_frames)
-    options = validated_options(services, fields, tenant=tenant)
+    options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
     if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
         raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")
     limit = services.settings.limits.max_upload_bytes

@@ -101,7 +101,17 @@ def raise_for(response: httpx.Response) -> None:
             f"{request.method} {request.url.path} was refused ({response.status_code}): {detail}",
             status=response.status_code,
             problem=problem,
+            retry_after_s=_retry_after(response),
         )
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """Retry-After in seconds (the form the API sends; an HTTP date from elsewhere is ignored)."""
+    value = response.headers.get("Retry-After", "")
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from monologue.contracts.session import (
     Family as Family,
     KvsSink as KvsSink,
     LipSync as LipSync,
+    QueueClass as QueueClass,
     RenderOptions as RenderOptions,
+    RenderPriority as RenderPriority,
     Residency as Residency,
     Resolution as Resolution,
     S3Sink as S3Sink,
@@ -38,6 +40,8 @@ GENERATE_CHUNK = "generate_chunk"
 PUBLISH = "publish"
 FINALIZE = "finalize"
 RUN_SINK = "run_sink"
+ASK_TO_YIELD = "ask_to_yield"  # a waiting live session asks a render to give its slot up
+RECORD_YIELD = "record_yield"  # a render gave its slot up: the session's record, the metric
 SINK_ATTEMPTS = 8  # a sink pump's tries (backing off to 30 s) before the sink is marked failed
 
 
@@ -71,6 +75,8 @@ SEARCH_ATTRIBUTES = {"MonologueStatus": "Keyword", "MonologueNode": "Keyword", "
 
 # Signal a node's lease activity sends the workflow once it holds the session.
 NODE_ACQUIRED = "node_acquired"
+# Signal `ask_to_yield` sends a render: give the slot up at the next chunk boundary (a live session waits).
+YIELD_SLOT = "yield_slot"
 # Signal the API sends a live session's workflow when stored audio unlocks new chunks, or ends.
 AUDIO_AVAILABLE = "audio_available"
 # ApplicationError types the workflow reacts to.
@@ -94,6 +100,10 @@ class Orchestration:
     # (0: none, as for sessions started before lifetimes existed). Counted from ResumePoint.live_since_ms.
     max_live_s: float
     search_attributes: bool  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
+    # The lease's fairness weight (its tenant's, MONOLOGUE_SCHED__TENANT_WEIGHTS); older sessions: Temporal's default.
+    fairness_weight: float = 1.0
+    # A live session waiting this long for a node asks a render to yield its slot (0: never, as before issue 27).
+    preempt_after_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,8 @@ class Progress:
     chunks_total: int = 0
     node_id: str | None = None
     node_changes: int = 0  # times the session moved to another node (node lost or drained)
+    preemptions: int = 0  # times it gave its slot up to a live session
+    queue_class: QueueClass = QueueClass.NORMAL  # the class of its latest lease
 
 
 @dataclass
@@ -240,6 +252,33 @@ class HoldNodeInput:
 class NodeAcquired:
     lease: int
     node_id: str
+
+
+@dataclass
+class YieldSlot:
+    """Give the node's slot up at the next chunk boundary, for the live session `for_session`."""
+
+    for_session: str
+
+
+@dataclass
+class AskToYieldInput:
+    """A live session has waited for a node: ask the render that should give way (policy: `monologue.sched`)."""
+
+    session_id: str  # the live session waiting
+
+
+@dataclass
+class AskToYieldResult:
+    asked: str | None  # the session asked to yield; None: none asked (one is already yielding, or none can)
+
+
+@dataclass
+class RecordYieldInput:
+    session_id: str
+    for_session: str
+    node_id: str
+    chunks_done: int
 
 
 @dataclass

@@ -33,6 +33,38 @@ TERMINAL = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStat
 RESUMABLE = frozenset({SessionStatus.FAILED, SessionStatus.CANCELLED})  # resume starts these again
 
 
+class RenderPriority(StrEnum):
+    """How urgently a render asks for a node: high (a key with the `priority` scope), normal, or low (batch work
+    that yields first). Live sessions and sessions moving to another node have classes of their own (`QueueClass`)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class QueueClass(StrEnum):
+    """A session's place in the lease queue, most urgent first: a live session; a session moving after its node was
+    lost or after yielding its slot (or resuming, or continuing as new); then renders by `RenderPriority`.
+    `priority_key` is Temporal's (`temporalio.common.Priority`: lower runs first, 1-5)."""
+
+    LIVE = "live"
+    MOVING = "moving"
+    HIGH = RenderPriority.HIGH.value
+    NORMAL = RenderPriority.NORMAL.value
+    LOW = RenderPriority.LOW.value
+
+    @property
+    def priority_key(self) -> int:
+        return list(QueueClass).index(self) + 1
+
+    @classmethod
+    def of(cls, kind: "SessionKind", priority: RenderPriority, *, moving: bool) -> "QueueClass":
+        """THE rule: live sessions first, then a session already under way, then renders by their priority."""
+        if kind is SessionKind.LIVE:
+            return cls.LIVE
+        return cls.MOVING if moving else cls(priority.value)
+
+
 class ChunkKind(StrEnum):
     """N chunks carry the timeline; an I chunk interpolates the seam after N(index)."""
 
@@ -302,6 +334,7 @@ class RenderOptions:
     # Sessions from before this option have no field: they keep loudness (their chunks already published, their
     # checkpoints and, live, their workflow's shorter look-ahead all assume it); new sessions get visemes.
     lip_sync: Annotated[LipSync, Bounds(LipSync.__doc__ or "", new_sessions=LipSync.VISEMES)] = LipSync.LOUDNESS
+    priority: Annotated[RenderPriority, Bounds(RenderPriority.__doc__ or "")] = RenderPriority.NORMAL
     transcript: Annotated[
         str,
         Bounds(
@@ -346,6 +379,8 @@ def render_options(values: dict[str, object]) -> RenderOptions:
         "resolution": Resolution(str(values.get("resolution", Resolution.SOURCE))),
         "family": Family(str(values.get("family", Family.WARP))),
     }
+    if "priority" in values:
+        enums["priority"] = RenderPriority(str(values["priority"]))
     if "lip_sync" in values:  # a row stored before the option has none: the dataclass default (loudness)
         enums["lip_sync"] = LipSync(str(values["lip_sync"]))
     return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]

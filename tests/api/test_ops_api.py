@@ -302,9 +302,9 @@ def test_every_ops_api_route_goes_through_the_access_hook(client: TestClient, se
     app.dependency_overrides[ops_access] = refuse
     routes = [(route.path, method) for route in ops.router.routes for method in route.methods]  # type: ignore[attr-defined]
     api = [(path, method) for path, method in routes if path.startswith("/ops/api/")]
-    # The JSON routes (their schema, sessions, one session, cancel, resume, events, video, stream, webhooks, nodes)
-    # and the others: three pages, the enums module, static files.
-    assert len(api) == 10 and len(routes) == len(api) + 5
+    # The JSON routes (their schema, sessions, one session, cancel, resume, events, video, stream, webhooks, nodes,
+    # queue) and the others: three pages, the enums module, static files.
+    assert len(api) == 11 and len(routes) == len(api) + 5
     for path, method in api:
         url = path.replace("{session_id}", "run").replace("{name}", "stream.m3u8")
         assert client.request(method, url).status_code == 403, (method, path)

@@ -161,6 +161,10 @@ def test_signing_in_then_the_sessions_table_shows_a_render_progressing_without_a
     row = page.locator(f'tr[data-session="{watched}"]')
     assert row.locator(".badge").text_content() == "running"
     assert NODE in (row.text_content() or "")
+    page.wait_for_function(  # the Queue table below: the render holds one of the node's slots
+        """() => Number(document.querySelector('#queue-body tr[data-class="normal"] td.running')?.textContent) >= 1""",
+        timeout=10_000,
+    )
     _screenshot(page, "ops-sessions.png")
     page.select_option("select[name=status]", "completed")  # filters apply at once and land in the URL
     row.wait_for(state="detached", timeout=10_000)

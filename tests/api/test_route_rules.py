@@ -20,7 +20,16 @@ from monologue.settings import Settings
 
 API = Path(__file__).resolve().parents[2] / "api"
 # Modules whose functions take a database session: a coroutine must hand them to the thread pool (`with_db`).
-DATA_ACCESS = {"repo", "repo_ops", "repo_nodes", "repo_webhooks", "repo_idempotency", "apikeys", "audio_tickets"}
+DATA_ACCESS = {
+    "repo",
+    "repo_ops",
+    "repo_nodes",
+    "repo_queue",
+    "repo_webhooks",
+    "repo_idempotency",
+    "apikeys",
+    "audio_tickets",
+}
 
 
 def _dependencies(dependant: Dependant) -> Iterator[Dependant]:

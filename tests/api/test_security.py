@@ -395,5 +395,15 @@ def test_keys_commands_create_list_and_revoke_and_store_only_a_hash(
 
         bad = runner.invoke(main, ["keys", "create", "--tenant", "Not A Tenant"])
         assert bad.exit_code == 2 and "lowercase" in bad.output
+
+        scoped = runner.invoke(main, ["keys", "create", "--tenant", "acme", "--scope", "priority"])
+        assert scoped.exit_code == 0 and "for tenant acme (priority)" in scoped.output, scoped.output
+        engine = make_engine(f"sqlite:///{database}")
+        with make_sessionmaker(engine)() as session:
+            row = session.get(ApiKeyRow, scoped.output.split()[-1].split("_")[1])
+            assert row is not None and row.scopes == ["priority"]
+        engine.dispose()
+        unknown = runner.invoke(main, ["keys", "create", "--tenant", "acme", "--scope", "everything"])
+        assert unknown.exit_code == 2 and "unknown scopes" in unknown.output
     finally:
         get_settings.cache_clear()

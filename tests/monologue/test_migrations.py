@@ -153,8 +153,11 @@ ADDED: dict[str, dict[str, Columns]] = {
         },
     },
     "0005": {},  # no column added: webhook_endpoints.secret made Text, nullable (see test_webhook_secrets.py)
+    "0006": {"sessions": {"preemptions": Integer(), "yield_asked_at": UtcDateTime()}},
 }
 REVISIONS = list(ADDED)
+# Columns added with a server default: older rows get the default, not NULL.
+SERVER_DEFAULTS = {("sessions", "preemptions"): 0}
 
 
 def position(revision: str) -> int:
@@ -198,6 +201,8 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "latency": {"p50": 250.0, "p95": 410.5},
             "audio_socket": f"socket-{tag}",
             "audio_socket_at": moment,
+            "preemptions": 2,
+            "yield_asked_at": moment,
         },
         "chunks": {
             "session_id": session,
@@ -320,10 +325,13 @@ class Model:
 
     def move_to(self, revision: str) -> None:
         """Reshape the rows as `revision`'s schema holds them: tables it lacks lose their rows, columns it lacks
-        their values, and columns it adds are NULL in older rows."""
+        their values, and columns it adds are NULL in older rows (or their server default)."""
         tables = schema(revision)
         self.rows = {
-            name: [{key: row.get(key) for key in columns} for row in self.rows.get(name, [])]
+            name: [
+                {key: row[key] if key in row else SERVER_DEFAULTS.get((name, key)) for key in columns}
+                for row in self.rows.get(name, [])
+            ]
             for name, columns in tables.items()
         }
         self.revision = revision
@@ -363,8 +371,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0004", "0005", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
-PATH += ["0001", "0002", "0003", "0004", "0005"]
+PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
+PATH += ["0001", "0002", "0003", "0004", "0005", "0006"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -381,17 +389,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0005), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0006), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 3) | dict.fromkeys(ADDED["0004"], 2)
-        assert counts == {"chunks": 5, "checkpoints": 4} | since_0003 | {"sessions": 5}
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 4) | dict.fromkeys(ADDED["0004"], 3)
+        assert counts == {"chunks": 6, "checkpoints": 5} | since_0003 | {"sessions": 6}
         # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
         # and tickets; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0005").items()}
-        kept = {"nodes": 3, "api_keys": 3, "idempotency_keys": 2}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0006").items()}
+        kept = {"nodes": 4, "api_keys": 4, "idempotency_keys": 3}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()

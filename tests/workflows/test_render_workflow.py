@@ -30,7 +30,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 def orchestration(**changes: Any) -> c.Orchestration:
     """The default settings' orchestration, with `changes`."""
-    return dataclasses.replace(orchestration_config(Settings()), **changes)
+    return dataclasses.replace(orchestration_config(Settings(), "local"), **changes)
 
 
 class FakeNodes:
@@ -49,8 +49,10 @@ class FakeNodes:
         lose_checkpoint: int | None = None,
         stored_samples: int = 0,
         drop_first_lease: bool = False,
+        chunk_s: float = 0.0,
     ) -> None:
         self.env = env
+        self.chunk_s = chunk_s  # each chunk takes this long (heartbeating), as a real one does
         self.stored_samples = stored_samples
         self.drop_first_lease = drop_first_lease  # the first lease ends once N0 is done, as a killed node's does
         self.leases = 0
@@ -135,6 +137,12 @@ class FakeNodes:
                 activity.heartbeat()
                 time.sleep(0.05)
             name = f"{chunk.kind}{chunk.index} {chunk.first_frame}+{chunk.n_frames}"
+            deadline = time.monotonic() + self.chunk_s
+            while time.monotonic() < deadline:
+                if activity.is_cancelled():
+                    raise CancelledError("abandoned while running")
+                activity.heartbeat()
+                time.sleep(0.02)
             self.calls.append(name)
             if chunk.kind == "N" and chunk.index == self.fail_chunk:
                 raise ApplicationError("model: cannot render this", non_retryable=True)

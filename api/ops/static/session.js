@@ -73,6 +73,7 @@ function showFacts({ session, links, chunks, width, height, options }) {
     ["Realtime factor", formatFactor(session.realtime_factor)],
     ["Time to first frame", formatMs(session.ttff_ms)],
     ["Retries", String(retries)],
+    ["Preempted", `${session.progress.preemptions}×`],
     ["Output", width ? `${width}×${height} at ${options.fps} fps` : "–"],
     ["Audio", session.audio_seconds ? `${session.audio_seconds.toFixed(2)} s` : "–"],
     ["Submitted", `${formatTime(session.created_at)} (${formatDuration(session.age_s)} ago)`],
@@ -115,6 +116,9 @@ function changes(before, now) {
   if (now.node_id !== before.node_id) lines.push(`node ${before.node_id ?? "–"} → ${now.node_id ?? "–"}`);
   if (now.progress.chunks_done !== before.progress.chunks_done) lines.push(progress);
   if (now.progress.retries > before.progress.retries) lines.push(`retries: ${now.progress.retries}`);
+  if (now.progress.preemptions > before.progress.preemptions) {
+    lines.push(`gave its slot to a live session (preemption ${now.progress.preemptions}); queued again as moving`);
+  }
   if (now.ttff_ms !== null && before.ttff_ms === null) lines.push(`first chunk encoded after ${formatMs(now.ttff_ms)}`);
   if (now.error && now.error !== before.error) lines.push(`error: ${now.error}`);
   return lines;

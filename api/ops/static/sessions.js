@@ -4,6 +4,7 @@ import {
   el, every, formatDuration, formatFactor, formatMs, getJSON, progressBar, shortId, statusBadge,
 } from "./common.js";
 import { KINDS, STATUSES } from "./enums.js";
+import "./queue.js"; // the Queue table below the sessions: polls on its own
 
 const LIMIT = 25;
 const form = document.getElementById("filters");

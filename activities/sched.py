@@ -1,0 +1,64 @@
+"""Preemption's activities, on the shared queue: a live session that waits for a node asks a render to yield its
+slot (`ask_to_yield`: the policy is `monologue.repo.sched`), and a render that yielded records it (`record_yield`:
+the session's count, the metric, the log line the ops UI and the session's events show)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+from sqlalchemy.orm import sessionmaker
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from monologue import contracts as c, metrics
+from monologue.repo import sched as repo_sched
+from monologue.settings import SchedSettings
+
+log = structlog.get_logger("sched")
+
+
+class SchedActivities:
+    def __init__(self, *, client: Client, sessions: sessionmaker[Any], settings: SchedSettings) -> None:
+        self._client = client
+        self._sessions = sessions
+        self._settings = settings
+
+    @activity.defn(name=c.ASK_TO_YIELD)
+    async def ask_to_yield(self, request: c.AskToYieldInput) -> c.AskToYieldResult:
+        """Pick the render that should give way to the live session `request.session_id` and tell it (a signal:
+        it yields at its next chunk boundary). Nothing is asked when renders already yielding cover the live
+        sessions waiting."""
+        asked = await asyncio.to_thread(self._choose, request)
+        if asked is None:
+            return c.AskToYieldResult(asked=None)
+        handle = self._client.get_workflow_handle(c.render_workflow_id(asked))
+        try:
+            await handle.signal(c.YIELD_SLOT, c.YieldSlot(for_session=request.session_id))
+        except RPCError as err:  # it ended meanwhile: its slot is free anyway
+            log.info("render asked to yield had ended", session_id=asked, error=str(err))
+        log.info("render asked to yield", session_id=asked, for_session=request.session_id)
+        return c.AskToYieldResult(asked=asked)
+
+    def _choose(self, request: c.AskToYieldInput) -> str | None:
+        with self._sessions() as db:
+            return repo_sched.ask_to_yield(
+                db, max_preemptions=self._settings.max_preemptions, grace_s=self._settings.yield_grace_s
+            )
+
+    @activity.defn(name=c.RECORD_YIELD)
+    def record_yield(self, request: c.RecordYieldInput) -> None:
+        """The render gave its slot up at a chunk boundary (it moves, and resumes from its anchors)."""
+        with self._sessions() as db:
+            counted = repo_sched.record_yield(db, session_id=request.session_id)
+        if counted:
+            metrics.PREEMPTIONS.inc()
+        log.info(
+            "preempted",
+            session_id=request.session_id,
+            for_session=request.for_session,
+            node_id=request.node_id,
+            chunks_done=request.chunks_done,
+        )

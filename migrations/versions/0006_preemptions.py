@@ -1,0 +1,32 @@
+"""preemptions: how often a render gave its slot up to a live session, and when it was last asked to
+
+`ask_to_yield` (activities/sched.py) picks a render to give way to a waiting live session: it marks the render
+`yield_asked_at` (so two waiting live sessions do not ask the same one) and the render, once it has yielded,
+counts it in `preemptions` and clears the mark (`record_yield`). Existing rows: never asked, never preempted.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-03
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("sessions") as batch:
+        batch.add_column(sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("yield_asked_at", sa.DateTime(timezone=True), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("sessions") as batch:
+        batch.drop_column("yield_asked_at")
+        batch.drop_column("preemptions")

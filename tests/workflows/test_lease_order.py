@@ -1,0 +1,246 @@
+"""Who gets a node first, on the real dev server's matcher (started with `cli.stack.matcher_flags()`): RenderWorkflow
+schedules its lease with a priority (its QueueClass) and its tenant as fairness key, and Temporal dispatches the
+lease queue in that order. Fake activities under the real names (tests/workflows/test_render_workflow.py); the
+lease queue has one slot. Order is asserted, never timing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from monologue import contracts as c
+from tests.workflows.test_render_workflow import FakeNodes, orchestration
+from workflows.render import RenderWorkflow
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+Handle = WorkflowHandle[RenderWorkflow, c.RenderResult]
+DEADLINE_S = 120.0  # how long a test waits for a state before failing (a loaded machine is slow, never this slow)
+
+
+async def until(check: Callable[[], Any], what: str) -> None:
+    """Wait for `check()` to hold (polling): the state, not a guess of how long it takes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+class Cluster:
+    """One fake node with one slot on a fresh queue. `dispatched` lists sessions in the order their leases started."""
+
+    def __init__(self, env: WorkflowEnvironment, *, chunk_s: float = 0.0) -> None:
+        self.env = env
+        self.fake = FakeNodes(env, frames=97, chunk_s=chunk_s)
+        self.queue = self.fake.queue
+        self.node_id = f"n-{uuid.uuid4().hex[:8]}"
+        self.dispatched: list[str] = []
+        self.handles: dict[str, Handle] = {}
+        self.released: set[str] = set()  # sessions ended by the test: their lease gives the slot back at once
+        self.asked: list[str] = []  # renders asked to yield
+        self.yielded: list[c.RecordYieldInput] = []
+
+    def sched(self) -> list[object]:
+        """`ask_to_yield` asks the render holding the slot (the real policy is tested in tests/monologue)."""
+
+        @activity.defn(name=c.ASK_TO_YIELD)
+        async def ask_to_yield(request: c.AskToYieldInput) -> c.AskToYieldResult:
+            holder = self.dispatched[-1] if self.dispatched else None
+            if holder is None or holder == request.session_id or holder in self.asked:
+                return c.AskToYieldResult(asked=None)
+            self.asked.append(holder)
+            await self.handles[holder].signal(c.YIELD_SLOT, c.YieldSlot(for_session=request.session_id))
+            return c.AskToYieldResult(asked=holder)
+
+        @activity.defn(name=c.RECORD_YIELD)
+        def record_yield(request: c.RecordYieldInput) -> None:
+            self.yielded.append(request)
+
+        return [ask_to_yield, record_yield]
+
+    def lease(self) -> list[object]:
+        @activity.defn(name=c.HOLD_NODE)
+        async def hold_node(request: c.HoldNodeInput) -> None:
+            self.dispatched.append(request.session_id)
+            handle = self.env.client.get_workflow_handle(request.workflow_id)
+            await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
+            while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+
+        return [hold_node]
+
+    @asynccontextmanager
+    async def workers(self, *, with_lease: bool = True) -> AsyncIterator[None]:
+        """The shared queue's and the node's workers; the lease queue's (one slot) unless `with_lease` is False."""
+        queues: list[tuple[str, list[object], list[type]]] = [
+            (self.queue, [*self.fake.shared(), *self.sched()], [RenderWorkflow]),
+            (c.node_task_queue(self.node_id), self.fake.node(self.node_id), []),
+        ]
+        if with_lease:
+            queues.append((c.lease_task_queue(self.queue), self.lease(), []))
+        with ThreadPoolExecutor(8) as executor:
+            async with AsyncExitStack() as stack:
+                for queue, activities, workflows in queues:
+                    slots = 1 if queue == c.lease_task_queue(self.queue) else None
+                    worker = Worker(
+                        self.env.client,
+                        task_queue=queue,
+                        workflows=workflows,
+                        activities=activities,
+                        activity_executor=executor,
+                        max_concurrent_activities=slots,
+                        workflow_failure_exception_types=[Exception],
+                    )
+                    await stack.enter_async_context(worker)
+                yield
+
+    async def start(
+        self,
+        name: str,
+        *,
+        tenant: str = "a",
+        priority: c.RenderPriority = c.RenderPriority.NORMAL,
+        kind: c.SessionKind = c.SessionKind.RENDER,
+        resume: c.ResumePoint | None = None,
+        **changes: Any,
+    ) -> Handle:
+        request = c.RenderInput(
+            session_id=name,
+            tenant=tenant,
+            kind=kind,
+            options=c.RenderOptions(chunk_frames=20, i_frames=4, priority=priority),
+            orchestration=orchestration(**{"preempt_after_s": 0.0, "idle_timeout_s": 600.0, **changes}),
+            resume=resume or c.ResumePoint(),
+        )
+        handle = await self.env.client.start_workflow(
+            RenderWorkflow.run, request, id=f"render-{name}-{uuid.uuid4().hex[:6]}", task_queue=self.queue
+        )
+        self.handles[name] = handle
+        return handle
+
+    async def waiting_for_a_node(self, handle: Handle) -> bool:
+        """Its lease is scheduled and no node has started it."""
+        description = await handle.describe()
+        pending = description.raw_description.pending_activities
+        scheduled = PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED
+        return any(item.activity_type.name == c.HOLD_NODE and item.state == scheduled for item in pending)
+
+    async def dispatch_all(self, count: int) -> list[str]:
+        """Let the one slot go round: each session dispatched is ended at once, freeing the slot for the next."""
+        for taken in range(count):
+            await until(self._more(taken), f"dispatch {taken + 1} of {count} (so far {self.dispatched})")
+            await self.end(self.dispatched[taken])
+        return self.dispatched
+
+    async def end(self, name: str) -> None:
+        """End the session and give its slot back now (a terminated workflow's lease would notice only at its next
+        heartbeat, seconds later)."""
+        await self.handles[name].terminate("its place in the order is all this test needs")
+        self.released.add(name)
+
+    def _more(self, taken: int) -> Callable[[], Any]:
+        async def check() -> bool:
+            return len(self.dispatched) > taken
+
+        return check
+
+
+async def queue_up(cluster: Cluster, sessions: list[tuple[str, dict[str, Any]]]) -> None:
+    """Queue the sessions' leases in this order (nobody polls the lease queue): each is started once the one before
+    waits for a node (a render's lease is queued once its `prepare` is done)."""
+    for name, arguments in sessions:
+        handle = await cluster.start(name, **arguments)
+        await until(lambda handle=handle: cluster.waiting_for_a_node(handle), f"{name}'s lease to be queued")
+
+
+async def test_the_slot_goes_to_live_then_moving_then_renders_by_priority_and_tenant(env: WorkflowEnvironment) -> None:
+    cluster = Cluster(env)
+    moved = c.ResumePoint(cursor=2, frames=97)  # under way already: resumed after its node was lost
+    sessions: list[tuple[str, dict[str, Any]]] = [
+        ("a1", {}),
+        ("a2", {}),
+        ("a3", {}),
+        ("a4", {}),
+        ("low", {"priority": c.RenderPriority.LOW, "tenant": "b"}),
+        ("b1", {"tenant": "b"}),
+        ("b2", {"tenant": "b"}),
+        ("high", {"priority": c.RenderPriority.HIGH}),
+        ("moved", {"resume": moved}),
+        ("live", {"kind": c.SessionKind.LIVE, "tenant": "b"}),
+    ]
+    async with cluster.workers(with_lease=False):
+        await queue_up(cluster, sessions)
+    async with cluster.workers():
+        order = await cluster.dispatch_all(len(sessions))
+    assert order[:3] == ["live", "moved", "high"]
+    assert order[-1] == "low"
+    normal = order[3:-1]
+    assert sorted(normal) == ["a1", "a2", "a3", "a4", "b1", "b2"]
+    # Tenant b's two renders do not wait behind tenant a's four: with equal weights the tenants alternate.
+    assert max(normal.index("b1"), normal.index("b2")) <= 3, normal
+    assert [name for name in normal if name.startswith("a")] == ["a1", "a2", "a3", "a4"]  # FIFO within a tenant
+
+
+async def test_dispatches_between_two_tenants_follow_their_weights(env: WorkflowEnvironment) -> None:
+    cluster = Cluster(env)
+    sessions = [(f"a{i}", {"tenant": "a", "fairness_weight": 1.0}) for i in range(8)]
+    sessions += [(f"b{i}", {"tenant": "b", "fairness_weight": 3.0}) for i in range(8)]
+    async with cluster.workers(with_lease=False):
+        await queue_up(cluster, sessions)
+    async with cluster.workers():
+        order = await cluster.dispatch_all(8)
+    # While both wait, b (weight 3) gets three slots to a's one: 6 of the first 8, within one either way.
+    assert 5 <= sum(name.startswith("b") for name in order) <= 7, order
+
+
+async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(env: WorkflowEnvironment) -> None:
+    cluster = Cluster(env, chunk_s=0.5)  # the render is still under way when the live session comes
+    async with cluster.workers():
+        render = await cluster.start("render")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
+        live = await cluster.start("live", kind=c.SessionKind.LIVE, tenant="b", preempt_after_s=0.2)
+        await until(lambda: _holds(cluster, "live"), "the live session to get the slot")
+        assert cluster.asked == ["render"]
+        await until(lambda: _recorded(cluster), "the yield to be recorded")  # recorded once the slot is free
+        [record] = cluster.yielded
+        assert (record.session_id, record.for_session, record.node_id) == ("render", "live", cluster.node_id)
+        assert not await cluster.waiting_for_a_node(live)
+        assert await cluster.waiting_for_a_node(render)  # queued again, as moving, behind the live session
+        progress = await render.query(RenderWorkflow.progress)
+        assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.MOVING)
+        await cluster.end("live")
+        result = await render.result()
+    assert cluster.dispatched == ["render", "live", "render"]
+    assert (result.frames, result.chunks) == (97, 9)
+    generated = [call.split()[0] for call in cluster.fake.calls if call[0] in "NI"]
+    # Every chunk was made; the ones dropped at the boundary were made again on the render's next lease, from
+    # the anchors (the same frames: tests/test_sched_stack.py checks the hashes through a real node).
+    assert set(generated) == {"N0", "N1", "N2", "N3", "N4", "I0", "I1", "I2", "I3"}
+    published = [int(call.split()[1]) for call in cluster.fake.calls if call.startswith("publish")]
+    assert published == sorted(published) and published[-1] == 97
+
+
+async def _has(calls: list[str], prefix: str) -> bool:
+    return any(call.startswith(prefix) for call in calls)
+
+
+async def _holds(cluster: Cluster, name: str) -> bool:
+    return bool(cluster.dispatched) and cluster.dispatched[-1] == name
+
+
+async def _recorded(cluster: Cluster) -> bool:
+    return bool(cluster.yielded)
