@@ -37,6 +37,7 @@ Result = TypeVar("Result")
 
 # Sessions started before issue 27 scheduled their leases with no priority and never asked a render to yield.
 PRIORITY_PATCH = "lease-priority-and-preemption"
+ASK_EVERY_MAX_S = 30.0  # a live session that still waits asks a render to yield at least this often
 
 
 class NodeLost(Exception):
@@ -123,7 +124,8 @@ class NodeLease:
 
     async def _wait_for_node(self, *, asking: bool) -> None:
         """Until a node takes the lease (or it ends). A live session that waits `preempt_after_s` asks a render to
-        yield, and asks again every as long while it still waits (the policy asks one render per live session)."""
+        yield, and asks again while it still waits (the policy asks one render per live session), twice as long
+        apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short."""
         after = self._orchestration.preempt_after_s
         if not asking or after <= 0 or self.queue_class is not c.QueueClass.LIVE:
             await workflow.wait_condition(self._offered_or_ended)
@@ -134,6 +136,7 @@ class NodeLease:
                 return
             except TimeoutError:
                 await self._ask_a_render_to_yield()
+                after = min(2 * after, max(after, ASK_EVERY_MAX_S))
 
     async def _ask_a_render_to_yield(self) -> None:
         session_id = self._request.session_id

@@ -189,7 +189,13 @@ def test_sessions_list_newest_first_with_progress_realtime_factor_and_age(client
     assert [item["id"] for item in page["items"]] == ["run", "done", "bad", "talk"]
     assert page["total"] == 4
     run, done = page["items"][0], page["items"][1]
-    assert run["progress"] == {"chunks_done": 3, "chunks_total": 5, "frames_done": 84, "frames_total": 100}
+    assert run["progress"] == {
+        "chunks_done": 3,
+        "chunks_total": 5,
+        "frames_done": 84,
+        "frames_total": 100,
+        "preemptions": 0,
+    }
     # 84 frames at 25 fps (3.36 s of video) in the ~10 s since the render started.
     assert run["realtime_factor"] == pytest.approx(0.336, rel=0.05)
     assert run["age_s"] == pytest.approx(12, abs=2) and run["ttff_ms"] == 850.0 and run["node_id"] == "node-b"
