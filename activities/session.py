@@ -14,7 +14,7 @@ from monologue import contracts as c, keys, metrics, repo
 from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.media import AUDIO_RATE, StoredWav, decode_png
-from monologue.plan import chunk_sizes, frame_count, plan_chunks
+from monologue.plan import chunk_sizes, frame_count, plan_chunks, plan_timeline
 from monologue.storage import ObjectStore
 
 
@@ -67,19 +67,17 @@ class SessionActivities:
 
     @activity.defn(name=c.RECORD_STATUS)
     def record_status(self, request: c.RecordStatusInput) -> None:
-        """The session ended without a video (failed or cancelled): close its stream and record why."""
+        """The session ended without a video (failed or cancelled): close its stream and record why.
+
+        The rule: the closed stream holds every chunk already generated, from the start of the timeline without a
+        gap. The workflow's own count (`published_frames`) can lag the database: a chunk the node finished and
+        recorded just as the cancel came is stored but not yet heard of, and must not be dropped."""
         with activity_context(session_id=request.session_id) as log:
-            if request.total_frames > 0 or (
-                request.session_kind == c.SessionKind.LIVE and request.published_frames > 0
-            ):
+            published = self._generated_frames(request)
+            if request.total_frames > 0 or (request.session_kind == c.SessionKind.LIVE and published > 0):
                 # what was published stays playable: the playlist gets its ENDLIST
                 write_playlist(
-                    self._store,
-                    request.session_id,
-                    request.options,
-                    request.total_frames,
-                    request.published_frames,
-                    ended=True,
+                    self._store, request.session_id, request.options, request.total_frames, published, ended=True
                 )
             with self._sessions() as db:
                 ended = repo.mark_ended(db, session_id=request.session_id, status=request.status, error=request.error)
@@ -87,6 +85,20 @@ class SessionActivities:
                 log.warning("session had already ended", status=request.status, error=request.error)
                 return
             log.warning("session ended", status=request.status, error=request.error)
+
+    def _generated_frames(self, request: c.RecordStatusInput) -> int:
+        """Frames from the timeline's start whose chunks are all generated: what the workflow heard of, or more where
+        the database records more (a render's timeline is known; a live one's ends where the workflow heard)."""
+        if request.total_frames <= 0:
+            return request.published_frames
+        with self._sessions() as db:
+            done = repo.generated_chunks(db, session_id=request.session_id)
+        frames = 0
+        for spec in plan_timeline(request.total_frames, **chunk_sizes(request.options)):
+            if (spec.kind, spec.index) not in done:
+                break
+            frames = spec.end_frame
+        return max(request.published_frames, frames)
 
     @activity.defn(name=c.STORED_AUDIO)
     def stored_audio(self, request: c.StoredAudioInput) -> c.StoredAudioResult:

@@ -110,6 +110,8 @@ def test_cancel_stops_the_render_and_keeps_what_was_published(
 ) -> None:
     url = str(durable_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
+    # N0 is done (the first chunk in generation order): a cancel closes the stream with every chunk already made,
+    # however far the workflow had heard (tests/activities/test_record_status.py), so N0 is in it.
     _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 1)
     response = post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
     assert response.status_code == 202
