@@ -14,6 +14,7 @@ from temporalio import workflow
 
 from workflows.lease import NodeLease
 from workflows.planning import AudioFeed, SessionPlan
+from workflows.shared import abandon
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -56,8 +57,7 @@ class ChunkWindow:
     def abandon(self) -> None:
         """Cancel the chunks scheduled ahead; the new epoch keeps a node from running any that linger."""
         for scheduled in self.scheduled:
-            if not scheduled.handle.done():
-                scheduled.handle.cancel()
+            abandon(scheduled.handle)
         self.scheduled.clear()
         self._epoch += 1
 

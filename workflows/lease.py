@@ -21,7 +21,7 @@ from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout, TimeoutType
 
-from workflows.shared import RETRY, run_shared
+from workflows.shared import RETRY, abandon, run_shared
 
 # A pinned activity whose heartbeats stopped is not retried: its retry would wait on the same (hung) node's
 # queue, whose slot the hung attempt still holds, until schedule_to_start; failing at once moves the session
@@ -98,6 +98,7 @@ class NodeLease:
             )
             await self._wait_for_node(asking=prioritized)
             if self._offered is None:  # the lease ended before any node took it
+                abandon(self._handle)
                 self._handle = None
                 continue
             self.node_id = self._offered.node_id
@@ -181,7 +182,7 @@ class NodeLease:
                     return finished
                 except ActivityError as err:
                     raise NodeLost(f"node {self.node_id} drained during {name}") from err
-            handle.cancel()
+            abandon(handle)
             raise NodeLost(f"node {self.node_id} lost during {name}")
         try:
             result: Result = handle.result()
@@ -212,8 +213,8 @@ class NodeLease:
 
     def release(self) -> None:
         """Give the node's slot back (the lease activity sees the cancellation at its next heartbeat)."""
-        if self._handle is not None and not self._handle.done():
-            self._handle.cancel()
+        if self._handle is not None:
+            abandon(self._handle)
         self._handle, self.node_id, self.yield_for = None, None, None
 
 

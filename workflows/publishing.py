@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ActivityCancellationType
 
 from workflows.planning import SessionPlan
-from workflows.shared import RETRY
+from workflows.shared import RETRY, abandon
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -119,7 +119,7 @@ class Publisher:
             await workflow.wait(pending, timeout=timeout_s)
         for handle in self._sinks:
             if not handle.done():
-                handle.cancel()
+                abandon(handle)
             elif handle.exception() is not None:
                 workflow.logger.warning(
                     "sink failed", extra={"session_id": self._request.session_id, "error": str(handle.exception())}

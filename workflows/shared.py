@@ -4,6 +4,7 @@ Workflow code: standard library, temporalio and the stdlib-only contracts only."
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -31,3 +32,16 @@ async def run_shared(name: str, arg: Any, result_type: type[Result]) -> Result:
         name, arg, result_type=result_type, start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY
     )
     return result
+
+
+def abandon(handle: asyncio.Future[Any]) -> None:
+    """Cancel an activity nobody will await, and take its outcome whenever it comes (a failure or the cancellation
+    itself): otherwise asyncio logs "exception was never retrieved", an error line about nothing wrong."""
+    if not handle.done():
+        handle.cancel()
+    handle.add_done_callback(_retrieve)
+
+
+def _retrieve(handle: asyncio.Future[Any]) -> None:
+    if not handle.cancelled():
+        handle.exception()
