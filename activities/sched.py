@@ -1,6 +1,7 @@
-"""Preemption's activities, on the shared queue: a live session that waits for a node asks a render to yield its
-slot (`ask_to_yield`: the policy is `monologue.repo.sched`), and a render that yielded records it (`record_yield`:
-the session's count, the metric, the log line the ops UI and the session's events show)."""
+"""Preemption's activities, on the shared queue: a session that waits for a node (a live one, one whose node was lost,
+a render below its tenant's share) asks a render to yield its slot (`ask_to_yield`: the policy is
+`monologue.repo.sched`), and a render that yielded, or could not, records it (`record_yield`: the session's count,
+the metric, the log line the ops UI and the session's events show)."""
 
 from __future__ import annotations
 
@@ -28,35 +29,44 @@ class SchedActivities:
 
     @activity.defn(name=c.ASK_TO_YIELD)
     async def ask_to_yield(self, request: c.AskToYieldInput) -> c.AskToYieldResult:
-        """Pick the render that should give way to the live session `request.session_id` and tell it (a signal:
-        it yields at its next chunk boundary). Nothing is asked when renders already yielding cover the live
-        sessions waiting."""
+        """Pick the render that should give way to `request.session_id` and tell it (a signal: it yields at its next
+        chunk boundary). Nothing is asked while the asker's last one is on its way, or when no render may yield."""
         asked = await asyncio.to_thread(self._choose, request)
         if asked is None:
             return c.AskToYieldResult(asked=None)
         handle = self._client.get_workflow_handle(c.render_workflow_id(asked))
+        # To a live session or one that lost its node, the render yields ahead of every render (as moving); to a
+        # fairer share, in its own class, so the tenants' weights decide the slot.
+        slot = c.YieldSlot(for_session=request.session_id, as_moving=request.why is not c.AskReason.FAIR_SHARE)
         try:
-            await handle.signal(c.YIELD_SLOT, c.YieldSlot(for_session=request.session_id))
+            await handle.signal(c.YIELD_SLOT, slot)
         except RPCError as err:  # it ended meanwhile: its slot is free anyway
             log.info("render asked to yield had ended", session_id=asked, error=str(err))
-        log.info("render asked to yield", session_id=asked, for_session=request.session_id)
+        log.info("render asked to yield", session_id=asked, for_session=request.session_id, why=request.why)
         return c.AskToYieldResult(asked=asked)
 
     def _choose(self, request: c.AskToYieldInput) -> str | None:
+        asker = repo_sched.Asker(request.session_id, request.tenant, request.queue_class, request.why)
+        settings = self._settings
         with self._sessions() as db:
             return repo_sched.ask_to_yield(
-                db, max_preemptions=self._settings.max_preemptions, grace_s=self._settings.yield_grace_s
+                db,
+                asker,
+                weight=settings.weight,
+                max_preemptions=settings.max_preemptions,
+                grace_s=settings.yield_grace_s,
             )
 
     @activity.defn(name=c.RECORD_YIELD)
     def record_yield(self, request: c.RecordYieldInput) -> None:
-        """The render gave its slot up at a chunk boundary (it moves, and resumes from its anchors)."""
+        """The render gave its slot up at a chunk boundary (it moves, and resumes from its anchors), or could not (it
+        held no node when asked: its asker asks another)."""
         with self._sessions() as db:
-            counted = repo_sched.record_yield(db, session_id=request.session_id)
+            counted = repo_sched.record_yield(db, session_id=request.session_id, yielded=request.yielded)
         if counted:
             metrics.PREEMPTIONS.inc()
         log.info(
-            "preempted",
+            "preempted" if request.yielded else "could not yield",
             session_id=request.session_id,
             for_session=request.for_session,
             node_id=request.node_id,

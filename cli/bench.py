@@ -4,6 +4,8 @@ other commands."""
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import click
 
 from monologue.contracts import Family, LipSync, Residency, Resolution
@@ -149,6 +151,15 @@ def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
     click.echo(bench_orchestration(minutes=minutes, lease_timeout_s=lease_timeout).table())
 
 
+class ClusterScenario(StrEnum):
+    """`monologue bench cluster --scenario`: full (the default, its shape from the options), small (CI's) or
+    contention (two tenants on an oversubscribed cluster, issue 27: cli/benches/contention.py)."""
+
+    FULL = "full"
+    SMALL = "small"
+    CONTENTION = "contention"
+
+
 @bench.command("cluster")
 @click.option(
     "--postgres",
@@ -164,8 +175,19 @@ def bench_orchestration_command(minutes: float, lease_timeout: float) -> None:
 @click.option(
     "--chunk-delay", type=float, default=0.3, show_default=True, help="Stretch every chunk (s), so kills land."
 )
-@click.option("--small", is_flag=True, help="CI's scenario: 2 nodes, 6 sessions, 3 node kills.")
+@click.option(
+    "--scenario",
+    "scenario_name",
+    type=click.Choice([s.value for s in ClusterScenario]),
+    default=ClusterScenario.FULL.value,
+    show_default=True,
+    help="full: the options' shape; small: CI's; contention: tenant big's 20 renders against small's 2 renders and"
+    " 4 live sessions on 4 nodes × 2 slots, 4 node kills (--nodes, --capacity, --chunk-delay, --node-kills apply).",
+)
+@click.option("--small", is_flag=True, help="CI's scenario: 2 nodes, 6 sessions, 3 node kills (= --scenario small).")
+@click.pass_context
 def bench_cluster_command(
+    ctx: click.Context,
     postgres_url: str,
     nodes: int,
     capacity: int,
@@ -173,22 +195,61 @@ def bench_cluster_command(
     live: int,
     node_kills: int,
     chunk_delay: float,
+    scenario_name: str,
     small: bool,
 ) -> None:
     """Two API processes and NODES nodes on loopback (Temporal, PostgreSQL, SeaweedFS, Prometheus): sessions while
     random nodes and one API are SIGKILLed and restarted. Prints sessions/hour, queue wait, recovery per kill, slot
-    utilisation and Prometheus figures, and every check that failed (exit 1)."""
+    utilisation and Prometheus figures, and every check that failed (exit 1). With --scenario contention, also the
+    scheduling's figures (live TTFF, queue wait per tenant and class, fairness, preemptions) against issue 27's
+    goals."""
     import dataclasses
 
     from cli.benches.cluster import FULL, SMALL
     from cli.benches.cluster_run import bench_cluster
     from cli.cluster import Shape
 
-    scenario = SMALL if small else FULL
-    if not small:
+    name = _cluster_scenario(ctx, ClusterScenario(scenario_name), small)
+    if name is ClusterScenario.CONTENTION:
+        _bench_contention(ctx, postgres_url)
+        return
+    scenario = SMALL if name is ClusterScenario.SMALL else FULL
+    if name is ClusterScenario.FULL:
         shape = Shape(nodes=nodes, capacity=capacity, chunk_delay_s=chunk_delay)
         scenario = dataclasses.replace(scenario, shape=shape, renders=renders, live=live, node_kills=node_kills)
     report = bench_cluster(scenario, postgres_url)
+    click.echo(report.table())
+    if report.problems:
+        raise SystemExit(1)
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+
+def _cluster_scenario(ctx: click.Context, name: ClusterScenario, small: bool) -> ClusterScenario:
+    """The scenario asked for; --small is --scenario small, and conflicts with any other."""
+    if small and _given(ctx, "scenario_name") and name is not ClusterScenario.SMALL:
+        raise click.UsageError(f"--small conflicts with --scenario {name}")
+    if small:
+        return ClusterScenario.SMALL
+    if name is ClusterScenario.CONTENTION and (given := [n for n in ("renders", "live") if _given(ctx, n)]):
+        raise click.UsageError(f"--scenario contention fixes its tenants' sessions; drop --{' --'.join(given)}")
+    return name
+
+
+def _bench_contention(ctx: click.Context, postgres_url: str) -> None:
+    import dataclasses
+
+    from cli.benches.contention import CONTENTION, bench_contention
+
+    base = CONTENTION.scenario
+    shape_changes = {n: ctx.params[n] for n in ("nodes", "capacity") if _given(ctx, n)}
+    if _given(ctx, "chunk_delay"):
+        shape_changes["chunk_delay_s"] = ctx.params["chunk_delay"]
+    kills = {"node_kills": ctx.params["node_kills"]} if _given(ctx, "node_kills") else {}
+    scenario = dataclasses.replace(base, shape=dataclasses.replace(base.shape, **shape_changes), **kills)
+    report = bench_contention(dataclasses.replace(CONTENTION, scenario=scenario), postgres_url)
     click.echo(report.table())
     if report.problems:
         raise SystemExit(1)

@@ -25,6 +25,7 @@ from monologue.settings import (
     LimitSettings,
     NodeSettings,
     RenderDefaults,
+    SchedSettings,
     Settings,
     StorageSettings,
     TemporalSettings,
@@ -138,19 +139,27 @@ class Cluster:
 
     def lease_events(self) -> list[dict[str, Any]]:
         """Every lease line the nodes logged ("node acquired"/"node released"/"node ready"), oldest first."""
+        return self.node_events("node acquired", "node released", "node ready")
+
+    def node_events(self, *names: str) -> list[dict[str, Any]]:
+        """Every line the nodes logged whose event is one of `names` (with `at`, epoch s), oldest first."""
         events: list[dict[str, Any]] = []
         for log in sorted(self.stack.log_dir.glob("node-*.log")):
             for line in log.read_text(errors="replace").splitlines():
                 if not line.startswith("{"):
                     continue
                 entry = json.loads(line)
-                if entry.get("event") in ("node acquired", "node released", "node ready"):
+                if entry.get("event") in names:
                     entry["at"] = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
                     events.append(entry)
         return sorted(events, key=lambda entry: entry["at"])
 
 
-def cluster_settings(home: Path, database_url: str, s3: S3Server, shape: Shape) -> Settings:
+def cluster_settings(
+    home: Path, database_url: str, s3: S3Server, shape: Shape, sched: SchedSettings | None = None
+) -> Settings:
+    """Every process's settings (each child gets them as MONOLOGUE_* variables); `sched`: the scheduling's, e.g.
+    tenants' weights (default: the settings' own)."""
     return Settings(
         home=home,
         database_url=database_url,
@@ -167,14 +176,17 @@ def cluster_settings(home: Path, database_url: str, s3: S3Server, shape: Shape) 
         ),
         render=RenderDefaults(live_idle_timeout_s=shape.live_idle_timeout_s),
         limits=LimitSettings(max_sessions_per_tenant=1000),  # one tenant submits every session of a scenario
+        sched=sched or SchedSettings(),
     )
 
 
 @contextmanager
-def cluster(home: Path, database_url: str, s3: S3Server, shape: Shape) -> Iterator[Cluster]:
+def cluster(
+    home: Path, database_url: str, s3: S3Server, shape: Shape, sched: SchedSettings | None = None
+) -> Iterator[Cluster]:
     """Start Temporal, `shape.apis` APIs and `shape.nodes` nodes on loopback; stop them all afterwards."""
     s3.client().create_bucket(Bucket=BUCKET)
-    settings = cluster_settings(home, database_url, s3, shape)
+    settings = cluster_settings(home, database_url, s3, shape, sched)
     stack = Stack(settings, env=s3.aws_env())
     stack.start(with_node=False)
     try:

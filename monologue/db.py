@@ -110,10 +110,11 @@ class SessionRow(Base):
     # few key re-checks is stale (its API process died), so a reconnect is not locked out forever.
     audio_socket: Mapped[str | None] = mapped_column(String(32))
     audio_socket_at: Mapped[datetime | None]
-    # Renders: times the session gave its slot up to a live session, and when it was last asked to (cleared once
-    # it has); see monologue/repo/sched.py.
+    # Renders: times the session gave its slot up to a waiting session, and when it was last asked to and for whom
+    # (cleared once it has); see monologue/repo/sched.py.
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     yield_asked_at: Mapped[datetime | None]
+    yield_for: Mapped[str | None] = mapped_column(String(64))  # the waiting session it was asked for
 
 
 class ChunkRow(Base):

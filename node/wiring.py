@@ -74,6 +74,9 @@ def build_parts(
     )
 
 
+STICKY_TIMEOUT = timedelta(seconds=2)
+
+
 def executors(settings: Settings) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
     """The activity threads (per session slot: the chunk running and the next one, plus the shared queue's) and
     the sink pumps' own threads."""
@@ -129,6 +132,10 @@ def _shared_worker(
         activity_executor=executor,
         max_concurrent_activities=4,
         graceful_shutdown_timeout=grace,
+        # A session's workflow is cached on the node that ran its last task, and its next task waits on that node's
+        # sticky queue this long before any node may take it: when the node died (its sessions' leases timing out),
+        # that wait was the SDK's 10 s, on top of the lease timeout, before the sessions could move.
+        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
     )
 
 

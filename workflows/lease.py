@@ -56,18 +56,32 @@ class NodeLease:
         self.node_id: str | None = None
         # Under way already (resumed, continued as new, or moved in this run): its next lease queues as moving.
         self._moving = request.resume.cursor > 0
-        self.yield_for: str | None = None  # a live session this render was asked to give its slot to
+        self._lost = False  # its node was lost (not drained by a yield): it asks a render for a slot
+        self.yield_for: c.YieldSlot | None = None  # the request this render was asked to give its slot up for
 
     @property
     def queue_class(self) -> c.QueueClass:
         request = self._request
         return c.QueueClass.of(request.kind, request.options.priority, moving=self._moving)
 
-    def ask_to_yield(self, asked: c.YieldSlot) -> None:
-        """A waiting live session asked for this render's slot (the YIELD_SLOT signal): it goes at the next chunk
-        boundary. Ignored by live sessions and while no node is held (there is no slot to give)."""
+    @property
+    def asks(self) -> c.AskReason | None:
+        """Why this session, waiting for a node, may ask a render to yield (None: it may not): a live session; one
+        whose node was lost; a render, for its tenant's fair share. A session moving for another reason (it yielded
+        itself, continued as new, resumed) waits for the next free slot: it never starts a chain of yields."""
+        if self._request.kind is c.SessionKind.LIVE:
+            return c.AskReason.LIVE
+        if self._lost:
+            return c.AskReason.LOST
+        return None if self._moving else c.AskReason.FAIR_SHARE
+
+    def ask_to_yield(self, asked: c.YieldSlot) -> bool:
+        """A waiting session asked for this render's slot (the YIELD_SLOT signal): it goes at the next chunk boundary.
+        False when it cannot: a live session, or no node held (there is no slot to give)."""
         if self._request.kind is c.SessionKind.RENDER and self.node_id is not None:
-            self.yield_for = asked.for_session
+            self.yield_for = asked
+            return True
+        return False
 
     def offer(self, acquired: c.NodeAcquired) -> None:
         """A node took the lease (the NODE_ACQUIRED signal)."""
@@ -101,7 +115,7 @@ class NodeLease:
                 abandon(self._handle)
                 self._handle = None
                 continue
-            self.node_id = self._offered.node_id
+            self.node_id, self._lost = self._offered.node_id, False
             self._progress.node_id = self.node_id
             self._on_acquired()
             init = c.InitSessionInput(
@@ -128,7 +142,8 @@ class NodeLease:
         yield, and asks again while it still waits (the policy asks one render per live session), twice as long
         apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short."""
         after = self._orchestration.preempt_after_s
-        if not asking or after <= 0 or self.queue_class is not c.QueueClass.LIVE:
+        why = self.asks
+        if not asking or after <= 0 or why is None:
             await workflow.wait_condition(self._offered_or_ended)
             return
         while True:
@@ -136,13 +151,15 @@ class NodeLease:
                 await workflow.wait_condition(self._offered_or_ended, timeout=timedelta(seconds=after))
                 return
             except TimeoutError:
-                await self._ask_a_render_to_yield()
+                await self._ask_a_render_to_yield(why)
                 after = min(2 * after, max(after, ASK_EVERY_MAX_S))
 
-    async def _ask_a_render_to_yield(self) -> None:
-        session_id = self._request.session_id
+    async def _ask_a_render_to_yield(self, why: c.AskReason) -> None:
+        request = self._request
+        session_id = request.session_id
+        asking = c.AskToYieldInput(session_id=session_id, tenant=request.tenant, queue_class=self.queue_class, why=why)
         try:
-            await run_shared(c.ASK_TO_YIELD, c.AskToYieldInput(session_id=session_id), c.AskToYieldResult)
+            await run_shared(c.ASK_TO_YIELD, asking, c.AskToYieldResult)
         except ActivityError as err:  # no render yields this time; the session still waits for a free slot
             workflow.logger.warning("ask to yield failed", extra={"session_id": session_id, "error": str(err)})
 
@@ -199,15 +216,15 @@ class NodeLease:
         """The node is gone: give up its lease; the next `hold` takes another node."""
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})
         self.release()
-        self._moving = True
+        self._moving = self._lost = True
         self._progress.node_changes += 1
 
     def give_way(self) -> str:
-        """Give the slot up to the live session that asked (at a chunk boundary): the next lease queues as moving.
-        Returns the node given up."""
-        node_id = self.node_id or ""
+        """Give the slot up to the session that asked (at a chunk boundary): the next lease queues as moving, or in the
+        render's own class when it yields to a fairer share. Returns the node given up."""
+        node_id, asked = self.node_id or "", self.yield_for
         self.release()
-        self._moving, self.yield_for = True, None
+        self._moving = asked is None or asked.as_moving
         self._progress.preemptions += 1
         return node_id
 

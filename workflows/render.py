@@ -77,10 +77,12 @@ class RenderWorkflow:
     def node_acquired(self, acquired: c.NodeAcquired) -> None:
         self._lease.offer(acquired)
 
-    @workflow.signal(name=c.YIELD_SLOT)
-    def yield_slot(self, asked: c.YieldSlot) -> None:
-        """A waiting live session asked for this render's slot: it goes at the next chunk boundary."""
-        self._lease.ask_to_yield(asked)
+    @workflow.signal(name=c.YIELD_SLOT, unfinished_policy=workflow.HandlerUnfinishedPolicy.ABANDON)
+    async def yield_slot(self, asked: c.YieldSlot) -> None:
+        """A waiting session asked for this render's slot: it goes at the next chunk boundary. One that holds no node
+        (or a live session) says so at once, so its asker asks another."""
+        if not self._lease.ask_to_yield(asked):
+            await self._record_yield(asked.for_session, node_id="", cursor=self._progress.chunks_done, yielded=False)
 
     @workflow.signal(name=c.AUDIO_AVAILABLE)
     def audio_available(self, audio: c.AudioAvailable) -> None:
@@ -206,15 +208,22 @@ class RenderWorkflow:
     async def _give_way(self, cursor: int) -> None:
         """Yield the slot to the live session that asked: the chunks scheduled ahead are dropped (the next node makes
         them again from the anchors, the same frames), and the session queues again as moving."""
-        for_session = self._lease.yield_for or ""
+        asked = self._lease.yield_for
+        for_session = asked.for_session if asked is not None else ""
         self._chunks.abandon()
         node_id = self._lease.give_way()
         session_id = self._request.session_id
         workflow.logger.info("yielded", extra={"session_id": session_id, "for_session": for_session, "node": node_id})
-        record = c.RecordYieldInput(session_id=session_id, for_session=for_session, node_id=node_id, chunks_done=cursor)
+        await self._record_yield(for_session, node_id=node_id, cursor=cursor, yielded=True)
+
+    async def _record_yield(self, for_session: str, *, node_id: str, cursor: int, yielded: bool) -> None:
+        session_id = self._request.session_id
+        record = c.RecordYieldInput(
+            session_id=session_id, for_session=for_session, node_id=node_id, chunks_done=cursor, yielded=yielded
+        )
         try:
             await run_shared(c.RECORD_YIELD, record, type(None))
-        except ActivityError as err:  # the record is for people; the session goes on
+        except ActivityError as err:  # the record is for people and the policy's bookkeeping; the session goes on
             workflow.logger.warning("yield not recorded", extra={"session_id": session_id, "error": str(err)})
 
     def _should_renew(self, chunks_this_run: int) -> bool:

@@ -25,7 +25,7 @@ from cli.benches.cluster_live import OPTIONS, LiveRun, start_live_session, strea
 from cli.cluster import Cluster, Kill, Shape
 from monologue import SAMPLES, keys
 from monologue.client import Client
-from monologue.contracts import TERMINAL, SessionStatus
+from monologue.contracts import TERMINAL, SessionKind, SessionStatus
 from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker
 
 
@@ -63,7 +63,7 @@ class Report:
     sessions: int = 0
     completed: int = 0
     wall_s: float = 0.0
-    queue_wait_s: list[float] = field(default_factory=list)
+    queue_wait_s: list[float] = field(default_factory=list)  # renders: created → first node (lease logs)
     recovery_s: list[float] = field(default_factory=list)  # per node kill that held sessions: to a chunk elsewhere
     taken_over_s: list[float] = field(default_factory=list)  # ... to another lease on each of its sessions
     utilisation: float = 0.0
@@ -73,12 +73,13 @@ class Report:
 
     def table(self) -> str:
         def pct(values: list[float], q: float) -> str:
-            return f"{_percentile(values, q):.2f}" if values else "-"
+            return f"{percentile(values, q):.2f}" if values else "-"
 
         lines = [
             f"sessions            {self.completed}/{self.sessions} completed in {self.wall_s:.1f} s",
             f"sessions/hour       {self.completed / self.wall_s * 3600:.0f}" if self.wall_s else "sessions/hour  -",
-            f"queue wait (s)      p50 {pct(self.queue_wait_s, 50)}  p95 {pct(self.queue_wait_s, 95)}",
+            f"queue wait (s)      p50 {pct(self.queue_wait_s, 50)}  p95 {pct(self.queue_wait_s, 95)}"
+            "  (renders: created → first node)",
             f"taken over (s)      p50 {pct(self.taken_over_s, 50)}  max {pct(self.taken_over_s, 100)}"
             "  (a node kill to new leases on all its sessions)",
             f"recovery/kill (s)   p50 {pct(self.recovery_s, 50)}  max {pct(self.recovery_s, 100)}"
@@ -95,7 +96,7 @@ def _shown(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = (len(ordered) - 1) * q / 100
     low = int(position)
@@ -104,11 +105,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def speech(folder: Path, seconds: float) -> Path:
-    """The first `seconds` of the bundled speech as a WAV file in `folder`."""
+    """The first `seconds` of the bundled speech as a WAV file in `folder`; past the sample's end (6.9 s) it starts
+    again from the beginning, so a render can be longer than the sample."""
     path = folder / f"speech-{seconds:.2f}.wav"
     if not path.exists():
         with wave.open(str(SAMPLES / "speech.wav")) as source:
-            params, frames = source.getparams(), source.readframes(int(source.getframerate() * seconds))
+            params, sample = source.getparams(), source.readframes(source.getnframes())
+        size = int(params.framerate * seconds) * params.sampwidth * params.nchannels
+        frames = (sample * (size // len(sample) + 1))[:size]
         with wave.open(str(path), "wb") as target:
             target.setparams(params)
             target.writeframes(frames)
@@ -118,13 +122,10 @@ def speech(folder: Path, seconds: float) -> Path:
 def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
     """The scenario on a running cluster: clean renders first, then every session under kills."""
     portrait = SAMPLES / "portrait.jpg"
-    lengths = sorted(set(scenario.seconds))
-    clean = [_submit(cluster, 0, portrait, speech(folder, s)) for s in lengths]
-    _wait_all(cluster, clean, scenario.timeout_s)
-    baseline = {s: _hashes(cluster, sid) for s, sid in zip(lengths, clean, strict=True)}
+    baseline = clean_renders(cluster, scenario, folder)
     started = time.time()
     renders = {
-        _submit(cluster, i, portrait, speech(folder, scenario.seconds[i % len(scenario.seconds)])): (
+        submit(cluster, i, portrait, speech(folder, scenario.seconds[i % len(scenario.seconds)])): (
             scenario.seconds[i % len(scenario.seconds)]
         )
         for i in range(scenario.renders)
@@ -137,11 +138,31 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
     for thread in streams:
         thread.start()
     # Kills and restarts from this thread, which outlives every process it starts (see Cluster.restart).
-    _chaos(cluster, scenario, list(renders), deadline=time.monotonic() + scenario.timeout_s)
+    chaos(cluster, scenario, list(renders), deadline=time.monotonic() + scenario.timeout_s)
     for thread in streams:
         thread.join(scenario.timeout_s)
+    return conclude(cluster, scenario, renders, live, baseline, started)
+
+
+def clean_renders(cluster: Cluster, scenario: Scenario, folder: Path) -> dict[float, list[str]]:
+    """Per audio length of the scenario, the frame hashes of a render made before any chaos (the reference)."""
+    lengths = sorted(set(scenario.seconds))
+    clean = [submit(cluster, 0, SAMPLES / "portrait.jpg", speech(folder, s)) for s in lengths]
+    wait_all(cluster, clean, scenario.timeout_s)
+    return {s: hashes(cluster, sid) for s, sid in zip(lengths, clean, strict=True)}
+
+
+def conclude(
+    cluster: Cluster,
+    scenario: Scenario,
+    renders: dict[str, float],
+    live: list[LiveRun],
+    baseline: dict[float, list[str]],
+    started: float,
+) -> Report:
+    """Once the chaos is over: wait for every session to end, then check what must hold and take the figures."""
     sessions = [*renders, *(run_.session_id for run_ in live if run_.session_id)]
-    _wait_all(cluster, sessions, scenario.timeout_s)
+    wait_all(cluster, sessions, scenario.timeout_s)
     report = Report(sessions=len(renders) + len(live), wall_s=time.time() - started)
     report.problems += [
         f"live session through {run_.api_url}: {run_.error}" for run_ in live if run_.session_id is None
@@ -151,18 +172,19 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
     return report
 
 
-def _submit(cluster: Cluster, index: int, portrait: Path, audio: Path) -> str:
+def submit(cluster: Cluster, index: int, portrait: Path, audio: Path, *, api_key: str | None = None) -> str:
+    """A render through the `index`th API (round robin), with `api_key` (default: the cluster's local key)."""
     url = cluster.api_urls[index % len(cluster.api_urls)]
-    with Client(url, api_key=cluster.api_key) as client:
+    with Client(url, api_key=api_key or cluster.api_key) as client:
         return client.create_render(portrait=portrait, audio=audio, options=OPTIONS).id
 
 
-def _rows(cluster: Cluster) -> Any:
+def database(cluster: Cluster) -> Any:
     return make_sessionmaker(make_engine(cluster.settings.db_url))
 
 
-def _wait_all(cluster: Cluster, session_ids: list[str], timeout_s: float) -> None:
-    sessions = _rows(cluster)
+def wait_all(cluster: Cluster, session_ids: list[str], timeout_s: float) -> None:
+    sessions = database(cluster)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with sessions() as db:
@@ -172,12 +194,12 @@ def _wait_all(cluster: Cluster, session_ids: list[str], timeout_s: float) -> Non
         time.sleep(0.5)
 
 
-def _chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: float) -> None:
+def chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: float) -> None:
     """Every `kill_every_s` (or once another node is ready again): SIGKILL a random ready node (restarted
     `restart_after_s` later); the last API once, halfway through. Returns once the kills and restarts are done
     (or every render ended)."""
     rng = random.Random(scenario.seed)
-    sessions = _rows(cluster)
+    sessions = database(cluster)
     pending: list[tuple[float, Kill]] = []  # restarts due
     api_kill_at = scenario.node_kills // 2 if scenario.api_kills and len(cluster.api_urls) > 1 else -1
     kills, next_kill = 0, time.monotonic() + scenario.kill_every_s
@@ -212,7 +234,7 @@ def _chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: f
         time.sleep(0.2)
 
 
-def _hashes(cluster: Cluster, session_id: str) -> list[str]:
+def hashes(cluster: Cluster, session_id: str) -> list[str]:
     text = cluster.object(keys.frames_manifest(session_id)).decode()
     return [json.loads(line)["sha256"] for line in text.splitlines()]
 
@@ -225,7 +247,7 @@ def _check(
     baseline: dict[float, list[str]],
     sessions: list[str],
 ) -> None:
-    with _rows(cluster)() as db:
+    with database(cluster)() as db:
         rows = {row.id: row for row in db.scalars(select(SessionRow).where(SessionRow.id.in_(sessions)))}
     report.completed = sum(1 for row in rows.values() if row.status == SessionStatus.COMPLETED)
     for session_id in sessions:
@@ -235,7 +257,7 @@ def _check(
                 f"session {session_id} ended {row.status if row else 'unrecorded'}: {row and row.error}"
             )
             continue
-        if session_id in renders and _hashes(cluster, session_id) != baseline[renders[session_id]]:
+        if session_id in renders and hashes(cluster, session_id) != baseline[renders[session_id]]:
             report.problems.append(f"render {session_id}: frames differ from the clean render of the same inputs")
         report.problems += _playlist_problems(cluster, session_id)
     node_kills = [kill for kill in cluster.kills if kill.name.startswith("node-")]
@@ -305,12 +327,14 @@ def _slot_problems(cluster: Cluster, capacity: int) -> list[str]:
 
 def _figures(cluster: Cluster, report: Report, sessions: list[str], started: float) -> None:
     events = cluster.lease_events()
-    with _rows(cluster)() as db:
+    with database(cluster)() as db:
         rows = db.scalars(select(SessionRow).where(SessionRow.id.in_(sessions))).all()
+        # From the lease logs: a render's started_at is set by `prepare`, before it queues for a node.
+        leased = {row.id: _leased_after(events, row.id, row.created_at.timestamp()) for row in rows}
         report.queue_wait_s = [
-            (row.started_at - row.created_at).total_seconds()
+            at - row.created_at.timestamp()
             for row in rows
-            if row.started_at and row.kind.value == "render"
+            if (at := leased[row.id]) is not None and row.kind is SessionKind.RENDER
         ]
         for kill in cluster.kills:
             if not kill.sessions:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 
 import httpx
@@ -24,23 +25,49 @@ from monologue.media import AUDIO_RATE
 OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": 16, "i_frames": 4, "seed": 11}
 
 
+RETRY_PAUSE_S = 0.5  # after a 503 (see `LiveRun.refusals`), before asking again
+
+
 @dataclass
 class LiveRun:
     api_url: str
+    api_key: str = ""  # the tenant's key; empty: the cluster's local key
     session_id: str | None = None
     audio_link: str = ""
     sent_s: float = 0.0
     cut: bool = False  # the API went away mid-stream
     error: str | None = None
+    requested_at: float | None = None  # the first create's start (epoch s), refused attempts included
+    admitted_at: float | None = None  # when a create was accepted (a node holds the session)
+    # Creates answered 503, each its problem's detail: no node took the session within the live start timeout, or
+    # no node checked the uploads in time.
+    refusals: list[str] = field(default_factory=list)
+
+    def key(self, cluster: Cluster) -> str:
+        return self.api_key or cluster.api_key
 
 
-def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path) -> None:
-    """Create the live session through `run.api_url` (before any kill: its audio then streams under them)."""
-    try:
-        session = start_session(run.api_url, portrait, options=OPTIONS, api_key=cluster.api_key)
-    except (ApiError, httpx.HTTPError) as err:
-        run.error = f"could not start: {err}"
-        return
+def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path, *, retry_for_s: float = 0.0) -> None:
+    """Create the live session through `run.api_url` (before any kill: its audio then streams under them). A
+    create refused with 503 (no node in time: it is admitted only once a node holds it) is asked again, as a client
+    would, for up to `retry_for_s` seconds; each refusal's reason is kept."""
+    run.requested_at = time.time()
+    deadline = time.monotonic() + retry_for_s
+    while True:
+        try:
+            session = start_session(run.api_url, portrait, options=OPTIONS, api_key=run.key(cluster))
+            break
+        except ApiError as err:
+            if err.status == HTTPStatus.SERVICE_UNAVAILABLE and time.monotonic() < deadline:
+                run.refusals.append(str(err.problem.get("detail", err)))
+                time.sleep(RETRY_PAUSE_S)
+                continue
+            run.error = f"could not start ({len(run.refusals)} refusals before): {err}"
+            return
+        except httpx.HTTPError as err:
+            run.error = f"could not start: {err}"
+            return
+    run.admitted_at = time.time()
     run.session_id, run.audio_link = str(session["id"]), str(session["links"]["audio"])
 
 
@@ -50,7 +77,7 @@ def stream_live_session(cluster: Cluster, run: LiveRun, audio: Path) -> None:
         return
     pcm = np.frombuffer(audio.read_bytes()[44:], dtype="<i2")
     try:
-        with connect(run.audio_link, max_size=None, additional_headers=auth(cluster.api_key)) as socket:
+        with connect(run.audio_link, max_size=None, additional_headers=auth(run.key(cluster))) as socket:
             started = time.monotonic()
             for offset in range(0, len(pcm), MESSAGE_SAMPLES):
                 time.sleep(max(0.0, started + offset / AUDIO_RATE - time.monotonic()))

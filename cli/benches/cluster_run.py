@@ -5,12 +5,16 @@ Counters of a killed process lose what it counted since its last scrape (every s
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from cli.benches.cluster import Report, Scenario, run
-from cli.cluster import cluster, fresh_database
+from cli.cluster import Cluster, Shape, cluster, fresh_database
 from cli.prometheus_server import Prometheus, prometheus
 from cli.seaweed import seaweed_s3
+from monologue.settings import SchedSettings
 
 WINDOW = "[2h]"  # longer than any run: increase() over it is the run's total, counter resets included
 
@@ -40,18 +44,39 @@ def figures(server: Prometheus) -> dict[str, float | None]:
     return {name: server.value(query) for name, query in QUERIES.items()}
 
 
-def bench_cluster(scenario: Scenario, postgres_admin_url: str) -> Report:
+@dataclass
+class Bench:
+    """A cluster running for a bench: the cluster, a scratch folder for its inputs, the Prometheus scraping it."""
+
+    cluster: Cluster
+    folder: Path
+    prometheus: Prometheus
+
+    def figures(self) -> dict[str, float | None]:
+        """The Prometheus figures (after its last scrape of every process that is up)."""
+        up = len(self.cluster.api_urls) + len(self.cluster.node_ports)
+        self.prometheus.wait_for("sum(up)", lambda value: value == up, timeout_s=30)
+        return figures(self.prometheus)
+
+
+@contextmanager
+def bench_stack(shape: Shape, postgres_admin_url: str, sched: SchedSettings | None = None) -> Iterator[Bench]:
+    """A fresh database, SeaweedFS, the cluster (with `sched`'s scheduling settings) and Prometheus; all gone after."""
     with tempfile.TemporaryDirectory(prefix="monologue-bench-cluster-") as scratch:
         root = Path(scratch)
         with (
             fresh_database(postgres_admin_url) as database_url,
             seaweed_s3(root / "s3") as s3,
-            cluster(root / "cluster", database_url, s3, scenario.shape) as running,
+            cluster(root / "cluster", database_url, s3, shape, sched) as running,
         ):
             api = [url.removeprefix("http://") for url in running.api_urls]
             nodes = [f"127.0.0.1:{port}" for port in running.node_ports.values()]
             with prometheus({"api": api, "node": nodes}) as server:
-                report = run(running, scenario, root)
-                server.wait_for("sum(up)", lambda value: value == len(api) + len(nodes), timeout_s=30)
-                report.prometheus = figures(server)
+                yield Bench(running, root, server)
+
+
+def bench_cluster(scenario: Scenario, postgres_admin_url: str) -> Report:
+    with bench_stack(scenario.shape, postgres_admin_url) as bench:
+        report = run(bench.cluster, scenario, bench.folder)
+        report.prometheus = bench.figures()
     return report

@@ -7,6 +7,7 @@ standard library: workflow code imports it inside the sandbox."""
 # No `from __future__ import annotations` here: Temporal's converter resolves these field types at
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 # The session model lives in contracts/session.py; re-exported, as everything that crosses Temporal is named here.
 from monologue.contracts.session import (
@@ -254,18 +255,31 @@ class NodeAcquired:
     node_id: str
 
 
+class AskReason(StrEnum):
+    """Why a session waiting for a node asks a render to yield (monologue/repo/sched.py says which renders may)."""
+
+    LIVE = "live"  # a live session
+    LOST = "lost"  # its node was lost
+    FAIR_SHARE = "fair_share"  # a render of a tenant below its share of the slots
+
+
 @dataclass
 class YieldSlot:
-    """Give the node's slot up at the next chunk boundary, for the live session `for_session`."""
+    """Give the node's slot up at the next chunk boundary, for `for_session`; then queue again as moving (`as_moving`:
+    it yields to a live session or one whose node was lost) or in its own class (it yields to a fairer share)."""
 
     for_session: str
+    as_moving: bool = True
 
 
 @dataclass
 class AskToYieldInput:
-    """A live session has waited for a node: ask the render that should give way (policy: `monologue.sched`)."""
+    """A session has waited for a node: ask the render that should give way (policy: monologue/repo/sched.py)."""
 
-    session_id: str  # the live session waiting
+    session_id: str  # the session waiting
+    tenant: str = ""
+    queue_class: QueueClass = QueueClass.LIVE
+    why: AskReason = AskReason.LIVE
 
 
 @dataclass
@@ -277,8 +291,9 @@ class AskToYieldResult:
 class RecordYieldInput:
     session_id: str
     for_session: str
-    node_id: str
+    node_id: str  # the node given up ("": none was held, so it could not yield)
     chunks_done: int
+    yielded: bool = True
 
 
 @dataclass

@@ -1,66 +1,132 @@
-"""Data access for preemption: which render gives its slot up to a waiting live session, and the record of it.
+"""Data access for preemption: which render gives its slot up to a session waiting for a node, and the record of it.
 
-The policy (docs/scheduling.md): only renders yield, never live sessions; the lowest class first (low, then normal,
-then high), and within a class the most recently started; a render that has yielded `max_preemptions` times is
-asked only when no other can. One render is asked per live session waiting: a render asked within `grace_s` that
-has not yet yielded counts as yielding, so two waiting live sessions ask two renders, and one asks one however often
-it asks."""
+Three kinds of session ask (docs/scheduling.md, "Preemption"), each for at most one render at a time:
+- a live session (`AskReason.LIVE`): any render yields to it;
+- a session whose node was lost (`AskReason.LOST`): any render yields to it, so a node's death costs its sessions the
+  lease timeout and a chunk, not a place at the back of the queue;
+- a render of a tenant below its fair share of the slots (`AskReason.FAIR_SHARE`): a render of the same or a lower
+  class, of the tenant furthest above its share, yields; only while the move brings both nearer their shares, so
+  two tenants never trade a slot back and forth.
+Which render: only renders holding a node now (the node registry's lists, not `sessions.node_id`, which a session
+that lost its node still carries), never live sessions; the tenant furthest above its share first (fair share
+only), then the lowest class, then the most recently started; a render that has yielded `max_preemptions` times
+last. A render asked and not yet done (within `grace_s`) is not asked again, and its asker asks nobody else."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from monologue.contracts import QueueClass, RenderPriority, SessionKind, SessionStatus
-from monologue.db import SessionRow, utcnow
+from monologue.contracts import AskReason, QueueClass, RenderPriority, SessionKind
+from monologue.db import NodeRow, NodeStatus, SessionRow, utcnow
+from monologue.repo.nodes import aware
+
+FRESH_S = 10.0  # a node's list of held sessions counts while its report is this recent (it reports every 2 s)
+
+
+@dataclass(frozen=True)
+class Asker:
+    session_id: str
+    tenant: str
+    queue_class: QueueClass
+    why: AskReason
+
+
+def render_class(row: SessionRow) -> QueueClass:
+    return QueueClass(RenderPriority(str((row.options or {}).get("priority", RenderPriority.NORMAL))).value)
 
 
 def yield_order(row: SessionRow, max_preemptions: int) -> tuple[bool, int, float]:
-    """Sort key: the render that should yield first sorts first."""
-    priority = RenderPriority(str((row.options or {}).get("priority", RenderPriority.NORMAL)))
+    """Sort key among renders of equal standing: the one that should yield first sorts first."""
     started = row.started_at.timestamp() if row.started_at is not None else 0.0
-    return row.preemptions >= max_preemptions, -QueueClass(priority.value).priority_key, -started
+    return row.preemptions >= max_preemptions, -render_class(row).priority_key, -started
 
 
-def ask_to_yield(db: Session, *, max_preemptions: int, grace_s: float, now: datetime | None = None) -> str | None:
-    """Mark the render that should give way now and return its id; None when renders already yielding cover the
-    live sessions waiting, or when no render holds a node."""
+def held_sessions(db: Session, *, now: datetime) -> dict[str, str]:
+    """Session id → the node holding it now, from the fresh reports of nodes that are up."""
+    fresh = now - timedelta(seconds=FRESH_S)
+    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
+    return {session: node.id for node in nodes if aware(node.heartbeat_at) >= fresh for session in node.sessions}
+
+
+def ask_to_yield(
+    db: Session,
+    asker: Asker,
+    *,
+    weight: Callable[[str], float],
+    max_preemptions: int,
+    grace_s: float,
+    now: datetime | None = None,
+) -> str | None:
+    """Mark the render that should give way to `asker` now and return its id; None when it already has one asked,
+    or none may be."""
     now = now or utcnow()
     recent = now - timedelta(seconds=grace_s)
-    waiting_live = db.scalar(
-        select(func.count()).where(SessionRow.kind == SessionKind.LIVE, SessionRow.status == SessionStatus.QUEUED)
-    )
-    renders = select(SessionRow).where(
-        SessionRow.kind == SessionKind.RENDER,
-        SessionRow.status == SessionStatus.RUNNING,
-        SessionRow.node_id.is_not(None),
-    )
-    yielding = db.scalar(
-        select(func.count()).select_from(renders.where(SessionRow.yield_asked_at >= recent).subquery())
-    )
-    if (yielding or 0) >= max(waiting_live or 0, 1):
-        return None
-    fresh = or_(SessionRow.yield_asked_at.is_(None), SessionRow.yield_asked_at < recent)
-    candidates = sorted(db.scalars(renders.where(fresh)), key=lambda row: yield_order(row, max_preemptions))
+    fresh_mark = and_(SessionRow.yield_asked_at.is_not(None), SessionRow.yield_asked_at >= recent)
+    if db.scalar(select(SessionRow.id).where(SessionRow.yield_for == asker.session_id, fresh_mark)) is not None:
+        return None  # its render is on its way
+    held = held_sessions(db, now=now)
+    rows = list(db.scalars(select(SessionRow).where(SessionRow.id.in_(list(held)))))
+    candidates = [row for row in rows if row.kind == SessionKind.RENDER and row.id != asker.session_id]
+    if asker.why is AskReason.FAIR_SHARE:
+        candidates = _over_share(asker, rows, candidates, slots=_slots(db, now=now), weight=weight)
+    else:
+        candidates.sort(key=lambda row: yield_order(row, max_preemptions))
+    not_marked = or_(SessionRow.yield_asked_at.is_(None), SessionRow.yield_asked_at < recent)
     for row in candidates:
-        # Compare-and-set: another live session's request may have marked it between our read and this write.
-        marked = db.execute(update(SessionRow).where(SessionRow.id == row.id, fresh).values(yield_asked_at=now))
+        # Compare-and-set: another asker may have marked it between our read and this write.
+        marked = db.execute(
+            update(SessionRow)
+            .where(SessionRow.id == row.id, not_marked)
+            .values(yield_asked_at=now, yield_for=asker.session_id)
+        )
         db.commit()
         if marked.rowcount:  # type: ignore[attr-defined]
             return row.id
     return None
 
 
-def record_yield(db: Session, *, session_id: str) -> bool:
-    """The render gave its slot up: one more preemption, no longer asked, and no node held until its next one takes
-    it (`set_node`; the workflow asks for that lease only after this). Idempotent (an activity's retry): only a render
-    still marked counts, and this clears the mark. Returns whether it counted."""
+def _over_share(
+    asker: Asker, held: list[SessionRow], renders: list[SessionRow], *, slots: int, weight: Callable[[str], float]
+) -> list[SessionRow]:
+    """The renders that may yield to a render of a tenant below its share, best first: of a tenant that stays at or
+    above its share after giving one slot up, of the asker's class or a lower one."""
+    holding = Counter(row.tenant for row in held)
+    weights = {tenant: weight(tenant) for tenant in {*holding, asker.tenant}}
+    share = {tenant: slots * weights[tenant] / sum(weights.values()) for tenant in weights}
+    if holding[asker.tenant] + 1 > share[asker.tenant]:
+        return []
+    allowed = [
+        row
+        for row in renders
+        if row.tenant != asker.tenant
+        and holding[row.tenant] - 1 >= share[row.tenant]
+        and render_class(row).priority_key >= asker.queue_class.priority_key
+    ]
+    return sorted(allowed, key=lambda row: (-holding[row.tenant] / weights[row.tenant], yield_order(row, 1 << 30)))
+
+
+def _slots(db: Session, *, now: datetime) -> int:
+    fresh = now - timedelta(seconds=FRESH_S)
+    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
+    return sum(node.capacity for node in nodes if aware(node.heartbeat_at) >= fresh)
+
+
+def record_yield(db: Session, *, session_id: str, yielded: bool) -> bool:
+    """The render gave its slot up (`yielded`: one more preemption, and no node held until its next one takes it,
+    `set_node`; the workflow asks for that lease only after this), or could not (it held no node when asked). Either
+    way it is no longer asked. Idempotent (an activity's retry): only a render still marked counts, and this clears
+    the mark. Returns whether it counted."""
+    values: dict[str, object] = {"yield_asked_at": None, "yield_for": None}
+    if yielded:
+        values |= {"preemptions": SessionRow.preemptions + 1, "node_id": None}
     counted = db.execute(
-        update(SessionRow)
-        .where(SessionRow.id == session_id, SessionRow.yield_asked_at.is_not(None))
-        .values(preemptions=SessionRow.preemptions + 1, yield_asked_at=None, node_id=None)
+        update(SessionRow).where(SessionRow.id == session_id, SessionRow.yield_asked_at.is_not(None)).values(**values)
     )
     db.commit()
-    return bool(counted.rowcount)  # type: ignore[attr-defined]
+    return bool(counted.rowcount) and yielded  # type: ignore[attr-defined]

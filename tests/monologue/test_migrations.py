@@ -153,7 +153,7 @@ ADDED: dict[str, dict[str, Columns]] = {
         },
     },
     "0005": {},  # no column added: webhook_endpoints.secret made Text, nullable (see test_webhook_secrets.py)
-    "0006": {"sessions": {"preemptions": Integer(), "yield_asked_at": UtcDateTime()}},
+    "0006": {"sessions": {"preemptions": Integer(), "yield_asked_at": UtcDateTime(), "yield_for": String()}},
 }
 REVISIONS = list(ADDED)
 # Columns added with a server default: older rows get the default, not NULL.
@@ -203,6 +203,7 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "audio_socket_at": moment,
             "preemptions": 2,
             "yield_asked_at": moment,
+            "yield_for": f"live-{tag}",
         },
         "chunks": {
             "session_id": session,

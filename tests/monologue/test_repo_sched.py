@@ -1,6 +1,8 @@
-"""Which render yields its slot to a waiting live session (monologue/repo/sched.py): lowest class first, then the most
-recently started; a render that has yielded `max_preemptions` times only when no other can; one render asked per
-live session waiting; live sessions never asked; the record counts once."""
+"""Which render yields its slot to a session waiting for a node (monologue/repo/sched.py): only renders that a node
+holds now (the registry's lists), never live sessions; lowest class first, then the most recently started; a render
+that has yielded `max_preemptions` times last; one render per asker at a time; a fair share asked only of tenants
+above theirs, of the asker's class or lower; the record counts once, and a render that could not yield frees its
+asker to ask another."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from monologue.contracts import RenderPriority, SessionKind, SessionStatus
-from monologue.db import SessionRow, make_engine, make_sessionmaker, migrate
-from monologue.repo import sched as repo_sched
+from monologue.contracts import AskReason, QueueClass, RenderPriority, SessionKind, SessionStatus
+from monologue.db import NodeStatus, SessionRow, make_engine, make_sessionmaker, migrate
+from monologue.repo import nodes as repo_nodes, sched as repo_sched
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+LIVE = repo_sched.Asker("live", "t", QueueClass.LIVE, AskReason.LIVE)
 
 
 @pytest.fixture
@@ -28,7 +31,7 @@ def sessions(tmp_path: Path) -> Iterator[sessionmaker[Any]]:
     engine.dispose()
 
 
-def _add(db: Any, session_id: str, *, started_s_ago: float = 60.0, **fields: Any) -> None:
+def _add(db: Any, session_id: str, *, tenant: str = "t", started_s_ago: float = 60.0, **fields: Any) -> None:
     values: dict[str, Any] = {
         "kind": SessionKind.RENDER,
         "status": SessionStatus.RUNNING,
@@ -36,67 +39,136 @@ def _add(db: Any, session_id: str, *, started_s_ago: float = 60.0, **fields: Any
         "options": {},
         "started_at": NOW - timedelta(seconds=started_s_ago),
     } | fields
-    db.add(SessionRow(id=session_id, tenant="t", **values))
+    db.add(SessionRow(id=session_id, tenant=tenant, **values))
     db.commit()
 
 
-def _ask(db: Any, *, max_preemptions: int = 2, now: datetime = NOW) -> str | None:
-    return repo_sched.ask_to_yield(db, max_preemptions=max_preemptions, grace_s=30.0, now=now)
+def _node(db: Any, *held: str, node_id: str = "node-a", capacity: int = 8, reported_s_ago: float = 1.0) -> None:
+    """The node's own report: the sessions it holds now."""
+    repo_nodes.report_node(
+        db,
+        node_id=node_id,
+        capacity=capacity,
+        status=NodeStatus.UP,
+        sessions=list(held),
+        chunks_done=0,
+        memory_mb=None,
+        started_at=NOW - timedelta(hours=1),
+    )
+    db.query(repo_nodes.NodeRow).filter_by(id=node_id).update({"heartbeat_at": NOW - timedelta(seconds=reported_s_ago)})
+    db.commit()
+
+
+def _ask(db: Any, asker: repo_sched.Asker = LIVE, *, weights: dict[str, float] | None = None, **kw: Any) -> str | None:
+    weight = (weights or {}).get
+    return repo_sched.ask_to_yield(
+        db,
+        asker,
+        weight=lambda tenant: weight(tenant, 1.0),
+        max_preemptions=2,
+        grace_s=30.0,
+        now=kw.get("now", NOW),
+    )
 
 
 def test_the_lowest_class_then_the_most_recently_started_render_yields(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
-        _add(db, "live", kind=SessionKind.LIVE, status=SessionStatus.QUEUED, node_id=None)
-        _add(db, "live-running", kind=SessionKind.LIVE)  # never asked: live sessions do not yield to live
+        _add(db, "live-running", kind=SessionKind.LIVE)  # never asked: live sessions do not yield
         _add(db, "high-new", options={"priority": RenderPriority.HIGH}, started_s_ago=1)
         _add(db, "normal-old", started_s_ago=100)
         _add(db, "normal-new", started_s_ago=5)
         _add(db, "low-old", options={"priority": RenderPriority.LOW}, started_s_ago=500)
-        _add(db, "waiting", node_id=None)  # prepared, no node yet: nothing to give
-        _add(db, "done", status=SessionStatus.COMPLETED)
+        _add(db, "moving", started_s_ago=2)  # lost its node: its row still names it, no node lists it
+        _node(db, "live-running", "high-new", "normal-old", "normal-new", "low-old")
         assert _ask(db) == "low-old"
-        # One live session waits and one render is yielding: nobody else is asked until it has.
-        assert _ask(db) is None
-        assert repo_sched.record_yield(db, session_id="low-old")
-        assert not repo_sched.record_yield(db, session_id="low-old")  # a retry counts once
-        assert _ask(db) == "normal-new"  # low-old holds no node now: nothing to give
+        assert _ask(db) is None  # its render is on its way: it asks nobody else meanwhile
+        assert repo_sched.record_yield(db, session_id="low-old", yielded=True)
+        assert not repo_sched.record_yield(db, session_id="low-old", yielded=True)  # a retry counts once
+        _node(db, "live-running", "high-new", "normal-old", "normal-new")  # low-old holds no node now
+        assert _ask(db) == "normal-new"
         _yield_and_take_a_node_again(db, "normal-new")
         assert _ask(db) == "normal-new"  # yielded once: still first of its class (max 2)
         _yield_and_take_a_node_again(db, "normal-new")
         assert _ask(db) == "normal-old"  # normal-new has yielded twice: its turn comes next
         rows = {row.id: row for row in db.query(SessionRow)}
         assert (rows["low-old"].preemptions, rows["normal-new"].preemptions) == (1, 2)
-        assert rows["low-old"].node_id is None
-        assert rows["normal-old"].yield_asked_at is not None and rows["high-new"].yield_asked_at is None
+        assert rows["low-old"].node_id is None and rows["normal-old"].yield_for == "live"
 
 
 def _yield_and_take_a_node_again(db: Any, session_id: str) -> None:
-    assert repo_sched.record_yield(db, session_id=session_id)
-    db.query(SessionRow).filter(SessionRow.id == session_id).update({"node_id": "node-b"})  # its next lease's node
+    assert repo_sched.record_yield(db, session_id=session_id, yielded=True)
+    db.query(SessionRow).filter(SessionRow.id == session_id).update({"node_id": "node-a"})  # its next lease
     db.commit()
 
 
-def test_each_waiting_live_session_gets_one_render_and_stale_asks_expire(sessions: sessionmaker[Any]) -> None:
+def test_each_asker_gets_its_own_render_and_stale_asks_expire(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
-        _add(db, "live-1", kind=SessionKind.LIVE, status=SessionStatus.QUEUED, node_id=None)
-        _add(db, "live-2", kind=SessionKind.LIVE, status=SessionStatus.QUEUED, node_id=None)
         _add(db, "r1", started_s_ago=10)
         _add(db, "r2", started_s_ago=20)
-        assert [_ask(db), _ask(db), _ask(db)] == ["r1", "r2", None]
+        _node(db, "r1", "r2")
+        lost = repo_sched.Asker("lost", "t", QueueClass.MOVING, AskReason.LOST)
+        assert [_ask(db), _ask(db, lost), _ask(db)] == ["r1", "r2", None]
         # An ask older than the grace (its render ended, or never got the signal) no longer counts as under way.
         later = NOW + timedelta(seconds=31)
+        _node(db, "r1", "r2", reported_s_ago=-31)
         assert _ask(db, now=later) == "r1"
 
 
-def test_a_render_that_yielded_its_limit_is_still_asked_when_it_is_the_only_one(sessions: sessionmaker[Any]) -> None:
+def test_a_render_that_could_not_yield_frees_its_asker(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
-        _add(db, "live", kind=SessionKind.LIVE, status=SessionStatus.QUEUED, node_id=None)
-        _add(db, "only", preemptions=5)
+        _add(db, "r1", started_s_ago=10)
+        _add(db, "r2", started_s_ago=20)
+        _node(db, "r1", "r2")
+        assert _ask(db) == "r1"
+        # r1 had just lost its node when the signal came (the registry lags): it says so, uncounted.
+        assert not repo_sched.record_yield(db, session_id="r1", yielded=False)
+        _node(db, "r2")
+        assert _ask(db) == "r2"
+        assert db.get(SessionRow, "r1").preemptions == 0
+
+
+def test_only_renders_a_fresh_node_report_lists_are_asked(sessions: sessionmaker[Any]) -> None:
+    with sessions() as db:
+        _add(db, "only", preemptions=5)  # over the limit, but the only one: still asked
+        _add(db, "silent", node_id="node-b")
+        _node(db, "silent", node_id="node-b", reported_s_ago=60)  # a node silent for a minute holds nothing
+        assert _ask(db) is None
+        _node(db, "only")
         assert _ask(db) == "only"
 
 
-def test_no_live_session_waiting_still_asks_one_render_for_the_caller(sessions: sessionmaker[Any]) -> None:
-    """The caller is a live session that waits (its row may already say running after a node change): it gets one."""
+def test_a_tenant_below_its_share_takes_a_slot_from_the_one_furthest_above(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
-        _add(db, "r", started_s_ago=10)
-        assert (_ask(db), _ask(db)) == ("r", None)
+        for i in range(6):
+            _add(db, f"big{i}", tenant="big", started_s_ago=100 - i)
+        _add(db, "mid0", tenant="mid")
+        _add(db, "mid1", tenant="mid", started_s_ago=5)
+        _node(db, *(f"big{i}" for i in range(6)), "mid0", "mid1")  # 8 slots: big 6, mid 2, small 0
+        small = repo_sched.Asker("small-r", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)
+        assert _ask(db, small) == "big5"  # shares 8/3 each: big is furthest above; its most recent yields
+        # Once big has given its share away, nobody else is asked: mid is at 2 (below 2.67), small would then
+        # hold 2 with big at 4.
+        _node(db, *(f"big{i}" for i in range(4)), "mid0", "mid1", "small-0", "small-1")
+        _add(db, "small-0", tenant="small")
+        _add(db, "small-1", tenant="small")
+        assert _ask(db, repo_sched.Asker("small-2", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)) is None
+        # A tenant at its share never asks: big holds 4 of its 2.67.
+        assert _ask(db, repo_sched.Asker("big-9", "big", QueueClass.NORMAL, AskReason.FAIR_SHARE)) is None
+        # Weights: small weighs 3 (share 4.8 of 8), so it may take another from big (4, share 1.6).
+        weights = {"small": 3.0}
+        asker = repo_sched.Asker("small-3", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)
+        assert _ask(db, asker, weights=weights) == "big3"
+
+
+def test_a_fair_share_is_taken_only_from_the_askers_class_or_a_lower_one(sessions: sessionmaker[Any]) -> None:
+    with sessions() as db:
+        _add(db, "big-normal", tenant="big", started_s_ago=50)
+        _add(db, "big-low", tenant="big", options={"priority": RenderPriority.LOW}, started_s_ago=60)
+        _node(db, "big-normal", "big-low", capacity=2)
+        low = repo_sched.Asker("small-low", "small", QueueClass.LOW, AskReason.FAIR_SHARE)
+        assert _ask(db, low) == "big-low"
+        _add(db, "big-normal-2", tenant="big", started_s_ago=1)
+        _node(db, "big-normal", "big-normal-2", capacity=2)
+        assert _ask(db, repo_sched.Asker("small-low-2", "small", QueueClass.LOW, AskReason.FAIR_SHARE)) is None
+        high = repo_sched.Asker("small-high", "small", QueueClass.HIGH, AskReason.FAIR_SHARE)
+        assert _ask(db, high) == "big-normal-2"

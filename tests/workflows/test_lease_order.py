@@ -51,6 +51,7 @@ class Cluster:
         self.handles: dict[str, Handle] = {}
         self.released: set[str] = set()  # sessions ended by the test: their lease gives the slot back at once
         self.asked: list[str] = []  # renders asked to yield
+        self.asks: list[tuple[str, c.AskReason, c.QueueClass]] = []  # who asked, why, in which class
         self.yielded: list[c.RecordYieldInput] = []
 
     def sched(self) -> list[object]:
@@ -58,11 +59,14 @@ class Cluster:
 
         @activity.defn(name=c.ASK_TO_YIELD)
         async def ask_to_yield(request: c.AskToYieldInput) -> c.AskToYieldResult:
+            self.asks.append((request.session_id, request.why, request.queue_class))
             holder = self.dispatched[-1] if self.dispatched else None
             if holder is None or holder == request.session_id or holder in self.asked:
                 return c.AskToYieldResult(asked=None)
             self.asked.append(holder)
-            await self.handles[holder].signal(c.YIELD_SLOT, c.YieldSlot(for_session=request.session_id))
+            as_moving = request.why is not c.AskReason.FAIR_SHARE  # as activities/sched.py does
+            slot = c.YieldSlot(for_session=request.session_id, as_moving=as_moving)
+            await self.handles[holder].signal(c.YIELD_SLOT, slot)
             return c.AskToYieldResult(asked=holder)
 
         @activity.defn(name=c.RECORD_YIELD)
@@ -244,3 +248,25 @@ async def _holds(cluster: Cluster, name: str) -> bool:
 
 async def _recorded(cluster: Cluster) -> bool:
     return bool(cluster.yielded)
+
+
+async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_keeps_its_class(
+    env: WorkflowEnvironment,
+) -> None:
+    cluster = Cluster(env, chunk_s=0.5)
+    async with cluster.workers():
+        big = await cluster.start("big", tenant="big")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "big's render to be under way")
+        small = await cluster.start("small", tenant="small", preempt_after_s=0.2)
+        await until(lambda: _holds(cluster, "small"), "small's render to get the slot")
+        assert cluster.asks[0] == ("small", c.AskReason.FAIR_SHARE, c.QueueClass.NORMAL)
+        await until(lambda: _recorded(cluster), "the yield to be recorded")
+        progress = await big.query(RenderWorkflow.progress)
+        # Yielded to a fairer share: queued again in its own class (the tenants' weights decide), not as moving.
+        assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.NORMAL)
+        assert await cluster.waiting_for_a_node(big)
+        assert all(why is not c.AskReason.LOST for _, why, _ in cluster.asks)
+        await small.result()  # its lease ends with it, freeing the slot for big
+        result = await big.result()
+    assert cluster.dispatched == ["big", "small", "big"]
+    assert result.frames == 97

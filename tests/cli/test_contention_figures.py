@@ -1,0 +1,66 @@
+"""The contention bench's figures (cli/benches/contention_figures.py) on hand-made leases: what each one counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.benches.contention_figures import Lease, SessionLeases, chunk_seconds, fairness, given_up, jain, queue_waits
+from monologue.contracts import QueueClass
+
+
+def session(tenant: str, created: float, *leases: Lease, ended: float = 100.0) -> SessionLeases:
+    return SessionLeases(tenant, QueueClass.NORMAL, created, ended, leases)
+
+
+def test_jain_is_one_when_equal_and_one_over_n_when_one_has_all() -> None:
+    assert jain([3.0, 3.0]) == pytest.approx(1.0)
+    assert jain([6.0, 0.0]) == pytest.approx(0.5)
+    assert jain([0.0, 0.0]) is None
+
+
+def test_queue_waits_count_the_first_lease_and_moves_after_a_yield_not_after_a_kill() -> None:
+    moved = session("a", 0.0, Lease(2.0, 5.0, killed=False), Lease(6.5, 8.0, killed=True), Lease(12.0, 15.0, False))
+
+    waits = queue_waits([moved, session("b", 1.0, Lease(4.0, 9.0, False))])
+
+    assert waits == {("a", QueueClass.NORMAL): [2.0], ("a", QueueClass.MOVING): [1.5], ("b", QueueClass.NORMAL): [3.0]}
+    assert given_up([moved]) == 1  # the first lease, released; the second ended with its node's kill
+
+
+def test_fairness_counts_slot_seconds_only_while_every_tenant_waits() -> None:
+    # a holds a slot 0-10 and waits with a second session 0-4; b waits 0-6, then holds a slot 6-10.
+    sessions = [
+        session("a", 0.0, Lease(0.0, 10.0, False)),
+        session("a", 0.0, Lease(4.0, 10.0, False)),
+        session("b", 0.0, Lease(6.0, 10.0, False)),
+    ]
+
+    result = fairness(sessions, {"a": 1.0, "b": 1.0})
+
+    assert result.window_s == pytest.approx(4.0)  # both waited 0-4
+    assert result.slot_s == {"a": pytest.approx(4.0), "b": 0.0}
+    assert result.index == pytest.approx(0.5)  # b got nothing while it wanted a slot
+
+
+def test_fairness_divides_slot_seconds_by_weight() -> None:
+    sessions = [
+        session("a", 0.0, Lease(0.0, 10.0, False), Lease(0.0, 10.0, False)),  # two slots (as if two sessions)
+        session("a", 0.0),  # ... and one waiting all along
+        session("b", 0.0, Lease(0.0, 10.0, False)),
+        session("b", 0.0),
+    ]
+
+    assert fairness(sessions, {"a": 2.0, "b": 1.0}).index == pytest.approx(1.0)
+
+
+def test_chunk_seconds_are_between_consecutive_n_chunks_of_a_render_on_one_node() -> None:
+    events: list[dict[str, object]] = [
+        {"session_id": "r", "node_id": "n1", "chunk": "N0", "at": 10.0},
+        {"session_id": "r", "node_id": "n1", "chunk": "N1", "at": 11.5},
+        {"session_id": "r", "node_id": "n1", "chunk": "I0", "at": 12.0},
+        {"session_id": "r", "node_id": "n1", "chunk": "N2", "at": 13.5},
+        {"session_id": "r", "node_id": "n2", "chunk": "N3", "at": 30.0},  # moved: no gap across nodes
+        {"session_id": "live", "node_id": "n1", "chunk": "N1", "at": 12.2},  # not a render
+    ]
+
+    assert chunk_seconds(events, {"r"}) == [1.5, 2.0]
