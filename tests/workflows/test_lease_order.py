@@ -61,7 +61,9 @@ class Cluster:
         async def ask_to_yield(request: c.AskToYieldInput) -> c.AskToYieldResult:
             self.asks.append((request.session_id, request.why, request.queue_class))
             holder = self.dispatched[-1] if self.dispatched else None
-            if holder is None or holder == request.session_id or holder in self.asked:
+            # As the policy: a render that gave its slot to a fairer share is at its share, and does not ask back.
+            gave_way = request.why is c.AskReason.FAIR_SHARE and request.session_id in self.asked
+            if holder is None or holder == request.session_id or holder in self.asked or gave_way:
                 return c.AskToYieldResult(asked=None)
             self.asked.append(holder)
             as_moving = request.why is not c.AskReason.FAIR_SHARE  # as activities/sched.py does
@@ -227,7 +229,7 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
         progress = await render.query(RenderWorkflow.progress)
         assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.MOVING)
         await cluster.end("live")
-        result = await render.result()
+        result = await asyncio.wait_for(render.result(), DEADLINE_S)
     assert cluster.dispatched == ["render", "live", "render"]
     assert (result.frames, result.chunks) == (97, 9)
     generated = [call.split()[0] for call in cluster.fake.calls if call[0] in "NI"]
@@ -266,7 +268,7 @@ async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_kee
         assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.NORMAL)
         assert await cluster.waiting_for_a_node(big)
         assert all(why is not c.AskReason.LOST for _, why, _ in cluster.asks)
-        await small.result()  # its lease ends with it, freeing the slot for big
-        result = await big.result()
-    assert cluster.dispatched == ["big", "small", "big"]
+        await asyncio.wait_for(small.result(), DEADLINE_S)  # its lease ends with it, freeing the slot for big
+        result = await asyncio.wait_for(big.result(), DEADLINE_S)
+    assert cluster.dispatched == ["big", "small", "big"] and cluster.asked == ["big"]
     assert result.frames == 97

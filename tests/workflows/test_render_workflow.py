@@ -63,8 +63,9 @@ class FakeNodes:
         self.ended: c.RecordStatusInput | None = None
         self.notified: list[c.SessionStatus] = []  # the statuses whose webhooks were queued (running: started)
         # Like a real node: run a chunk only after the one scheduled before it (same epoch), never a stale one.
-        self.done: tuple[int, int] = (-1, -1)  # (epoch, position)
-        self.epoch = 0
+        # Per session (one fake node may hold several): (epoch, position) of the last chunk done, the newest epoch.
+        self.done: dict[str, tuple[int, int]] = {}
+        self.epoch: dict[str, int] = {}
         self.order = threading.Condition()
         self.queue = f"q-{uuid.uuid4().hex}"
         self.workflow_id = f"wf-{uuid.uuid4().hex}"
@@ -122,13 +123,15 @@ class FakeNodes:
         @activity.defn(name=c.GENERATE_CHUNK)
         def generate_chunk(request: c.GenerateChunkInput) -> c.GenerateChunkResult:
             with self.order:
-                self.epoch = max(self.epoch, request.epoch)
-                while request.wait_for is not None and self.done < (request.epoch, request.wait_for):
-                    if request.epoch < self.epoch or activity.is_cancelled():
+                session = request.session_id
+                self.epoch[session] = max(self.epoch.get(session, 0), request.epoch)
+                waited = (request.epoch, request.wait_for)
+                while request.wait_for is not None and self.done.get(session, (-1, -1)) < waited:
+                    if request.epoch < self.epoch[session] or activity.is_cancelled():
                         raise CancelledError("abandoned while waiting")
                     activity.heartbeat()
                     self.order.wait(0.05)
-                if request.epoch < self.epoch:
+                if request.epoch < self.epoch[session]:
                     raise CancelledError("abandoned")
             chunk = request.chunk
             while self.drop_first_lease and self.leases == 1 and (chunk.kind, chunk.index) != ("N", 0):
@@ -150,7 +153,7 @@ class FakeNodes:
                 self.lose_checkpoint = None
                 raise ApplicationError("checkpoint gone", chunk.index, type=c.CHECKPOINT_LOST, non_retryable=True)
             with self.order:
-                self.done = (request.epoch, request.position)
+                self.done[request.session_id] = (request.epoch, request.position)
                 self.order.notify_all()
             return c.GenerateChunkResult(segment_key=name, frames=chunk.n_frames)
 
