@@ -56,7 +56,6 @@ class NodeLease:
         self.node_id: str | None = None
         # Under way already (resumed, continued as new, or moved in this run): its next lease queues as moving.
         self._moving = request.resume.cursor > 0
-        self._lost = False  # its node was lost (not drained by a yield): it asks a render for a slot
         self.yield_for: c.YieldSlot | None = None  # the request this render was asked to give its slot up for
 
     @property
@@ -66,13 +65,12 @@ class NodeLease:
 
     @property
     def asks(self) -> c.AskReason | None:
-        """Why this session, waiting for a node, may ask a render to yield (None: it may not): a live session; one
-        whose node was lost; a render, for its tenant's fair share. A session moving for another reason (it yielded
-        itself, continued as new, resumed) waits for the next free slot: it never starts a chain of yields."""
+        """Why this session, waiting for a node, may ask a render to yield (None: it may not): a live session; a
+        render, for its tenant's fair share. A moving session (its node lost, it yielded itself, continued as new,
+        resumed) takes the next free slot ahead of every render but asks nobody: a render that yielded to it would
+        queue as moving too and compete for the same slot (measured: docs/benchmarks.md, contention)."""
         if self._request.kind is c.SessionKind.LIVE:
             return c.AskReason.LIVE
-        if self._lost:
-            return c.AskReason.LOST
         return None if self._moving else c.AskReason.FAIR_SHARE
 
     def ask_to_yield(self, asked: c.YieldSlot) -> bool:
@@ -115,7 +113,7 @@ class NodeLease:
                 abandon(self._handle)
                 self._handle = None
                 continue
-            self.node_id, self._lost = self._offered.node_id, False
+            self.node_id = self._offered.node_id
             self._progress.node_id = self.node_id
             self._on_acquired()
             init = c.InitSessionInput(
@@ -216,7 +214,7 @@ class NodeLease:
         """The node is gone: give up its lease; the next `hold` takes another node."""
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})
         self.release()
-        self._moving = self._lost = True
+        self._moving = True
         self._progress.node_changes += 1
 
     def give_way(self) -> str:

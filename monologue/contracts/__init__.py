@@ -259,7 +259,6 @@ class AskReason(StrEnum):
     """Why a session waiting for a node asks a render to yield (monologue/repo/sched.py says which renders may)."""
 
     LIVE = "live"  # a live session
-    LOST = "lost"  # its node was lost
     FAIR_SHARE = "fair_share"  # a render of a tenant below its share of the slots
 
 

@@ -1,9 +1,7 @@
 """Data access for preemption: which render gives its slot up to a session waiting for a node, and the record of it.
 
-Three kinds of session ask (docs/scheduling.md, "Preemption"), each for at most one render at a time:
+Two kinds of session ask (docs/scheduling.md, "Preemption"), each for at most one render at a time:
 - a live session (`AskReason.LIVE`): any render yields to it;
-- a session whose node was lost (`AskReason.LOST`): any render yields to it, so a node's death costs its sessions the
-  lease timeout and a chunk, not a place at the back of the queue;
 - a render of a tenant below its fair share of the slots (`AskReason.FAIR_SHARE`): a render of the same or a lower
   class, of the tenant furthest above its share, yields; only while the move brings both nearer their shares, so
   two tenants never trade a slot back and forth.

@@ -106,8 +106,8 @@ def test_each_asker_gets_its_own_render_and_stale_asks_expire(sessions: sessionm
         _add(db, "r1", started_s_ago=10)
         _add(db, "r2", started_s_ago=20)
         _node(db, "r1", "r2")
-        lost = repo_sched.Asker("lost", "t", QueueClass.MOVING, AskReason.LOST)
-        assert [_ask(db), _ask(db, lost), _ask(db)] == ["r1", "r2", None]
+        other = repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE)
+        assert [_ask(db), _ask(db, other), _ask(db)] == ["r1", "r2", None]
         # An ask older than the grace (its render ended, or never got the signal) no longer counts as under way.
         later = NOW + timedelta(seconds=31)
         _node(db, "r1", "r2", reported_s_ago=-31)

@@ -267,7 +267,6 @@ async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_kee
         # Yielded to a fairer share: queued again in its own class (the tenants' weights decide), not as moving.
         assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.NORMAL)
         assert await cluster.waiting_for_a_node(big)
-        assert all(why is not c.AskReason.LOST for _, why, _ in cluster.asks)
         await asyncio.wait_for(small.result(), DEADLINE_S)  # its lease ends with it, freeing the slot for big
         result = await asyncio.wait_for(big.result(), DEADLINE_S)
     assert cluster.dispatched == ["big", "small", "big"] and cluster.asked == ["big"]
