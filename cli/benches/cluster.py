@@ -44,6 +44,8 @@ class Scenario:
     timeout_s: float = 900.0
 
 
+LIVE_RETRY_S = 60.0  # how long a live session's create is asked again after 503s
+
 FULL = Scenario(Shape(nodes=4, capacity=2, chunk_delay_s=0.3), renders=20, live=4, node_kills=8)
 # CI's: the chunks stretched so that six sessions outlast three kills on two nodes (a restarted node is ready again
 # after several seconds on a loaded machine).
@@ -132,7 +134,8 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
     }
     live = [LiveRun(cluster.api_urls[i % len(cluster.api_urls)]) for i in range(scenario.live)]
     for run_ in live:
-        start_live_session(cluster, run_, portrait)
+        # As a client does: a create refused with 503 (no node free in time while nodes die) is asked again.
+        start_live_session(cluster, run_, portrait, retry_for_s=LIVE_RETRY_S)
     audio = speech(folder, scenario.live_seconds)
     streams = [threading.Thread(target=stream_live_session, args=(cluster, run_, audio)) for run_ in live]
     for thread in streams:
