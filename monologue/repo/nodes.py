@@ -6,7 +6,7 @@ A row is a node's own report, never a verdict about it: a node killed outright l
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,6 +49,18 @@ def list_nodes(db: Session) -> list[NodeRow]:
 
 def get_node(db: Session, *, node_id: str) -> NodeRow | None:
     return db.get(NodeRow, node_id)
+
+
+# A node reports every 2 s (node/registry.py); one silent this long is no place to run, and holds nothing it listed
+# (the ops UI marks it silent after the same time).
+FRESH_HEARTBEAT_S = 10.0
+
+
+def live_nodes(db: Session, *, now: datetime) -> list[NodeRow]:
+    """Nodes that are up and reported within FRESH_HEARTBEAT_S: the slots there are and the sessions held now."""
+    fresh = now - timedelta(seconds=FRESH_HEARTBEAT_S)
+    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
+    return [node for node in nodes if aware(node.heartbeat_at) >= fresh]
 
 
 def heartbeat_age_s(node: NodeRow, *, now: datetime) -> float:

@@ -12,21 +12,18 @@ import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from monologue import contracts as c
-from monologue.db import ChunkRow, ChunkStatus, NodeRow, NodeStatus, SessionRow, utcnow
+from monologue.db import ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.plan import AUDIO_RATE, chunk_sizes, frame_count, plan_chunks
 from monologue.queueing import QueueState, Running, Waiting
 from monologue.repo import ops as repo_ops
-from monologue.repo.nodes import aware
+from monologue.repo.nodes import aware, live_nodes
 
-# A node reports every 2 s (node/registry.py); one silent this long is not counted as a place to run (the ops
-# UI marks it silent after the same time).
-FRESH_HEARTBEAT_S = 10.0
 RECENT_CHUNKS = 50  # chunk times measured over the latest chunks of the renders running now
 
 WAITING = or_(
@@ -85,10 +82,8 @@ def _chunks_left(row: SessionRow, done: repo_ops.ChunkTotals | None) -> int | No
 
 
 def slots(db: Session, *, now: datetime) -> int:
-    """Places on the nodes that are up and reported within FRESH_HEARTBEAT_S; at least 1."""
-    fresh = now - timedelta(seconds=FRESH_HEARTBEAT_S)
-    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
-    return max(1, sum(node.capacity for node in nodes if aware(node.heartbeat_at) >= fresh))
+    """Places on the nodes that are up and reported lately (`repo.nodes.live_nodes`); at least 1."""
+    return max(1, sum(node.capacity for node in live_nodes(db, now=now)))
 
 
 def seconds_per_chunk(db: Session, *, session_ids: list[str]) -> float | None:

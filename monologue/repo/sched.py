@@ -20,11 +20,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from monologue.contracts import AskReason, QueueClass, RenderPriority, SessionKind
-from monologue.db import NodeRow, NodeStatus, SessionRow, utcnow
-from monologue.repo.nodes import aware
-
-FRESH_S = 10.0  # a node's list of held sessions counts while its report is this recent (it reports every 2 s)
+from monologue.contracts import AskReason, QueueClass, SessionKind, render_options
+from monologue.db import SessionRow, utcnow
+from monologue.repo.nodes import live_nodes
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class Asker:
 
 
 def render_class(row: SessionRow) -> QueueClass:
-    return QueueClass(RenderPriority(str((row.options or {}).get("priority", RenderPriority.NORMAL))).value)
+    return QueueClass(render_options(row.options or {}).priority.value)
 
 
 def yield_order(row: SessionRow, max_preemptions: int) -> tuple[bool, int, float]:
@@ -47,9 +45,7 @@ def yield_order(row: SessionRow, max_preemptions: int) -> tuple[bool, int, float
 
 def held_sessions(db: Session, *, now: datetime) -> dict[str, str]:
     """Session id → the node holding it now, from the fresh reports of nodes that are up."""
-    fresh = now - timedelta(seconds=FRESH_S)
-    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
-    return {session: node.id for node in nodes if aware(node.heartbeat_at) >= fresh for session in node.sessions}
+    return {session: node.id for node in live_nodes(db, now=now) for session in node.sessions}
 
 
 def ask_to_yield(
@@ -110,9 +106,7 @@ def _over_share(
 
 
 def _slots(db: Session, *, now: datetime) -> int:
-    fresh = now - timedelta(seconds=FRESH_S)
-    nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
-    return sum(node.capacity for node in nodes if aware(node.heartbeat_at) >= fresh)
+    return sum(node.capacity for node in live_nodes(db, now=now))
 
 
 def record_yield(db: Session, *, session_id: str, yielded: bool) -> bool:

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from monologue.db import make_engine, make_sessionmaker, migrate
 from monologue.repo import nodes as repo_nodes
 
 START = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[sessionmaker[Any]]:
-    url = f"sqlite:///{tmp_path}/db.sqlite"
-    migrate(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def _report(db: Any, node_id: str = "node-a", **fields: Any) -> None:

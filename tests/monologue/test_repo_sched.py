@@ -6,29 +6,17 @@ asker to ask another."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy.orm import sessionmaker
 
 from monologue.contracts import AskReason, QueueClass, RenderPriority, SessionKind, SessionStatus
-from monologue.db import NodeStatus, SessionRow, make_engine, make_sessionmaker, migrate
+from monologue.db import NodeStatus, SessionRow
 from monologue.repo import nodes as repo_nodes, sched as repo_sched
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 LIVE = repo_sched.Asker("live", "t", QueueClass.LIVE, AskReason.LIVE)
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[sessionmaker[Any]]:
-    url = f"sqlite:///{tmp_path}/db.sqlite"
-    migrate(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 def _add(db: Any, session_id: str, *, tenant: str = "t", started_s_ago: float = 60.0, **fields: Any) -> None:
