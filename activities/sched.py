@@ -35,8 +35,8 @@ class SchedActivities:
         if asked is None:
             return c.AskToYieldResult(asked=None)
         handle = self._client.get_workflow_handle(c.render_workflow_id(asked))
-        # To a live session or one that lost its node, the render yields ahead of every render (as moving); to a
-        # fairer share, in its own class, so the tenants' weights decide the slot.
+        # To a live session or one that lost its node, the render queues again ahead of every render (as `yielded`,
+        # below the session it gave way to); to a fairer share, in its own class, so the tenants' weights decide.
         slot = c.YieldSlot(for_session=request.session_id, as_moving=request.why is not c.AskReason.FAIR_SHARE)
         try:
             await handle.signal(c.YIELD_SLOT, slot)

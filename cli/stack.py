@@ -56,6 +56,7 @@ def search_attribute_flags() -> list[str]:
 MATCHER_CONFIG = {
     "matching.useNewMatcher": "true",
     "matching.enableFairness": "true",
+    "matching.priorityLevels": str(len(c.QueueClass)),  # one level per class (Temporal's default: 5)
     "matching.numTaskqueueReadPartitions": "1",
     "matching.numTaskqueueWritePartitions": "1",
 }

@@ -3,8 +3,9 @@
 A `hold_node` activity on the lease queue is taken by a node with a free slot, which signals NODE_ACQUIRED and
 heartbeats until released; the session's pinned work then runs on that node's own queue. The lease queue is ordered
 by Temporal's matcher: a `Priority` per lease (its `QueueClass`: live, moving, then renders by priority) with the
-tenant as fairness key. A live session that waits asks a render to yield (`ask_to_yield`); a render asked
-(the YIELD_SLOT signal) gives its slot up at its next chunk boundary and queues again as moving. If the lease dies
+tenant as fairness key. A live session or one whose node was lost, waiting, asks a render to yield
+(`ask_to_yield`); a render asked (the YIELD_SLOT signal) gives its slot up at its next chunk boundary and queues again
+as `yielded`, below the session it gave way to. If the lease dies
 (node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned activity stops (it cannot start:
 schedule-to-start timeout; it went silent: heartbeat timeout), the node is lost and the caller takes another
 lease. Workflow code: standard library, temporalio and the stdlib-only contracts only."""
@@ -37,6 +38,8 @@ Result = TypeVar("Result")
 
 # Sessions started before issue 27 scheduled their leases with no priority and never asked a render to yield.
 PRIORITY_PATCH = "lease-priority-and-preemption"
+# Sessions started before the `yielded` class waited for a free slot after losing their node, asking nobody.
+NODE_LOST_ASKS_PATCH = "node-lost-sessions-ask"
 ASK_EVERY_MAX_S = 30.0  # a live session that still waits asks a render to yield at least this often
 
 
@@ -56,22 +59,26 @@ class NodeLease:
         self.node_id: str | None = None
         # Under way already (resumed, continued as new, or moved in this run): its next lease queues as moving.
         self._moving = request.resume.cursor > 0
+        self._lost = False  # its node was lost in this run and it holds none yet: it asks for a slot
+        self._yielded = False  # it gave its slot up to a live or moving session: it queues below them
         self.yield_for: c.YieldSlot | None = None  # the request this render was asked to give its slot up for
 
     @property
     def queue_class(self) -> c.QueueClass:
         request = self._request
-        return c.QueueClass.of(request.kind, request.options.priority, moving=self._moving)
+        return c.QueueClass.of(request.kind, request.options.priority, moving=self._moving, yielded=self._yielded)
 
     @property
     def asks(self) -> c.AskReason | None:
         """Why this session, waiting for a node, may ask a render to yield (None: it may not): a live session; a
-        render, for its tenant's fair share. A moving session (its node lost, it yielded itself, continued as new,
-        resumed) takes the next free slot ahead of every render but asks nobody: a render that yielded to it would
-        queue as moving too and compete for the same slot (measured: docs/benchmarks.md, contention)."""
+        session whose node was lost (the render that yields to it queues as `yielded`, below it); a render, for its
+        tenant's fair share. A session resumed or continued as new, or one that yielded itself, takes the next free
+        slot in its class and asks nobody."""
         if self._request.kind is c.SessionKind.LIVE:
             return c.AskReason.LIVE
-        return None if self._moving else c.AskReason.FAIR_SHARE
+        if self._lost:
+            return c.AskReason.NODE_LOST if workflow.patched(NODE_LOST_ASKS_PATCH) else None
+        return None if self._moving or self._yielded else c.AskReason.FAIR_SHARE
 
     def ask_to_yield(self, asked: c.YieldSlot) -> bool:
         """A waiting session asked for this render's slot (the YIELD_SLOT signal): it goes at the next chunk boundary.
@@ -114,6 +121,7 @@ class NodeLease:
                 self._handle = None
                 continue
             self.node_id = self._offered.node_id
+            self._lost = False
             self._progress.node_id = self.node_id
             self._on_acquired()
             init = c.InitSessionInput(
@@ -136,12 +144,11 @@ class NodeLease:
         )
 
     async def _wait_for_node(self, *, asking: bool) -> None:
-        """Until a node takes the lease (or it ends). A live session that waits `preempt_after_s` asks a render to
-        yield, and asks again while it still waits (the policy asks one render per live session), twice as long
+        """Until a node takes the lease (or it ends). A session that may ask (`asks`) and waits `preempt_after_s` asks
+        a render to yield, and asks again while it still waits (the policy asks one render per asker), twice as long
         apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short."""
         after = self._orchestration.preempt_after_s
-        why = self.asks
-        if not asking or after <= 0 or why is None:
+        if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
             return
         while True:
@@ -214,15 +221,16 @@ class NodeLease:
         """The node is gone: give up its lease; the next `hold` takes another node."""
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})
         self.release()
-        self._moving = True
+        self._moving = self._lost = True
         self._progress.node_changes += 1
 
     def give_way(self) -> str:
-        """Give the slot up to the session that asked (at a chunk boundary): the next lease queues as moving, or in the
-        render's own class when it yields to a fairer share. Returns the node given up."""
+        """Give the slot up to the session that asked (at a chunk boundary): the next lease queues as `yielded`, or
+        in the render's own class when it yields to a fairer share. Returns the node given up."""
         node_id, asked = self.node_id or "", self.yield_for
         self.release()
-        self._moving = asked is None or asked.as_moving
+        self._moving = False
+        self._yielded = asked is None or asked.as_moving
         self._progress.preemptions += 1
         return node_id
 

@@ -259,13 +259,15 @@ class AskReason(StrEnum):
     """Why a session waiting for a node asks a render to yield (monologue/repo/sched.py says which renders may)."""
 
     LIVE = "live"  # a live session
+    NODE_LOST = "node_lost"  # a session whose node was lost (it waits as moving)
     FAIR_SHARE = "fair_share"  # a render of a tenant below its share of the slots
 
 
 @dataclass
 class YieldSlot:
-    """Give the node's slot up at the next chunk boundary, for `for_session`; then queue again as moving (`as_moving`:
-    it yields to a live session or one whose node was lost) or in its own class (it yields to a fairer share)."""
+    """Give the node's slot up at the next chunk boundary, for `for_session`; then queue again as `yielded`, ahead of
+    every render (`as_moving`, named before that class existed: it yields to a live session or one whose node was
+    lost), or in its own class (it yields to a fairer share)."""
 
     for_session: str
     as_moving: bool = True

@@ -44,11 +44,14 @@ class RenderPriority(StrEnum):
 
 class QueueClass(StrEnum):
     """A session's place in the lease queue, most urgent first: a live session; a session moving after its node was
-    lost or after yielding its slot (or resuming, or continuing as new); then renders by `RenderPriority`.
-    `priority_key` is Temporal's (`temporalio.common.Priority`: lower runs first, 1-5)."""
+    lost (or resuming, or continuing as new); a render that gave its slot up to one of those (`yielded`: below them, so
+    it never competes for the slot it gave); then renders by `RenderPriority`. `priority_key` is Temporal's
+    (`temporalio.common.Priority`: lower runs first, 1-6; the servers run with `matching.priorityLevels=6`,
+    docs/scheduling.md)."""
 
     LIVE = "live"
     MOVING = "moving"
+    YIELDED = "yielded"
     HIGH = RenderPriority.HIGH.value
     NORMAL = RenderPriority.NORMAL.value
     LOW = RenderPriority.LOW.value
@@ -58,11 +61,14 @@ class QueueClass(StrEnum):
         return list(QueueClass).index(self) + 1
 
     @classmethod
-    def of(cls, kind: "SessionKind", priority: RenderPriority, *, moving: bool) -> "QueueClass":
-        """THE rule: live sessions first, then a session already under way, then renders by their priority."""
+    def of(cls, kind: "SessionKind", priority: RenderPriority, *, moving: bool, yielded: bool = False) -> "QueueClass":
+        """THE rule: live sessions first, then a session already under way (moving, then one that yielded), then
+        renders by their priority."""
         if kind is SessionKind.LIVE:
             return cls.LIVE
-        return cls.MOVING if moving else cls(priority.value)
+        if moving:
+            return cls.MOVING
+        return cls.YIELDED if yielded else cls(priority.value)
 
 
 class ChunkKind(StrEnum):

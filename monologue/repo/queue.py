@@ -59,9 +59,13 @@ def queue_state(db: Session, *, weight: Callable[[str], float], now: datetime | 
 
 
 def queue_class(row: SessionRow) -> c.QueueClass:
-    """The session's class; a waiting session that held a node before (resumed) is `moving`."""
+    """The session's class, as far as its row tells: a waiting session that held a node before (resumed, or its node
+    lost) is `moving`; one that gave its slot up (it no longer names a node) `yielded`. (A render that yielded to a
+    fairer share queues in its own class: counted as yielded here, an estimate's error.)"""
     priority = c.render_options(row.options or {}).priority
-    return c.QueueClass.of(c.SessionKind(row.kind), priority, moving=waits(row) and row.node_id is not None)
+    waiting = waits(row)
+    moving, yielded = waiting and row.node_id is not None, waiting and row.node_id is None and row.preemptions > 0
+    return c.QueueClass.of(c.SessionKind(row.kind), priority, moving=moving, yielded=yielded)
 
 
 def chunks_of(row: SessionRow) -> int | None:

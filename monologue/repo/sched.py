@@ -1,7 +1,8 @@
 """Data access for preemption: which render gives its slot up to a session waiting for a node, and the record of it.
 
-Two kinds of session ask (docs/scheduling.md, "Preemption"), each for at most one render at a time:
-- a live session (`AskReason.LIVE`): any render yields to it;
+Three kinds of session ask (docs/scheduling.md, "Preemption"), each for at most one render at a time:
+- a live session (`AskReason.LIVE`), or a session whose node was lost (`AskReason.NODE_LOST`): any render yields
+  to it (and queues again as `yielded`, below it);
 - a render of a tenant below its fair share of the slots (`AskReason.FAIR_SHARE`): a render of the same or a lower
   class, of the tenant furthest above its share, yields; only while the move brings both nearer their shares, so
   two tenants never trade a slot back and forth.

@@ -184,7 +184,7 @@ def test_the_ops_queue_counts_waiting_sessions_by_class_and_tenant(api: Api) -> 
     assert queue["running"] == [{"class": "normal", "sessions": 1}]
     assert queue["slots"] == 1 and queue["seconds_per_chunk"] == pytest.approx(2.0)
     enums = httpx.get(f"{api.url}/ops/static/enums.js", timeout=30).text
-    assert 'QUEUE_CLASSES = ["live", "moving", "high", "normal", "low"]' in enums
+    assert 'QUEUE_CLASSES = ["live", "moving", "yielded", "high", "normal", "low"]' in enums
 
 
 def test_a_tenant_at_its_limit_is_told_when_its_first_session_likely_ends(api: Api) -> None:

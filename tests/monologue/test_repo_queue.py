@@ -75,6 +75,7 @@ def test_the_snapshot_sorts_sessions_into_waiting_and_running_with_their_classes
                 _session("talk", "queued", second=4, kind="live", tenant="beta"),
                 _session("urgent", "queued", second=5, options=OPTIONS | {"priority": "high"}),
                 _session("done", "completed", second=6, node_id="node-a", chunks_total=5),
+                _session("gave-way", "running", second=7, chunks_total=5, preemptions=1),  # yielded: no node now
             ]
         )
         db.flush()
@@ -94,6 +95,7 @@ def test_the_snapshot_sorts_sessions_into_waiting_and_running_with_their_classes
         "resumed": (QueueClass.MOVING, 5),
         "talk": (QueueClass.LIVE, None),
         "urgent": (QueueClass.HIGH, 5),
+        "gave-way": (QueueClass.YIELDED, 5),
     }
     assert all(session.created_at.tzinfo is not None for session in state.waiting)
 

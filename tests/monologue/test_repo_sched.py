@@ -59,6 +59,21 @@ def _ask(db: Any, asker: repo_sched.Asker = LIVE, *, weights: dict[str, float] |
     )
 
 
+def test_a_session_whose_node_was_lost_is_yielded_to_as_a_live_one_is(sessions: sessionmaker[Any]) -> None:
+    """Any render yields to it, by the same order; never a live session, nor the asker itself."""
+    lost = repo_sched.Asker("lost", "t", QueueClass.MOVING, AskReason.NODE_LOST)
+    with sessions() as db:
+        _add(db, "live-running", kind=SessionKind.LIVE)
+        _add(db, "lost", started_s_ago=1)  # its row still names its old node, which lists it no more
+        _add(db, "high-new", options={"priority": RenderPriority.HIGH}, started_s_ago=1)
+        _add(db, "normal-old", started_s_ago=100)
+        _node(db, "live-running", "high-new", "normal-old")
+        assert _ask(db, lost) == "normal-old"
+        other = repo_sched.Asker("lost-2", "t", QueueClass.MOVING, AskReason.NODE_LOST)
+        assert _ask(db, other) == "high-new"
+        assert _ask(db, repo_sched.Asker("lost-3", "t", QueueClass.MOVING, AskReason.NODE_LOST)) is None
+
+
 def test_the_lowest_class_then_the_most_recently_started_render_yields(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
         _add(db, "live-running", kind=SessionKind.LIVE)  # never asked: live sessions do not yield

@@ -40,9 +40,12 @@ async def until(check: Callable[[], Any], what: str) -> None:
 
 
 class Cluster:
-    """One fake node with one slot on a fresh queue. `dispatched` lists sessions in the order their leases started."""
+    """One fake node with `slots` slots (one by default) on a fresh queue. `dispatched` lists sessions in the order
+    their leases started. A lease in `dead` stops heartbeating and keeps its slot, as a killed node's slot is gone."""
 
-    def __init__(self, env: WorkflowEnvironment, *, chunk_s: float = 0.0) -> None:
+    def __init__(self, env: WorkflowEnvironment, *, chunk_s: float = 0.0, slots: int = 1) -> None:
+        self.slots = slots
+        self.dead: set[tuple[str, int]] = set()  # (session, lease number)
         self.env = env
         self.fake = FakeNodes(env, frames=97, chunk_s=chunk_s)
         self.queue = self.fake.queue
@@ -84,14 +87,15 @@ class Cluster:
             handle = self.env.client.get_workflow_handle(request.workflow_id)
             await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
             while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
-                activity.heartbeat()
+                if (request.session_id, request.lease) not in self.dead:
+                    activity.heartbeat()
                 await asyncio.sleep(0.05)
 
         return [hold_node]
 
     @asynccontextmanager
     async def workers(self, *, with_lease: bool = True) -> AsyncIterator[None]:
-        """The shared queue's and the node's workers; the lease queue's (one slot) unless `with_lease` is False."""
+        """The shared queue's and the node's workers; the lease queue's (`slots`) unless `with_lease` is False."""
         queues: list[tuple[str, list[object], list[type]]] = [
             (self.queue, [*self.fake.shared(), *self.sched()], [RenderWorkflow]),
             (c.node_task_queue(self.node_id), self.fake.node(self.node_id), []),
@@ -101,7 +105,7 @@ class Cluster:
         with ThreadPoolExecutor(8) as executor:
             async with AsyncExitStack() as stack:
                 for queue, activities, workflows in queues:
-                    slots = 1 if queue == c.lease_task_queue(self.queue) else None
+                    slots = self.slots if queue == c.lease_task_queue(self.queue) else None
                     worker = Worker(
                         self.env.client,
                         task_queue=queue,
@@ -225,9 +229,9 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
         [record] = cluster.yielded
         assert (record.session_id, record.for_session, record.node_id) == ("render", "live", cluster.node_id)
         assert not await cluster.waiting_for_a_node(live)
-        assert await cluster.waiting_for_a_node(render)  # queued again, as moving, behind the live session
+        assert await cluster.waiting_for_a_node(render)  # queued again, as yielded, behind the live session
         progress = await render.query(RenderWorkflow.progress)
-        assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.MOVING)
+        assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.YIELDED)
         await cluster.end("live")
         result = await asyncio.wait_for(render.result(), DEADLINE_S)
     assert cluster.dispatched == ["render", "live", "render"]
@@ -271,3 +275,30 @@ async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_kee
         result = await asyncio.wait_for(big.result(), DEADLINE_S)
     assert cluster.dispatched == ["big", "small", "big"] and cluster.asked == ["big"]
     assert result.frames == 97
+
+
+async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render_queues_below_it(
+    env: WorkflowEnvironment,
+) -> None:
+    """Two slots, both held; the first session's lease goes silent (its node killed: the slot is gone with it). It
+    queues again as moving and asks; the render yields at a chunk boundary and queues as `yielded`, below it, so the
+    slot it gave up goes to the lost session, not back to itself."""
+    cluster = Cluster(env, chunk_s=0.5, slots=2)
+    async with cluster.workers():
+        lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
+        await until(lambda: _holds(cluster, "lost"), "the first session to hold a slot")
+        render = await cluster.start("render", tenant="b")
+        await until(lambda: _holds(cluster, "render"), "the render to hold the other slot")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
+        cluster.dead.add(("lost", 1))
+        await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
+        assert cluster.asks[0] == ("lost", c.AskReason.NODE_LOST, c.QueueClass.MOVING)
+        assert cluster.asked == ["render"]
+        await until(lambda: _recorded(cluster), "the yield to be recorded")
+        progress = await render.query(RenderWorkflow.progress)
+        assert (progress.preemptions, progress.queue_class) == (1, c.QueueClass.YIELDED)
+        assert await cluster.waiting_for_a_node(render)
+        await asyncio.wait_for(lost.result(), DEADLINE_S)  # its lease ends with it, freeing the slot for the render
+        await asyncio.wait_for(render.result(), DEADLINE_S)
+        cluster.released.add("lost")  # the dead lease's activity ends with the test
+    assert cluster.dispatched == ["lost", "render", "lost", "render"]
