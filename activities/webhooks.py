@@ -136,7 +136,7 @@ class WebhookActivities:
             await asyncio.to_thread(self._record, request.delivery_id, attempt, started, None, str(err))
             raise ApplicationError(str(err), type=c.WEBHOOK_REFUSED, non_retryable=True) from None
         except httpx.HTTPError as err:
-            error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            error = _failure(err)
         await asyncio.to_thread(self._record, request.delivery_id, attempt, started, status, error)
         if error is not None:
             raise ApplicationError(f"attempt {attempt} to {url}: {error}")
@@ -176,6 +176,23 @@ class WebhookActivities:
     def _give_up(self, request: c.WebhookGivenUpInput) -> None:
         with self._sessions() as db:
             repo_webhooks.give_up(db, delivery_id=request.delivery_id, error=request.error)
+
+
+def _failure(err: httpx.HTTPError) -> str:
+    """An attempt's error with its root cause: httpx says "All connection attempts failed" whether the receiver
+    refused the connection, was unreachable or reset it, and the delivery log is where an operator looks for which."""
+    text = _named(err)
+    root: BaseException = err
+    for _ in range(10):  # a chain, not a cycle: __context__ may point back
+        inner = root.__cause__ or root.__context__
+        if inner is None or inner is err:
+            break
+        root = inner
+    return text if root is err or str(root) == str(err) else f"{text} ({_named(root)})"
+
+
+def _named(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 async def _answer_start(response: httpx.Response) -> str:

@@ -73,6 +73,8 @@ def deliveries_command(session_id: str | None, api_url: str | None, as_json: boo
         for attempt in delivery.attempts:
             answer = attempt.status_code if attempt.status_code is not None else attempt.error
             click.echo(f"    attempt {attempt.attempt}  {attempt.started_at:%H:%M:%S}  {answer}")
+        if delivery.error:  # why it ended without a 2xx (given up after its retry period, or refused)
+            click.echo(f"    {delivery.status}: {delivery.error}")
 
 
 @webhooks.command("rotate-key")

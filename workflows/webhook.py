@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, FailureError, RetryState
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -40,12 +40,28 @@ class WebhookDeliveryWorkflow:
                 retry_policy=retry,
             )
         except ActivityError as err:
-            cause = err.cause
-            reason = str(getattr(cause, "message", None) or cause or err)
-            given_up = c.WebhookGivenUpInput(delivery_id=request.delivery_id, error=reason)
+            given_up = c.WebhookGivenUpInput(delivery_id=request.delivery_id, error=_why(err, request))
             await workflow.execute_activity(
                 c.WEBHOOK_GIVEN_UP,
                 given_up,
                 start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=10),
+                # Until the database takes the record: a delivery must not stay `pending` for good because the
+                # database was down when its period ended.
+                schedule_to_close_timeout=timedelta(days=7),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=1), maximum_attempts=0),
             )
+
+
+def _why(err: ActivityError, request: c.WebhookInput) -> str:
+    """The delivery's end as its log shows it: the last attempt's error (under the timeout Temporal reports when
+    the period ends with an attempt under way), and, when the period is what ended the tries, that it was given up
+    and after how long, so it is not read as one more failed attempt. (Only the activity's input changes: the
+    commands, and so replay, are the same.)"""
+    last: BaseException = err
+    while isinstance(last, FailureError) and last.cause is not None:
+        last = last.cause
+    reason = str(getattr(last, "message", None) or last)
+    if err.retry_state != RetryState.TIMEOUT:
+        return reason  # refused: the endpoint may no longer be sent to
+    period = f"{request.give_up_after_s:g} s (MONOLOGUE_WEBHOOKS__GIVE_UP_AFTER_S)"
+    return f"given up after {period} of retries; the last: {reason}"

@@ -41,7 +41,8 @@ function showWebhooks(deliveries) {
   $("webhooks-none").hidden = deliveries.length > 0;
   const rows = deliveries.map((delivery) => {
     const last = delivery.attempts.at(-1);
-    const answer = last ? (last.status_code ?? last.error ?? "–") : "not tried yet";
+    // A delivery that ended without a 2xx says why (given up after its retry period, or refused) in its own error.
+    const answer = delivery.error ?? (last ? (last.status_code ?? last.error ?? "–") : "not tried yet");
     return el(
       "tr",
       { "data-status": delivery.status },
