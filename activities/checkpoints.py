@@ -13,6 +13,7 @@ from safetensors.numpy import load as load_tensors, save as save_tensors
 from sqlalchemy.orm import sessionmaker
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import STORAGE_LOAD_LIMIT_S, ChunkHeartbeat
 from gpu_worker.pipeline.pipeline import Session
 from monologue import contracts as c, keys, repo
 from monologue.errors import NotFound
@@ -51,16 +52,19 @@ class Checkpoints:
             self._store.delete(old)
         return key
 
-    def ensure_anchors(self, request: c.GenerateChunkInput, session: Session) -> None:
+    def ensure_anchors(self, request: c.GenerateChunkInput, session: Session, heartbeat: ChunkHeartbeat) -> None:
         """Load from checkpoints the anchors this chunk needs but this node does not hold (the node restarted,
-        or the session moved here). A checkpoint whose bytes do not match its recorded SHA-256 (or is gone)
-        raises CheckpointLost, and the workflow regenerates that N chunk instead."""
-        for ref in request.chunk.anchors_read():
-            if ref in session.anchors:
-                continue
-            flat = self.read(request.session_id, ref.index)
-            prefix = f"{ref.end}."
-            session.anchors.put_one(ref, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)})
+        or the session moved here): a known long step, reads from storage. A checkpoint whose bytes do not match
+        its recorded SHA-256 (or is gone) raises CheckpointLost, and the workflow regenerates that N chunk
+        instead."""
+        missing = [ref for ref in request.chunk.anchors_read() if ref not in session.anchors]
+        if not missing:
+            return
+        with heartbeat.long_step("loading checkpoints", limit_s=STORAGE_LOAD_LIMIT_S):
+            for ref in missing:
+                flat = self.read(request.session_id, ref.index)
+                prefix = f"{ref.end}."
+                session.anchors.put_one(ref, {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)})
 
     def read(self, session_id: str, index: int) -> dict[str, np.ndarray]:
         """Checkpoint N`index`'s arrays, or CheckpointLost (non-retryable, the index in its details)."""

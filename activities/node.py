@@ -8,7 +8,8 @@ This module strings the node's rooms together in the order a chunk needs them; e
   when missing, so any chunk can run on any node and give the same frames;
 - `checkpoints.py`: the anchors written after every N chunk, and read back on a node that lacks them;
 - `heartbeat.py`: the pipeline's progress reports become Temporal heartbeats, so a hung node is noticed
-  within the heartbeat timeout;
+  within the heartbeat timeout; the node's known long steps (loads) beat from a helper thread, up to a limit;
+- `warm_up.py`: the throwaway session a node runs before it takes any (node/warm.py);
 - `fault_injection.py`: the tests' slow and hung chunks.
 """
 
@@ -40,7 +41,7 @@ from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c, keys, metrics, repo
 from monologue.live_audio import LiveAudio
 from monologue.plan import chunk_sizes, plan_timeline
-from monologue.storage import ObjectStore
+from monologue.storage import ObjectStore, on_retry
 
 
 def stream_format(session: Session) -> StreamFormat:
@@ -72,11 +73,16 @@ class NodeActivities:
         self._store = store
         self._sessions = sessions
         self._node_id = node_id
+        self._faults = faults or Faults()
         self._pipelines = Pipelines(pipeline_factory or node_pipeline)
-        self._cache = SessionCache(store=store, pipelines=self._pipelines)
+        self._cache = SessionCache(store=store, pipelines=self._pipelines, faults=self._faults)
         self._checkpoints = Checkpoints(store=store, sessions=sessions)
         self._order = ChunkOrder()
-        self._faults = faults or Faults()
+
+    @property
+    def pipelines(self) -> Pipelines:
+        """The node's family pipelines (warmed before the node takes a session: node/warm.py)."""
+        return self._pipelines
 
     @property
     def chunks_done(self) -> int:
@@ -86,7 +92,10 @@ class NodeActivities:
     @activity.defn(name=c.INIT_SESSION)
     def init_session(self, request: c.InitSessionInput) -> c.InitSessionResult:
         """Encode the reference once and write the stream's init segment."""
-        with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
+        with (
+            activity_context(session_id=request.session_id, node_id=self._node_id) as log,
+            on_retry(activity.heartbeat),  # waiting for storage (bounded by its retry time) is not hanging
+        ):
             slot = self._pipelines.slot(request.options.family)
             with slot.hold("init_session"):
                 progress = ChunkHeartbeat("init_session", on_report=slot.touch)
@@ -110,7 +119,10 @@ class NodeActivities:
     def generate_chunk(self, request: c.GenerateChunkInput) -> c.GenerateChunkResult:
         """Run the pipeline for one chunk, in its turn; its frames become one fMP4 segment."""
         chunk = ChunkRequest.of(request.chunk, request.options)
-        with activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk.name) as log:
+        with (
+            activity_context(session_id=request.session_id, node_id=self._node_id, chunk=chunk.name) as log,
+            on_retry(activity.heartbeat),
+        ):
             idle_ms = self._order.wait_turn(request)
             self._faults.stretch(chunk.name)
             made = self._make(request, chunk)
@@ -136,7 +148,10 @@ class NodeActivities:
     @activity.defn(name=c.FINALIZE)
     def finalize(self, request: c.FinalizeInput) -> c.FinalizeResult:
         """The final MP4 is the init segment plus every fragment in timeline order: no re-encoding."""
-        with activity_context(session_id=request.session_id, node_id=self._node_id) as log:
+        with (
+            activity_context(session_id=request.session_id, node_id=self._node_id) as log,
+            on_retry(activity.heartbeat),
+        ):
             sid, options = request.session_id, request.options
             timeline = plan_timeline(request.frames, **chunk_sizes(options))
             manifest: list[str] = []
@@ -193,11 +208,12 @@ class NodeActivities:
         family = request.options.family
         pipeline, slot = self._pipelines.get(family), self._pipelines.slot(family)
         heartbeat = ChunkHeartbeat(chunk.name, on_report=slot.touch)
-        with slot.hold(chunk.name):
+        # A storage retry inside the slot (the checkpoint) reports as progress, so chunks queued behind it live on.
+        with slot.hold(chunk.name), on_retry(heartbeat):
             session = self._cache.get(request.session_id, request.options, request.session_kind, progress=heartbeat)
             if isinstance(session.audio, LiveAudio):
                 session.audio.update(request.audio_samples, request.audio_ended)
-            self._checkpoints.ensure_anchors(request, session)
+            self._checkpoints.ensure_anchors(request, session, heartbeat)
             self._faults.hang(chunk.name)
             writer = SegmentWriter(stream_format(session), first_frame=request.chunk.first_frame, audio=session.audio)
             result = pipeline.run_chunk(session, chunk, writer, heartbeat)

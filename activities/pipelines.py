@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
-from activities.heartbeat import beating
+from activities.heartbeat import FAMILY_LOAD_LIMIT_S, long_step
 from gpu_worker.models import build_family
 from gpu_worker.pipeline import Pipeline
 from monologue.contracts import Family
@@ -47,23 +48,32 @@ class PipelineSlot:
 
     @contextmanager
     def hold(self, name: str) -> Iterator[None]:
-        """Wait for the slot (heartbeating while its holder advances), hold it for the block."""
-        with self._changed:
-            seen = -1
-            while self._holder is not None:
-                if self._reports != seen:
-                    seen = self._reports
-                    activity.heartbeat(f"{name}: waiting for {self._holder}")
-                if activity.is_cancelled():
-                    raise CancelledError(f"{name} cancelled while waiting for {self._holder}")
-                self._changed.wait(timeout=WAIT_POLL_S)
-            self._holder = name
+        """Wait for the slot (heartbeating while its holder advances), hold it for the block. Heartbeats are sent
+        outside the lock: one waits for the worker's event loop, and nothing may wait on that holding a lock
+        (activities/chunk_order.py says what that did)."""
+        seen = -1
+        while True:
+            with self._changed:
+                self._changed.wait_for(partial(self._free_or_advanced, seen), timeout=WAIT_POLL_S)
+                if self._holder is None:
+                    self._holder = name
+                    break
+                holder, reports = self._holder, self._reports
+            if reports != seen:
+                seen = reports
+                activity.heartbeat(f"{name}: waiting for {holder}")
+            if activity.is_cancelled():
+                raise CancelledError(f"{name} cancelled while waiting for {holder}")
         try:
             yield
         finally:
             with self._changed:
                 self._holder = None
                 self._changed.notify_all()
+
+    def _free_or_advanced(self, seen: int) -> bool:
+        """(Holding the lock.) The slot is free, or its holder has reported since the waiter last looked."""
+        return self._holder is None or self._reports != seen
 
 
 class Pipelines:
@@ -77,12 +87,13 @@ class Pipelines:
         self._slots: dict[Family, PipelineSlot] = {}
 
     def get(self, family: Family) -> Pipeline:
-        """The family's pipeline, built on first use. Loading weights is one long call from disk with no
-        steps to report: a helper thread heartbeats meanwhile (for the chunks that wait for it, too)."""
+        """The family's pipeline, built on first use (a node builds the families it warms before it takes a
+        session: node/warm.py). Building is one long call with no steps to report, a known long step: a helper
+        thread heartbeats meanwhile (for the chunks that wait for it, too)."""
         built = self._pipelines.get(family)
         if built is not None:
             return built
-        with beating(f"loading the {family} family"), self._building:
+        with long_step(f"loading the {family} family", limit_s=FAMILY_LOAD_LIMIT_S), self._building:
             if family not in self._pipelines:
                 self._pipelines[family] = self._factory(family)
                 self._slots[family] = PipelineSlot()

@@ -4,6 +4,8 @@ anchors), least recently used out first.
 A session missing here (the node restarted, or the session moved to this node) is rebuilt from storage: the
 portrait, the audio, and the reference conditioning stored the first time it was encoded (it is encoded only
 once per session, on whichever node starts it). The anchors come back from checkpoints (`checkpoints.py`).
+Reading from storage and aligning a transcript are known long steps (`heartbeat.long_step`); encoding the
+reference runs the family's modules and is not: if it hangs, the heartbeats stop.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from collections import OrderedDict
 import numpy as np
 from safetensors.numpy import load as load_tensors, save as save_tensors
 
-from activities.heartbeat import beating
+from activities.fault_injection import Faults
+from activities.heartbeat import ALIGN_LIMIT_S, STORAGE_LOAD_LIMIT_S, ChunkHeartbeat
 from activities.pipelines import Pipelines
-from gpu_worker.pipeline import OutputSpec, Progress
+from gpu_worker.pipeline import OutputSpec
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import AudioSource
 from monologue import contracts as c, keys
@@ -29,14 +32,19 @@ CACHED_SESSIONS = 4
 
 
 class SessionCache:
-    def __init__(self, *, store: ObjectStore, pipelines: Pipelines, size: int = CACHED_SESSIONS) -> None:
+    def __init__(
+        self, *, store: ObjectStore, pipelines: Pipelines, size: int = CACHED_SESSIONS, faults: Faults | None = None
+    ) -> None:
         self._store = store
         self._pipelines = pipelines
+        self._faults = faults or Faults()
         self._size = size
         self._lock = threading.Lock()  # the dict only: sessions of different families build at once
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def get(self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: Progress) -> Session:
+    def get(
+        self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: ChunkHeartbeat
+    ) -> Session:
         """The session from the cache, or rebuilt from storage (told to `progress`). Call it holding the
         family's pipeline slot: encoding the reference runs the family's modules. A live session reads its audio
         as it arrives; a render's is all stored up front."""
@@ -55,7 +63,27 @@ class SessionCache:
         with self._lock:
             self._sessions.pop(session_id, None)
 
-    def _build(self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: Progress) -> Session:
+    def _build(
+        self, session_id: str, options: c.RenderOptions, kind: c.SessionKind, *, progress: ChunkHeartbeat
+    ) -> Session:
+        with progress.long_step("loading the session", limit_s=STORAGE_LOAD_LIMIT_S):
+            self._faults.slow_load()
+            portrait, audio, reference = self._load(session_id, kind)
+        pipeline = self._pipelines.get(options.family)
+        # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
+        progress("encoding the reference" if reference is None else "restoring the session")
+        session = pipeline.start_session(portrait, OutputSpec.of(options), audio, reference)
+        if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang the accelerator
+            with progress.long_step("aligning the speech to its transcript", limit_s=ALIGN_LIMIT_S):
+                pipeline.prepare_speech(session, options.transcript)
+        if reference is None:
+            self._store.put(keys.reference(session_id), save_tensors(session.reference))
+        return session
+
+    def _load(
+        self, session_id: str, kind: c.SessionKind
+    ) -> tuple[np.ndarray, AudioSource, dict[str, np.ndarray] | None]:
+        """The session's portrait, its audio and its stored reference (None before the first encoding)."""
         portrait = decode_png(self._store.get(keys.portrait(session_id)))
         audio: AudioSource
         if kind == c.SessionKind.LIVE:
@@ -66,13 +94,4 @@ class SessionCache:
             reference: dict[str, np.ndarray] | None = load_tensors(self._store.get(keys.reference(session_id)))
         except NotFound:
             reference = None
-        pipeline = self._pipelines.get(options.family)
-        # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
-        progress("encoding the reference" if reference is None else "restoring the session")
-        session = pipeline.start_session(portrait, OutputSpec.of(options), audio, reference)
-        if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang
-            with beating("aligning the speech to its transcript"):
-                pipeline.prepare_speech(session, options.transcript)
-        if reference is None:
-            self._store.put(keys.reference(session_id), save_tensors(session.reference))
-        return session
+        return portrait, audio, reference

@@ -38,7 +38,7 @@ from monologue.repo import sinks as repo_sinks
 from monologue.schemas import SinkState
 from monologue.settings import SinkSettings
 from monologue.sink_policy import SinkRefused, for_tenant, refusal
-from monologue.storage import ObjectStore
+from monologue.storage import ObjectStore, on_retry
 
 POLL_S = 0.2
 _EXTINF = re.compile(r"^#EXTINF:([0-9.]+),")
@@ -178,27 +178,13 @@ class SinkActivities:
             allowed = self._tenant_allowed(sid, spec, tenant, start)
             init_segment = self._wait_for(keys.init_segment(sid))  # cancelled here: no sink to hand over
             sink = self._factory(spec, sid, request.options, origin_ms, allowed)
-            index = start
             try:
                 sink.start(init_segment, start)
                 self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
-                shown: tuple[int, bool] | None = None
-                while True:
-                    stream = read_stream(self._store, sid)
-                    while index < len(stream.names):
-                        sink.put(index, self._store.get(keys.output(sid, stream.names[index])))
-                        index += 1
-                        _heartbeat(sink.acknowledged())
-                    self._set_lag(sid, spec, len(stream.names) - sink.acknowledged())
-                    if (index, stream.ended) != shown:
-                        sink.playlist(stream.durations[:index], ended=stream.ended)
-                        self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
-                        shown = (index, stream.ended)
-                    if stream.ended and index == len(stream.names):
-                        break
-                    _heartbeat(sink.acknowledged())
-                    time.sleep(self._poll_s)
-                self._put_final(sid, sink)
+                # Waiting for storage (bounded by its retry time) heartbeats the count a retry would resume from.
+                with on_retry(lambda _what: activity.heartbeat(sink.acknowledged())):
+                    self._follow(sid, spec, sink, start)
+                    self._put_final(sid, sink)
                 _heartbeating(lambda: sink.finish(ended=True), sink)
                 acknowledged = sink.acknowledged()
                 self._record(sid, spec, SinkState.DONE, acknowledged)
@@ -226,6 +212,25 @@ class SinkActivities:
             finally:
                 self._set_lag(sid, spec, None)
                 sink.close()
+
+    def _follow(self, sid: str, spec: c.Sink, sink: Sink, index: int) -> None:
+        """Hand the sink every segment of the stored playlist from `index` on, and its playlist, until it ends."""
+        shown: tuple[int, bool] | None = None
+        while True:
+            stream = read_stream(self._store, sid)
+            while index < len(stream.names):
+                sink.put(index, self._store.get(keys.output(sid, stream.names[index])))
+                index += 1
+                _heartbeat(sink.acknowledged())
+            self._set_lag(sid, spec, len(stream.names) - sink.acknowledged())
+            if (index, stream.ended) != shown:
+                sink.playlist(stream.durations[:index], ended=stream.ended)
+                self._record(sid, spec, SinkState.STREAMING, sink.acknowledged())
+                shown = (index, stream.ended)
+            if stream.ended and index == len(stream.names):
+                return
+            _heartbeat(sink.acknowledged())
+            time.sleep(self._poll_s)
 
     def _resume_point(self, session_id: str, spec: c.Sink) -> tuple[int, int, str | None]:
         """Segments the sink already holds (from this attempt's last heartbeat, or the last pump's record),

@@ -38,9 +38,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.temporal, metrics_address=_temporal_metrics(settings), lazy=True
         )
         sessions_ = make_sessionmaker(engine)
-        app.state.services = Services(
-            settings=settings, store=open_store(settings.storage), sessions=sessions_, temporal=temporal
-        )
+        # A request gives storage a short while, then answers 503 (live audio waits longer: api/live_socket.py).
+        store = open_store(settings.storage, retry_for_s=settings.storage.request_retry_for_s)
+        app.state.services = Services(settings=settings, store=store, sessions=sessions_, temporal=temporal)
         app.state.metrics_registry = CollectorRegistry(auto_describe=True)
         app.state.metrics_registry.register(SessionsCollector(sessions_))
         # The lease queue's backlog for the node autoscaler: polled in the background, never on a request's path.

@@ -23,8 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monologue.settings import LimitSettings
 
+from . import outages
 from .deps import Services, principal_from_headers
-from .problems import problem_response
+from .problems import problem_response, unavailable
 
 GUARDED_PREFIX = "/v1/"
 PRINCIPAL_STATE = "principal"  # request.state.principal, read by api.deps.require_key
@@ -50,6 +51,12 @@ class UploadGuard:
             principal = await run_in_threadpool(principal_from_headers, services, headers.get("authorization"))
         except HTTPException as refused:
             await _refuse(scope, receive, send, refused.status_code, refused.detail, refused.headers)
+            return
+        except outages.ERROR_TYPES as err:  # the key's lookup found the database down: 503, try again
+            if (service := outages.which_service(err)) is None:
+                raise
+            answer = unavailable(service, err, instance=scope["path"], headers={"Connection": "close"})
+            await answer(scope, receive, send)
             return
         limits = services.settings.limits
         declared = _content_length(headers)

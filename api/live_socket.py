@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import structlog
@@ -24,21 +25,25 @@ from fastapi import WebSocket
 from fastapi.concurrency import run_in_threadpool
 from starlette.types import Message
 from starlette.websockets import WebSocketDisconnect, WebSocketState
-from temporalio.service import RPCError
 
 from monologue import contracts as c, repo
+from monologue.errors import StorageUnavailable
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 from monologue.repo.nodes import aware
+from monologue.storage import retrying_for
 
 from . import streams
 from .deps import Principal, Services
 from .inputs import parse_json
 from .live_resample import PcmResampler, ResamplerMissing
+from .live_signal import WorkflowSignaller
+from .outages import database_down
 from .submit import TERMINAL
 
+STORAGE_RETRY_S = 1.0  # while storage is down, how often a socket tries to store the audio it holds
 MAX_MESSAGE_BYTES = 1 << 20  # one audio message: 1 MiB (about 32 s of 16 kHz mono)
-MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thinned out
+END_SIGNAL_WAIT_S = 5.0  # how long `end` waits for the workflow to hear of it before telling the client `ended`
 # WebSocket close codes (4000-4999 are the application's own).
 CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
 CLOSE_TOO_MANY = 4429
@@ -48,6 +53,7 @@ CLOSE_TOO_MANY = 4429
 TAKEOVER_S = 3.0
 CLAIM_REFRESH_S = 1.0
 log = structlog.get_logger("api.sessions")
+T = TypeVar("T")
 
 
 class AudioRefused(Exception):
@@ -92,12 +98,15 @@ class AudioStream:
         self._options = options  # the workflow plans live chunks from the same (lip sync: the look-ahead)
         self._marks: list[list[float]] = []
         self._signalled = 0
+        self.signaller = WorkflowSignaller(services.temporal, session_id)
         self._rate, self._channels = AUDIO_RATE, 1
         self._resampler: PcmResampler | None = None
         self._max_samples = int(services.settings.limits.max_live_seconds * AUDIO_RATE)
         self._accepted = stored  # samples (16 kHz) taken, stored or still buffered
         self._first_audio = stored == 0  # the session's clock (TTFF) starts with its first audio
         self.received_audio = False  # on this socket
+        self._held: list[np.ndarray] = []  # audio taken while storage was down, not yet handed to the writer
+        self._store_again_at = 0.0  # monotonic: storage failed; until then, audio is only held
 
     def configure(self, header: dict[str, Any]) -> None:
         """The optional `start` message: the PCM's rate and channel count."""
@@ -127,9 +136,9 @@ class AudioStream:
         self.received_audio = True
         if self._first_audio:
             self._first_audio = False
-            await run_in_threadpool(self._record, 0)
+            await _unless_database_down(self._session_id, self._record, 0)
         samples, full = self._fit(self._to_mono16k(np.frombuffer(data, dtype="<i2")))
-        stored = await run_in_threadpool(self._writer.append, samples)
+        stored = await self._store(samples)
         await self._progress(stored, ended=False)
         if full:
             limit = self._services.settings.limits.max_live_seconds
@@ -139,14 +148,44 @@ class AudioStream:
             )
         return stored
 
+    async def _store(self, samples: np.ndarray) -> int:
+        """Store the audio held so far with this message's; returns the samples stored. While storage is down the
+        socket keeps reading (a socket that stalls misses its keepalive pings and drops): the audio waits in memory,
+        unacknowledged, and storing is tried again every STORAGE_RETRY_S, for a request's short while each time. What
+        waits is bounded: with no audio stored the workflow hears of none, ends the session after its idle timeout,
+        and the socket's recheck closes it."""
+        self._held.append(samples)
+        if time.monotonic() < self._store_again_at:
+            return self._writer.stored
+        held, self._held = self._held, []
+        try:  # the writer keeps what it could not store (LiveAudioWriter.append), so nothing is lost or doubled
+            return await run_in_threadpool(self._writer.append, np.concatenate(held))
+        except StorageUnavailable as err:
+            self._store_again_at = time.monotonic() + STORAGE_RETRY_S
+            log.warning("live audio held: storage is unavailable", session_id=self._session_id, error=str(err))
+            return self._writer.stored
+
+    def _patiently(self, write: Callable[..., int], *args: Any) -> int:
+        """The last write (the end of the audio) waits out a storage outage as a node does
+        (MONOLOGUE_STORAGE__RETRY_FOR_S), not a request's short while: the client is told `ended` once every sample it
+        sent is stored."""
+        with retrying_for(self._services.settings.storage.retry_for_s):
+            return write(*args)
+
     async def end(self) -> int:
         """No more audio: store the rest, mark it ended and tell the workflow."""
         if self._resampler is not None:
             tail = self._resampler.flush()
             if len(tail):
-                await run_in_threadpool(self._writer.append, self._fit(tail)[0])
-        stored = await run_in_threadpool(self._writer.finish)
+                self._held.append(self._fit(tail)[0])
+        held, self._held = self._held, []
+        await run_in_threadpool(self._patiently, self._writer.append, np.concatenate([np.zeros(0, "<i2"), *held]))
+        stored = await run_in_threadpool(self._patiently, self._writer.finish)
         await self._progress(stored, ended=True)
+        # Normally the workflow has heard of the end before the client is told `ended`; while Temporal is down
+        # the client is told anyway (the audio and its end are stored) and the signal follows once it is back.
+        if not await self.signaller.flush(END_SIGNAL_WAIT_S) and self.signaller.refused is not None:
+            raise AudioRefused(self.signaller.refused, CLOSE_CONFLICT)
         return stored
 
     @property
@@ -169,7 +208,10 @@ class AudioStream:
 
     async def _progress(self, stored: int, *, ended: bool) -> None:
         """Record the arrival, and signal the workflow when the stored audio lets it plan new chunks (about one
-        signal per chunk, so a long session's history stays small) or has ended."""
+        signal per chunk, so a long session's history stays small) or has ended. The signal goes in the background
+        (`api/live_signal.py`): an outage of Temporal holds no acknowledgement up."""
+        if self.signaller.refused is not None:
+            raise AudioRefused(self.signaller.refused, CLOSE_CONFLICT)
         now_ms = time.time() * 1000
         if not self._marks or self._marks[-1][0] < stored:
             self._marks.append([float(stored), now_ms])
@@ -177,16 +219,9 @@ class AudioStream:
         unlocked = len(list(self._planner.advance(frames, final=ended))) > 0
         if not (unlocked or ended) or (stored == self._signalled and not ended):
             return
-        if len(self._marks) > MAX_MARKS:  # keep the newest marks and thin out the rest
-            self._marks = self._marks[-MAX_MARKS:]
-        signal = c.AudioAvailable(samples=stored, ended=ended, marks=self._marks)
-        handle = self._services.temporal.get_workflow_handle(c.render_workflow_id(self._session_id))
-        try:
-            await handle.signal(c.AUDIO_AVAILABLE, signal)
-        except RPCError as err:
-            raise AudioRefused(f"the session is no longer running ({err.message})", CLOSE_CONFLICT) from err
+        self.signaller.offer(stored, ended=ended, marks=self._marks)
         self._marks, self._signalled = [], stored
-        await run_in_threadpool(self._record, stored)
+        await _unless_database_down(self._session_id, self._record, stored)
 
     def _record(self, stored: int) -> None:
         with self._services.sessions() as db:
@@ -279,10 +314,10 @@ class SocketWatch:
             raise SessionEnds(f"no audio for {self._idle_s:g} s: the session ends with the audio it has")
         if self._audio_unclaimed and now >= self._claim_refresh_at:
             self._audio_unclaimed, self._claim_refresh_at = False, now + CLAIM_REFRESH_S
-            if not await run_in_threadpool(self._refresh_claim):
+            if await _unless_database_down(self.session_id, self._refresh_claim) is False:
                 raise _taken_over(self.session_id)
         if now >= self._recheck_at:
-            await run_in_threadpool(self._recheck)
+            await _unless_database_down(self.session_id, self._recheck)
             self._recheck_at = time.monotonic() + self._recheck_s
 
     def _refresh_claim(self) -> bool:
@@ -325,8 +360,22 @@ async def serve(websocket: WebSocket, services: Services, session_id: str, princ
     except WebSocketDisconnect:
         pass  # the client may reconnect; else the workflow's idle timeout ends the session
     finally:
+        if stream is not None:
+            stream.signaller.outlive()  # what Temporal has not heard yet is still sent
         if claimed:
             await run_in_threadpool(_release, services, session_id, holder)
+
+
+async def _unless_database_down(session_id: str, work: Callable[..., T], *args: Any) -> T | None:
+    """`work(*args)` on the thread pool; None when the database is down (logged): the socket keeps taking and
+    acknowledging audio, which storage holds, and the bookkeeping or check is done again later."""
+    try:
+        return await run_in_threadpool(work, *args)
+    except Exception as err:
+        if not database_down(err):
+            raise
+        log.warning("live socket: the database is down", session_id=session_id, step=work.__name__)
+        return None
 
 
 def _taken_over(session_id: str) -> AudioRefused:

@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute
 
 from monologue.schemas import Problem
 
-from . import queue
+from . import outages, queue
 from .errors import IdempotencyConflict, NoNodeForLive, TooManySessions, ValidationUnavailable
 
 PROBLEM_JSON = "application/problem+json"
@@ -41,6 +41,16 @@ def problem_response(
     problem = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, instance=instance, **extra)
     body = problem.model_dump(mode="json", exclude_none=True)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
+
+
+def unavailable(
+    service: str, err: BaseException, *, instance: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The answer while `service` (`outages.which_service`) is down: 503 with Retry-After, the error logged."""
+    log.warning("service unavailable", service=service, error=(str(err).splitlines() or [""])[0][:300])
+    detail = f"{service} is unavailable right now; try again in a few seconds"
+    retry = {**(headers or {}), "Retry-After": str(outages.RETRY_AFTER_S)}
+    return problem_response(503, detail, instance=instance, headers=retry)
 
 
 def describe_errors(errors: Sequence[Any]) -> str:
@@ -85,6 +95,17 @@ def install(app: FastAPI) -> None:
     async def no_node(request: Request, err: NoNodeForLive) -> JSONResponse:
         retry = str(max(1, math.ceil(err.retry_after_s)))
         return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": retry})
+
+    async def maybe_outage(request: Request, err: Exception) -> JSONResponse:
+        """A service beneath is down for now (restarting, failing over): 503, and the client tries again. Handled
+        by type, so the server keeps the connection (the catch-all below ends it, as an ASGI error does)."""
+        service = outages.which_service(err)
+        if service is None:
+            return await unexpected(request, err)
+        return unavailable(service, err, instance=request.url.path)
+
+    for error_type in outages.ERROR_TYPES:
+        app.add_exception_handler(error_type, maybe_outage)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> JSONResponse:

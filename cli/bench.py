@@ -1,5 +1,5 @@
-"""`monologue bench pipeline|gpu|sp|upload|orchestration|cluster`: benchmarks that print figures (nothing here asserts
-speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
+"""`monologue bench pipeline|gpu|sp|upload|orchestration|cluster|faults`: benchmarks that print figures (nothing
+here asserts speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
 other commands."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from enum import StrEnum
 
 import click
 
+from cli.fault_watch import Fault
 from monologue.contracts import Family, LipSync, Residency, Resolution
 from monologue.settings import get_settings
 
@@ -252,4 +253,31 @@ def _bench_contention(ctx: click.Context, postgres_url: str) -> None:
     report = bench_contention(dataclasses.replace(CONTENTION, scenario=scenario), postgres_url)
     click.echo(report.table())
     if report.problems:
+        raise SystemExit(1)
+
+
+@bench.command("faults")
+@click.option(
+    "--fault",
+    "names",
+    multiple=True,
+    type=click.Choice([fault.value for fault in Fault]),
+    help="Only these faults (repeat the option); default: every one.",
+)
+def bench_faults_command(names: tuple[str, ...]) -> None:
+    """Two renders and a live session through a loopback cluster while a service beneath it fails (cli/faults.py):
+    per fault, sessions completed and identical to a clean run, outage length, time to recover, the live stream's
+    longest stall and the API's answers by status. Exit 1 when anything that must hold did not."""
+    from cli.faults import fault_rig, run_fault
+
+    faults = [Fault(name) for name in names] or list(Fault)
+    problems = []
+    with fault_rig() as rig:
+        for fault in faults:
+            report = run_fault(rig, fault)
+            click.echo(report.line())
+            problems += [f"{fault.value}: {problem}" for problem in report.problems]
+    for problem in problems:
+        click.echo(f"PROBLEM: {problem}")
+    if problems:
         raise SystemExit(1)

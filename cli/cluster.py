@@ -27,6 +27,7 @@ from monologue.settings import (
     RenderDefaults,
     SchedSettings,
     Settings,
+    SinkSettings,
     StorageSettings,
     TemporalSettings,
 )
@@ -38,7 +39,7 @@ BUCKET = "monologue-cluster"
 def fresh_database(admin_url: str) -> Iterator[str]:
     """A new, empty PostgreSQL database on the server `admin_url` reaches; dropped afterwards. Yields its URL."""
     name = f"monologue_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # the server may restart
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
@@ -156,10 +157,16 @@ class Cluster:
 
 
 def cluster_settings(
-    home: Path, database_url: str, s3: S3Server, shape: Shape, sched: SchedSettings | None = None
+    home: Path,
+    database_url: str,
+    s3: S3Server,
+    shape: Shape,
+    sched: SchedSettings | None = None,
+    *,
+    sinks: SinkSettings | None = None,
 ) -> Settings:
     """Every process's settings (each child gets them as MONOLOGUE_* variables); `sched`: the scheduling's, e.g.
-    tenants' weights (default: the settings' own)."""
+    tenants' weights, `sinks`: where sessions may publish (default: the settings' own)."""
     return Settings(
         home=home,
         database_url=database_url,
@@ -177,16 +184,23 @@ def cluster_settings(
         render=RenderDefaults(live_idle_timeout_s=shape.live_idle_timeout_s),
         limits=LimitSettings(max_sessions_per_tenant=1000),  # one tenant submits every session of a scenario
         sched=sched or SchedSettings(),
+        sinks=sinks or SinkSettings(),
     )
 
 
 @contextmanager
 def cluster(
-    home: Path, database_url: str, s3: S3Server, shape: Shape, sched: SchedSettings | None = None
+    home: Path,
+    database_url: str,
+    s3: S3Server,
+    shape: Shape,
+    sched: SchedSettings | None = None,
+    *,
+    sinks: SinkSettings | None = None,
 ) -> Iterator[Cluster]:
     """Start Temporal, `shape.apis` APIs and `shape.nodes` nodes on loopback; stop them all afterwards."""
     s3.client().create_bucket(Bucket=BUCKET)
-    settings = cluster_settings(home, database_url, s3, shape, sched)
+    settings = cluster_settings(home, database_url, s3, shape, sched, sinks=sinks)
     stack = Stack(settings, env=s3.aws_env())
     stack.start(with_node=False)
     try:

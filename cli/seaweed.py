@@ -128,46 +128,85 @@ def _wait_ready(server: S3Server, proc: subprocess.Popen[bytes], cmd: list[str])
             time.sleep(0.2)
 
 
+class SeaweedProcess:
+    """`weed mini` with its data under `root`, on loopback ports fixed at creation: it can be stopped and started
+    again on the same ports and data (the outage tests stop object storage mid-session, tests/test_s3_faults.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self._weed = weed_binary()
+        (root / "data").mkdir(parents=True)
+        (root / "tmp").mkdir()
+        access_key, secret_key = "monologue-test", secrets.token_hex(16)
+        identity = {
+            "name": "monologue-test",
+            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        (root / "s3.json").write_text(json.dumps({"identities": [identity]}))
+        taken: set[int] = set()
+        self._ports = {name: _port_pair(taken) for name in ("master", "volume", "filer", "s3", "admin")}
+        self.server = S3Server(
+            f"http://127.0.0.1:{self._ports['s3']}", access_key, secret_key, log_path=root / "weed.log"
+        )
+        self._root = root
+        self._proc: subprocess.Popen[bytes] | None = None
+        # SeaweedFS writes glog files to $TMPDIR and unix sockets to /tmp (the S3 one survives exit); point
+        # both at folders of ours. Socket paths must stay under 108 bytes, hence a short mkdtemp folder.
+        self._sockets = Path(tempfile.mkdtemp(prefix="weed-"))
+
+    def _command(self) -> list[str]:
+        root, sockets = self._root, self._sockets
+        return [
+            self._weed, "mini", f"-dir={root / 'data'}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-master.volumeSizeLimitMB=64",  # every bucket gets its own volumes; keep them small
+            *(f"-{name}.port={port}" for name, port in self._ports.items()),
+            *(f"-{name}.port.grpc={port + GRPC_OFFSET}" for name, port in self._ports.items()),
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            f"-s3.config={root / 's3.json'}",
+            f"-s3.localSocket={sockets / 's3.sock'}", f"-filer.localSocket={sockets / 'filer.sock'}",
+            "-s3.allowDeleteBucketNotEmpty=true",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        """Start the server (again, on the same ports and data) and wait until S3 answers."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError("SeaweedFS is already running")
+        cmd = self._command()
+        env = {**os.environ, "TMPDIR": str(self._root / "tmp")}
+        with open(self.server.log_path, "ab") as log:
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        try:
+            _wait_ready(self.server, self._proc, cmd)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); its data stays for the next `start`."""
+        if self._proc is not None:
+            _stop(self._proc, self._ports)
+            self._proc = None
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self._sockets, ignore_errors=True)
+
+
+@contextmanager
+def seaweed_process(root: Path) -> Iterator[SeaweedProcess]:
+    """A started SeaweedProcess with its data under `root`, stopped when the block ends."""
+    process = SeaweedProcess(root)
+    try:
+        process.start()
+        yield process
+    finally:
+        process.close()
+
+
 @contextmanager
 def seaweed_s3(root: Path) -> Iterator[S3Server]:
     """`weed mini` with its data under `root`, on free loopback ports, until the block ends."""
-    weed = weed_binary()
-    (root / "data").mkdir(parents=True)
-    (root / "tmp").mkdir()
-    access_key, secret_key = "monologue-test", secrets.token_hex(16)
-    identity = {
-        "name": "monologue-test",
-        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-    }
-    (root / "s3.json").write_text(json.dumps({"identities": [identity]}))
-    taken: set[int] = set()
-    ports = {name: _port_pair(taken) for name in ("master", "volume", "filer", "s3", "admin")}
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}", access_key, secret_key, log_path=root / "weed.log")
-
-    # SeaweedFS writes glog files to $TMPDIR and unix sockets to /tmp (the S3 one survives exit); point
-    # both at folders of ours. Socket paths must stay under 108 bytes, hence a short mkdtemp folder.
-    sockets = Path(tempfile.mkdtemp(prefix="weed-"))
-    cmd = [
-        weed, "mini", f"-dir={root / 'data'}",
-        "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-master.telemetry=false",
-        "-master.volumeSizeLimitMB=64",  # every bucket gets its own volumes; keep them small
-        *(f"-{name}.port={port}" for name, port in ports.items()),
-        *(f"-{name}.port.grpc={port + GRPC_OFFSET}" for name, port in ports.items()),
-        "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-        f"-s3.config={root / 's3.json'}",
-        f"-s3.localSocket={sockets / 's3.sock'}", f"-filer.localSocket={sockets / 'filer.sock'}",
-        "-s3.allowDeleteBucketNotEmpty=true",
-    ]  # fmt: skip
-    env = {**os.environ, "TMPDIR": str(root / "tmp")}
-    try:
-        with open(server.log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
-        try:
-            _wait_ready(server, proc, cmd)
-            yield server
-        finally:
-            _stop(proc, ports)
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+    with seaweed_process(root) as process:
+        yield process.server

@@ -211,7 +211,7 @@ class Stack:
                 *matcher_flags(),
             ],
         )
-        self._wait(lambda: _port_open(host, int(port)), "temporal", timeout_s)
+        self._wait(lambda: port_open(host, int(port)), "temporal", timeout_s)
 
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
@@ -244,7 +244,7 @@ class Stack:
         child = self._spawn(name, old.command, old.extra_env)
         if name == "temporal":
             host, port = self.settings.temporal.address.rsplit(":", 1)
-            self._wait(lambda: _port_open(host, int(port)), name, timeout_s)
+            self._wait(lambda: port_open(host, int(port)), name, timeout_s)
         elif name == "api":
             api = self.settings.api
             self._wait(lambda: http_ok(f"http://{api.host}:{api.port}/healthz"), name, timeout_s)
@@ -263,7 +263,7 @@ class Stack:
         raise RuntimeError(f"{name} did not become ready within {timeout_s:.0f} s:\n{tail}")
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0

@@ -8,6 +8,7 @@
     │   └── InputTooLarge   a URL input is larger than the upload limit (HTTP 413)
     ├── NotFound          no such session or object (HTTP 404)
     ├── TransientError    a dependency hiccuped; retrying may help
+    │   └── StorageUnavailable  object storage kept failing for as long as the caller may wait (HTTP 503)
     └── ClientError       what `monologue.client` raises
         ├── ApiError      the API refused a request: its status and problem details
         └── SessionEnded  a session waited on ended failed or cancelled
@@ -42,6 +43,11 @@ class NotFound(MonologueError):
 
 class TransientError(MonologueError):
     """A temporary failure (storage, database, network); safe to retry."""
+
+
+class StorageUnavailable(TransientError):
+    """Object storage was unreachable or throttling for the whole time this call may retry
+    (MONOLOGUE_STORAGE__RETRY_FOR_S); a later call may pass."""
 
 
 class ClientError(MonologueError):

@@ -38,14 +38,14 @@ class LiveAudioWriter:
         self.ended = False
 
     def append(self, samples: np.ndarray) -> int:
-        """Buffer int16 samples and store every full piece; returns the samples now stored."""
+        """Buffer int16 samples and store every full piece; returns the samples now stored. A piece leaves the buffer
+        only once stored, so after a storage error the writer carries on where it stopped: nothing lost or doubled."""
         if self.ended:
             raise ValueError("the audio has ended; no more can be appended")
         self._pending = np.concatenate([self._pending, samples.astype("<i2", copy=False)])
-        full = len(self._pending) // LIVE_PIECE_SAMPLES * LIVE_PIECE_SAMPLES
-        for offset in range(0, full, LIVE_PIECE_SAMPLES):
-            self._put_piece(self._pending[offset : offset + LIVE_PIECE_SAMPLES])
-        self._pending = self._pending[full:]
+        while len(self._pending) >= LIVE_PIECE_SAMPLES:
+            self._put_piece(self._pending[:LIVE_PIECE_SAMPLES])
+            self._pending = self._pending[LIVE_PIECE_SAMPLES:]
         return self.stored
 
     def finish(self) -> int:

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from monologue.contracts.session import Residency
+from monologue.contracts.session import Family, Residency
 from monologue.options import defaults_model
 
 
@@ -25,6 +25,15 @@ class StorageSettings(BaseModel):
     prefix: str = ""
     endpoint_url: str | None = Field(default=None, description="any S3-compatible server; unset: AWS")
     region: str | None = None
+    retry_for_s: float = Field(
+        default=45.0,
+        ge=0,
+        description="S3: how long one storage call retries while the store is down or throttling (nodes, live audio);"
+        " then the activity fails and Temporal retries it",
+    )
+    request_retry_for_s: float = Field(
+        default=2.0, ge=0, description="S3: the same for an API request's storage calls, before it answers 503"
+    )
 
     @model_validator(mode="after")
     def _s3_needs_bucket(self) -> StorageSettings:
@@ -135,9 +144,22 @@ class NodeSettings(BaseModel):
         gt=0,
         description="a session's pinned activity (a chunk) silent this long is declared lost and moves to another node",
     )
+    warm_families: list[Family] = Field(
+        default_factory=lambda: [Family.WARP],
+        description="families the node builds and runs once (a throwaway session on the bundled samples) before it "
+        "takes a session; /readyz waits for it. Others load on their first session",
+    )
+    warm_up_timeout_s: float = Field(
+        default=600.0, gt=0, description="a node whose warm-up takes longer stops: its accelerator or disk is broken"
+    )
     chunk_delay_s: float = Field(default=0.0, ge=0, description="testing only: stretch every chunk by this long")
     finalize_delay_s: float = Field(
         default=0.0, ge=0, description="testing only: finalize pauses this long once the final MP4 is stored"
+    )
+    session_load_delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="testing only: loading a session from storage takes this much longer, without a heartbeat",
     )
     hang_chunk: str = Field(
         default="",

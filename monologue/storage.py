@@ -2,27 +2,36 @@
 
 Keys look like `sessions/<id>/out/final.mp4` and come from `monologue.keys`, never from user input;
 `_check_key` is the last guard against a key that could escape the root or the prefix.
+
+Outages (issue 28): every S3 call is retried while the store is unreachable or throttling, for up to `retry_for_s`
+(MONOLOGUE_STORAGE__RETRY_FOR_S, 45 s on nodes; the API gives up sooner and answers 503), then raises
+`StorageUnavailable` naming storage (monologue/s3_retry.py). Retried writes need no conditional put: every key is
+derived from ids and rewritten with the same bytes (a regenerated chunk is bit-identical), and each object is one
+PutObject (or a multipart upload that only its completion makes visible), so a reader sees the whole object or
+none. Overwriting is also what lets a corrupt checkpoint be replaced.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import boto3
 import botocore.exceptions as bce
-from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from monologue.errors import NotFound, TransientError
 from monologue.localfs import private_dir
+from monologue.s3_retry import Result, on_retry, retrying, retrying_for, s3_errors
+
+__all__ = ["LocalStore", "ObjectStore", "S3Store", "on_retry", "open_store", "retrying_for"]
 
 if TYPE_CHECKING:
     from monologue.settings import StorageSettings
@@ -190,37 +199,9 @@ class LocalStore:
         return len(keys)
 
 
-def _translate(exc: BaseException, key: str) -> BaseException:
-    """Map a boto error to NotFound / TransientError; anything else (auth, bad bucket) passes through."""
-    if isinstance(exc, S3UploadFailedError) and exc.__context__ is not None:
-        return _translate(exc.__context__, key)  # boto3 wraps the ClientError in a plain message
-    if isinstance(exc, RetriesExceededError) and isinstance(exc.last_exception, BaseException):
-        return _translate(exc.last_exception, key)
-    if isinstance(exc, bce.ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-        if code in ("404", "NoSuchKey", "NotFound"):
-            return NotFound(f"no object {key!r}")
-        if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout"):
-            return TransientError(f"object storage error on {key!r}: {code or status}: {exc}")
-    if isinstance(exc, bce.ConnectionError | bce.HTTPClientError):
-        return TransientError(f"object storage unreachable ({key!r}): {exc}")
-    return exc
-
-
-@contextmanager
-def _s3_errors(key: str) -> Iterator[None]:
-    try:
-        yield
-    except (bce.BotoCoreError, bce.ClientError, S3UploadFailedError, RetriesExceededError) as exc:
-        mapped = _translate(exc, key)
-        if mapped is exc:
-            raise
-        raise mapped from exc
-
-
 class S3Store:
-    """Objects in an S3 bucket (AWS or any S3-compatible server such as SeaweedFS or MinIO)."""
+    """Objects in an S3 bucket (AWS or any S3-compatible server such as SeaweedFS or MinIO). Each call retries
+    transient failures for `retry_for_s` seconds (0: one try, after botocore's own few), see the module docstring."""
 
     def __init__(
         self,
@@ -230,12 +211,15 @@ class S3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         client: Any | None = None,
+        retry_for_s: float = 0.0,
     ) -> None:
         self._bucket = bucket
         bare = prefix.strip("/")
         self._prefix = _check_key(bare, what="prefix") + "/" if bare else ""
+        self._retry_for_s = retry_for_s
         if client is None:
-            # Custom endpoints rarely support virtual-host buckets; path style works everywhere.
+            # Custom endpoints rarely support virtual-host buckets; path style works everywhere. botocore's own
+            # retries smooth over a single dropped connection; `_call` rides out longer outages.
             config = Config(
                 signature_version="s3v4",
                 s3={"addressing_style": "path" if endpoint_url else "auto"},
@@ -249,28 +233,35 @@ class S3Store:
     def _k(self, key: str) -> str:
         return self._prefix + _check_key(key)
 
+    def _call(self, key: str, action: Callable[[], Result]) -> Result:
+        return retrying(key, action, self._retry_for_s)
+
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
         extra = {"ContentType": content_type} if content_type else {}
-        with _s3_errors(key):
-            self._s3.put_object(Bucket=self._bucket, Key=self._k(key), Body=data, **extra)
+        self._call(key, lambda: self._s3.put_object(Bucket=self._bucket, Key=self._k(key), Body=data, **extra))
 
     def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None:
+        # Above the threshold a multipart upload: only its completion makes the object visible, and a failed one is
+        # aborted by boto3 and started again whole.
         config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK)
         extra = {"ContentType": content_type} if content_type else None
-        with _s3_errors(key):
-            self._s3.upload_file(str(path), self._bucket, self._k(key), ExtraArgs=extra, Config=config)
+        self._call(
+            key, lambda: self._s3.upload_file(str(path), self._bucket, self._k(key), ExtraArgs=extra, Config=config)
+        )
 
     def get(self, key: str) -> bytes:
-        with _s3_errors(key):
-            body = self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"]
-            with body:
+        def read() -> bytes:
+            with self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"] as body:
                 return bytes(body.read())
+
+        return self._call(key, read)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         _check_range(start, end)
         if end == start:
             return b""
-        with _s3_errors(key):
+
+        def read() -> bytes:
             try:
                 response = self._s3.get_object(Bucket=self._bucket, Key=self._k(key), Range=f"bytes={start}-{end - 1}")
             except bce.ClientError as exc:  # a range starting past the end is "not satisfiable": no bytes there
@@ -280,10 +271,12 @@ class S3Store:
             with response["Body"] as body:
                 return bytes(body.read())
 
+        return self._call(key, read)
+
     def get_file(self, key: str, path: Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with _s3_errors(key):  # boto3 downloads to a temp name and renames, so no half file is left
-            self._s3.download_file(self._bucket, self._k(key), str(path))
+        # boto3 downloads to a temp name and renames, so no half file is left
+        self._call(key, lambda: self._s3.download_file(self._bucket, self._k(key), str(path)))
 
     def exists(self, key: str) -> bool:
         try:
@@ -293,31 +286,34 @@ class S3Store:
         return True
 
     def size(self, key: str) -> int:
-        with _s3_errors(key):
-            return int(self._s3.head_object(Bucket=self._bucket, Key=self._k(key))["ContentLength"])
+        head = self._call(key, lambda: self._s3.head_object(Bucket=self._bucket, Key=self._k(key)))
+        return int(head["ContentLength"])
 
     def stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         _check_chunk(chunk_size)
-        with _s3_errors(key):  # the request happens here, so NotFound is raised on call
-            body = self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"]
+        # The request happens here, so NotFound is raised on call; a failure mid-body is not retried (the caller
+        # has sent part of it already).
+        body = self._call(key, lambda: self._s3.get_object(Bucket=self._bucket, Key=self._k(key))["Body"])
 
         def chunks() -> Iterator[bytes]:
-            with body, _s3_errors(key):
+            with body, s3_errors(key):
                 yield from body.iter_chunks(chunk_size)
 
         return chunks()
 
     def list(self, prefix: str) -> builtins.list[str]:
         full = self._prefix + _check_prefix(prefix)
-        keys: builtins.list[str] = []
-        with _s3_errors(full):
+
+        def pages() -> builtins.list[str]:
+            keys: builtins.list[str] = []
             for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=full):
                 keys.extend(str(obj["Key"])[len(self._prefix) :] for obj in page.get("Contents", []))
-        return sorted(keys)
+            return keys
+
+        return sorted(self._call(full, pages))
 
     def delete(self, key: str) -> None:
-        with _s3_errors(key):
-            self._s3.delete_object(Bucket=self._bucket, Key=self._k(key))
+        self._call(key, lambda: self._s3.delete_object(Bucket=self._bucket, Key=self._k(key)))
 
     def delete_prefix(self, prefix: str) -> int:
         if not prefix:
@@ -325,8 +321,7 @@ class S3Store:
         keys = self.list(prefix)
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": self._prefix + k} for k in keys[start : start + DELETE_BATCH]]
-            with _s3_errors(prefix):
-                resp = self._s3.delete_objects(Bucket=self._bucket, Delete={"Objects": batch, "Quiet": True})
+            resp = self._call(prefix, functools.partial(self._delete_batch, batch))
             if errors := resp.get("Errors"):
                 first = errors[0]
                 raise TransientError(
@@ -335,15 +330,18 @@ class S3Store:
                 )
         return len(keys)
 
+    def _delete_batch(self, batch: builtins.list[dict[str, str]]) -> Any:
+        return self._s3.delete_objects(Bucket=self._bucket, Delete={"Objects": batch, "Quiet": True})
+
     def presigned_url(self, key: str, expires_s: int = 3600) -> str:
         """A time-limited GET link, so clients download straight from the bucket."""
         params = {"Bucket": self._bucket, "Key": self._k(key)}
-        with _s3_errors(key):
+        with s3_errors(key):
             return str(self._s3.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_s))
 
 
-def open_store(settings: StorageSettings) -> ObjectStore:
-    """The store the settings ask for."""
+def open_store(settings: StorageSettings, *, retry_for_s: float | None = None) -> ObjectStore:
+    """The store the settings ask for; an S3 store retries each call for `retry_for_s` (default: the settings')."""
     if settings.backend == "local":
         if settings.root is None:
             raise ValueError("storage.root is not set for the local backend")
@@ -355,4 +353,5 @@ def open_store(settings: StorageSettings) -> ObjectStore:
         prefix=settings.prefix,
         endpoint_url=settings.endpoint_url,
         region=settings.region,
+        retry_for_s=settings.retry_for_s if retry_for_s is None else retry_for_s,
     )

@@ -1,8 +1,8 @@
 """A node's own HTTP port (`MONOLOGUE_NODE__HTTP_PORT`): `/metrics` (Prometheus), `/healthz` (the process
-answers) and `/readyz` (it polls Temporal, its database answers, it is not draining and, where the node needs
-one, a CUDA device is visible), each with a JSON body saying why. A stdlib server on its own threads: the
-node's event loop only updates `NodeHealth`, so a busy loop never makes a probe time out and a probe never
-waits on the loop. Never imports temporalio (the node process wires it)."""
+answers) and `/readyz` (it polls Temporal, which it does only once it is warm, its database answers, it is not
+draining and, where the node needs one, a CUDA device is visible), each with a JSON body saying why. A stdlib
+server on its own threads: the node's event loop only updates `NodeHealth`, so a busy loop never makes a probe
+time out and a probe never waits on the loop. Never imports temporalio (the node process wires it)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class NodeHealth:
 
     capacity: int
     require_gpu: bool = False
+    warm: bool = False  # its warm-up is done (node/warm.py); its workers start polling only after it
     polling: bool = False  # the workers run (set once they started, cleared when the node drains)
     draining: bool = False
     temporal_ok: bool = False
@@ -45,6 +46,7 @@ class NodeHealth:
             "checks": checks,
             "slots": {"used": self.slots_used(), "total": self.capacity},
             "gpus": gpus,
+            "warm": self.warm,  # false while warming: why a starting node does not poll yet
             "draining": self.draining,
         }
         if self.problems:

@@ -61,7 +61,10 @@ def build_parts(
     one whose pipelines run on every rank)."""
     node = settings.node
     faults = Faults(
-        chunk_delay_s=node.chunk_delay_s, hang_chunk=node.hang_chunk, finalize_delay_s=node.finalize_delay_s
+        chunk_delay_s=node.chunk_delay_s,
+        hang_chunk=node.hang_chunk,
+        finalize_delay_s=node.finalize_delay_s,
+        session_load_delay_s=node.session_load_delay_s,
     )
     return NodeParts(
         shared=SessionActivities(store=store, sessions=sessions),

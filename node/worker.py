@@ -5,8 +5,8 @@ It polls five Temporal task queues: the shared queue (RenderWorkflow itself, `pr
 queue (`hold_node`, with one slot per session the node can hold: this is how a node takes a session), its own queue
 `node-<id>` (the pinned per-session work), the sink queue (`run_sink`: the pumps feeding S3 and Kinesis Video
 Streams from storage) and the webhook queue (WebhookDeliveryWorkflow and its attempts). Heavy work runs in sync
-activities on a thread pool so the event loop keeps heartbeating.
-SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
+activities on a thread pool so the event loop keeps heartbeating. The node warms (node/warm.py) before any of them
+polls. SIGTERM/SIGINT hand the sessions back (their leases end with NodeDraining), stop polling, and let running
 chunks finish."""
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from monologue.settings import Settings
 from monologue.storage import open_store
 from node import http_port as node_http
 from node.registry import NodeReporter
+from node.warm import warm
 from node.wiring import NodeParts, build_parts, executors, make_workers, queues
 
 SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
@@ -79,6 +80,7 @@ async def run_node(
         capacity=node.capacity, require_gpu=node.require_gpu, slots_used=lambda: len(parts.lease.held_sessions())
     )
     server = None if node.http_port is None else node_http.serve(health, node.http_host, node.http_port)
+    await warm(node, parts.pinned.pipelines, health)  # before any worker polls: no lease until warm
     executor, sink_executor = executors(settings)
     with executor, sink_executor:
         workers = make_workers(client, settings, parts, executor, sink_executor)

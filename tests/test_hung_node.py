@@ -8,6 +8,7 @@ then a healthy node joins and must finish it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.enums.v1 import EventType, TaskQueueType, TimeoutType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
 from cli.stack import Stack, free_port
@@ -67,7 +70,19 @@ def _hashes(stack: Stack, session_id: str) -> list[str]:
     return [json.loads(line)["sha256"] for line in manifest.read_text().splitlines()]
 
 
-async def _heartbeat_timeouts_and_moves(stack: Stack, session_id: str) -> tuple[list[str], int]:
+async def activity_pollers(client: Client, queue: str) -> int:
+    """Workers polling `queue` for activities now (a node polls its queues only once it is warm)."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        )
+    )
+    return len(response.pollers)
+
+
+async def heartbeat_timeouts_and_moves(stack: Stack, session_id: str) -> tuple[list[str], int]:
     """From Temporal: the activities that timed out on their heartbeat, and the workflow's count of node moves."""
     client = await Client.connect(stack.settings.temporal.address)
     handle = client.get_workflow_handle(c.render_workflow_id(session_id))
@@ -96,6 +111,12 @@ async def test_a_hung_chunk_moves_its_session_to_another_node_with_identical_fra
     )
     hung_stack.start_node(SPARE)
     _wait_for(url, session_id, lambda r: r["progress"]["chunks_done"] >= 1, timeout_s=60)  # N1 is hanging
+    # The spare takes work once it has started and warmed (it polls nothing before: node/warm.py).
+    client = await Client.connect(hung_stack.settings.temporal.address)
+    deadline = time.monotonic() + 60
+    while await activity_pollers(client, c.node_task_queue(SPARE)) == 0:
+        assert time.monotonic() < deadline, "the spare node never polled"
+        await asyncio.sleep(0.1)
     # The heartbeat timeout plus a few seconds (generously): a heartbeat timeout moves the session at once; it
     # is not retried on the hung node, where a retry finds no free slot or a pipeline that never frees.
     moved = _wait_for(url, session_id, lambda r: r["node_id"] == SPARE, timeout_s=HEARTBEAT_TIMEOUT_S + 8)
@@ -103,7 +124,7 @@ async def test_a_hung_chunk_moves_its_session_to_another_node_with_identical_fra
     render = wait_done(url, session_id, timeout_s=120)
     assert render["status"] == "completed", render["error"]
     assert render["node_id"] == SPARE
-    timed_out, node_changes = await _heartbeat_timeouts_and_moves(hung_stack, session_id)
+    timed_out, node_changes = await heartbeat_timeouts_and_moves(hung_stack, session_id)
     assert c.GENERATE_CHUNK in timed_out and node_changes >= 1
     # The frames of an uninterrupted render of the same inputs (the default stack's).
     api = str(stack.settings.api.public_url)

@@ -47,14 +47,14 @@ class Scenario:
 LIVE_RETRY_S = 60.0  # how long a live session's create is asked again after 503s
 
 FULL = Scenario(Shape(nodes=4, capacity=2, chunk_delay_s=0.3), renders=20, live=4, node_kills=8)
-# CI's: the chunks stretched so that six sessions outlast three kills on two nodes (a restarted node is ready again
-# after several seconds on a loaded machine).
+# CI's: the chunks stretched and the renders long enough that six sessions outlast three kills on two nodes (a
+# restarted node warms up before it is ready again: several seconds on a loaded machine).
 SMALL = Scenario(
     Shape(nodes=2, capacity=2, chunk_delay_s=0.6),
     renders=4,
     live=2,
     node_kills=3,
-    seconds=(4.0, 6.8),
+    seconds=(8.0, 13.6),
     live_seconds=6.8,
     kill_every_s=4.0,
 )
@@ -262,7 +262,7 @@ def _check(
             continue
         if session_id in renders and hashes(cluster, session_id) != baseline[renders[session_id]]:
             report.problems.append(f"render {session_id}: frames differ from the clean render of the same inputs")
-        report.problems += _playlist_problems(cluster, session_id)
+        report.problems += playlist_problems(cluster, session_id)
     node_kills = [kill for kill in cluster.kills if kill.name.startswith("node-")]
     api_kills = len(cluster.kills) - len(node_kills)
     report.kills = [kill.name for kill in cluster.kills]
@@ -273,7 +273,7 @@ def _check(
     report.problems += _slot_problems(cluster, scenario.shape.capacity)
 
 
-def _playlist_problems(cluster: Cluster, session_id: str) -> list[str]:
+def playlist_problems(cluster: Cluster, session_id: str) -> list[str]:
     playlist = cluster.object(keys.playlist(session_id)).decode().splitlines()
     listed = [line for line in playlist if line.startswith("seg-")]
     stored = sorted(key.rsplit("/", 1)[1] for key in cluster.keys(keys.output(session_id, "seg-")))

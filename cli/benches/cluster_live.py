@@ -1,6 +1,6 @@
 """A live client for the cluster bench: streams speech into a live session in real time through one API
-process, and carries on if that process is killed under it (the session then ends with the audio it stored, by
-its workflow's idle timeout: an API crash loses no acknowledged second)."""
+process, and if that process is killed under it, reconnects through another and continues after the last sample
+the server stored (an API crash loses no acknowledged second)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ OPTIONS = {"resolution": "512", "preview": "true", "chunk_frames": 16, "i_frames
 
 
 RETRY_PAUSE_S = 0.5  # after a 503 (see `LiveRun.refusals`), before asking again
+RECONNECTS = 8  # sockets a live client opens for one session's audio (its API killed under it, refused for now)
 
 
 @dataclass
@@ -72,20 +73,37 @@ def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path, *, retry_
 
 
 def stream_live_session(cluster: Cluster, run: LiveRun, audio: Path) -> None:
-    """Stream `audio` (a 16 kHz mono WAV) into the started session in real time."""
+    """Stream `audio` (a 16 kHz mono WAV) into the started session in real time. If its API process goes away, the
+    client reconnects through one that answers (as behind a load balancer) and continues after the last sample the
+    server stored (its `ready` message), for up to RECONNECTS sockets."""
     if run.session_id is None:
         return
     pcm = np.frombuffer(audio.read_bytes()[44:], dtype="<i2")
-    try:
-        with connect(run.audio_link, max_size=None, additional_headers=auth(run.key(cluster))) as socket:
-            started = time.monotonic()
-            for offset in range(0, len(pcm), MESSAGE_SAMPLES):
-                time.sleep(max(0.0, started + offset / AUDIO_RATE - time.monotonic()))
-                socket.send(pcm[offset : offset + MESSAGE_SAMPLES].tobytes())
-                run.sent_s = (offset + MESSAGE_SAMPLES) / AUDIO_RATE
-            socket.send(json.dumps({"type": "end"}))
-            for message in socket:  # until the server says the audio ended (then it closes)
-                if json.loads(message).get("type") == "ended":
-                    break
-    except (WebSocketException, OSError):
+    started, url = time.monotonic(), run.audio_link
+    for _ in range(RECONNECTS):
+        try:
+            if _one_socket(cluster, run, url, pcm, started):
+                return
+        except (WebSocketException, OSError):
+            pass
         run.cut = True
+        path = "/v1/" + run.audio_link.split("/v1/", 1)[1]  # the same socket, through an API that answers
+        url = cluster.alive_api().replace("http", "ws", 1) + path
+
+
+def _one_socket(cluster: Cluster, run: LiveRun, url: str, pcm: np.ndarray, started: float) -> bool:
+    """One socket's share of the audio, paced from `started`; True once the server said the audio ended."""
+    with connect(url, max_size=None, additional_headers=auth(run.key(cluster))) as socket:
+        ready = json.loads(socket.recv(timeout=30))
+        if ready.get("type") != "ready":  # refused for now (the old socket still holds the session): try again
+            time.sleep(float(ready.get("retry_after_s") or RETRY_PAUSE_S))
+            return False
+        for offset in range(int(ready["samples"]), len(pcm), MESSAGE_SAMPLES):
+            time.sleep(max(0.0, started + offset / AUDIO_RATE - time.monotonic()))
+            socket.send(pcm[offset : offset + MESSAGE_SAMPLES].tobytes())
+            run.sent_s = (offset + MESSAGE_SAMPLES) / AUDIO_RATE
+        socket.send(json.dumps({"type": "end"}))
+        for message in socket:  # until the server says the audio ended (then it closes)
+            if json.loads(message).get("type") == "ended":
+                return True
+    return False

@@ -1,6 +1,7 @@
 """The node's pinned activities heartbeat from the pipeline's progress, and only from it: a chunk that stops
-advancing stops heartbeating (so its session moves), and so do the chunks queued behind it. Real storage, a
-real database and the real warp family, in Temporal's ActivityEnvironment (which records the heartbeats)."""
+advancing stops heartbeating (so its session moves), and so do the chunks queued behind it. The one exception, a
+known long step (a load), beats from a helper thread, up to its limit. Real storage, a real database and the real
+warp family, in Temporal's ActivityEnvironment (which records the heartbeats)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from activities.heartbeat import ChunkHeartbeat, long_step
 from activities.node import NodeActivities
 from activities.pipelines import Pipelines, PipelineSlot
 from monologue import contracts as c, keys, repo
@@ -115,6 +117,40 @@ def test_loading_a_family_heartbeats_until_it_is_loaded() -> None:
     _, beats = _run(pipelines.get, "toy")
     assert len(beats) >= 2 and set(beats) == {"loading the toy family"}
     assert _run(pipelines.get, "toy")[1] == []  # built once
+
+
+def test_a_known_long_step_beats_and_tells_the_slot_until_it_ends() -> None:
+    """A load with nothing to report (here one that only waits) beats from a helper thread and tells the pipeline
+    slot of each beat, so the chunks queued behind it stay alive too; the beats end with the step."""
+    reports: list[int] = []
+    heartbeat = ChunkHeartbeat("N3", on_report=lambda: reports.append(1))
+
+    def stalled_load() -> int:
+        with heartbeat.long_step("loading checkpoints", limit_s=600):
+            _wait_for(lambda: len(reports) >= 3)
+        return len(reports)
+
+    reported_in_step, beats = _run(stalled_load)
+    assert set(beats) == {"N3 loading checkpoints"} and len(beats) >= 3
+    assert len(reports) == reported_in_step  # nothing beat after the step
+
+
+def test_a_known_long_step_past_its_limit_beats_no_more() -> None:
+    """A load that hangs is still caught: past its limit the helper stops and the heartbeat timeout does the rest."""
+
+    def hung_load() -> None:
+        with long_step("loading the toy family", limit_s=0.0):
+            _wait_for(lambda: not any(thread.name == "long-step" for thread in threading.enumerate()))
+
+    assert _run(hung_load)[1] == ["loading the toy family"]
+
+
+def _wait_for(condition: Any, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {deadline_s} s")
+        time.sleep(0.02)
 
 
 def test_a_chunk_of_an_unknown_kind_is_refused_not_guessed() -> None:

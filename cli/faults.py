@@ -1,0 +1,232 @@
+"""Faults in the infrastructure beneath Monologue (issue 28), injected into a loopback cluster while sessions run:
+`monologue bench faults` runs each and prints figures; tests/test_infra_faults.py asserts that what must hold holds.
+
+The rig (`fault_rig`): the cluster of cli/cluster.py (one API, two nodes of two slots, chunks stretched so that a
+fault lands inside sessions) on a PostgreSQL server of its own (cli/pgserver.py: it may be stopped and crashed),
+SeaweedFS as S3, and Temporal's dev server on its database file. Before any fault, a clean render and a clean live
+session of the same inputs: the reference frames.
+
+Each run (`run_fault`): two renders and one live session (the client library streams its speech in real time and
+reconnects after a drop), the fault injected once every session is under way, the API asked what clients ask all
+the while (cli/fault_watch.py), then, once every session has ended, the checks: every session completed; its
+frames equal the reference's; its playlist lists each stored segment exactly once and ends; every answer the API
+gave during the fault was normal or a 503 with Retry-After. Figures: the longest stall of the live stream, the
+answers by status, and the time from the fault's end to a chunk done by every session still running."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+
+from cli.benches.cluster import Scenario, clean_renders, database, hashes, playlist_problems, speech, submit, wait_all
+from cli.benches.cluster_live import OPTIONS
+from cli.cluster import Cluster, Shape, cluster, fresh_database
+from cli.fault_watch import Fault, PlaylistWatch, Prober
+from cli.pgserver import PgServer, private_postgres
+from cli.seaweed import seaweed_s3
+from cli.stack import port_open
+from monologue import SAMPLES
+from monologue.client import Client
+from monologue.contracts import TERMINAL, SessionStatus
+from monologue.db import ChunkRow, SessionRow
+
+SHAPE = Shape(apis=1, nodes=2, capacity=2, chunk_delay_s=0.3, live_idle_timeout_s=30.0)
+AUDIO_S = 6.8  # each session's speech (the bundled sample): long enough to outlast the fault
+OUTAGE_S = 6.0  # how long each outage lasts: longer than the lease timeout (3 s) and several chunks
+TIMEOUT_S = 300.0
+
+
+@dataclass
+class Rig:
+    cluster: Cluster
+    postgres: PgServer
+    folder: Path
+    reference: dict[str, list[str]] = field(default_factory=dict)  # "render" / "live" → the clean frames' hashes
+
+
+@dataclass
+class FaultReport:
+    fault: Fault
+    sessions: int = 0
+    completed: int = 0
+    identical: int = 0
+    outage_s: float = 0.0
+    recover_s: float | None = None  # the fault's end → a chunk done by every session running then
+    live_stall_s: float = 0.0
+    answers: Counter[int] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        codes = " ".join(f"{code}×{n}" for code, n in sorted(self.answers.items()))
+        recover = "-" if self.recover_s is None else f"{self.recover_s:.1f}"
+        return (
+            f"{self.fault.value:<15} {self.completed}/{self.sessions} completed, {self.identical} identical,"
+            f" outage {self.outage_s:.1f} s, recovered {recover} s, live stall {self.live_stall_s:.1f} s,"
+            f" answers {codes}"
+        )
+
+
+@contextmanager
+def fault_rig(postgres_admin_url: str | None = None) -> Iterator[Rig]:
+    """The cluster on its own PostgreSQL server (`postgres_admin_url` is not used: the rig's server is its own so a
+    fault may stop it), SeaweedFS and Temporal; the reference frames made before any fault."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="monologue-faults-") as scratch:
+        root = Path(scratch)
+        with (
+            private_postgres() as postgres,
+            fresh_database(postgres.url) as database_url,
+            seaweed_s3(root / "s3") as s3,
+            cluster(root / "cluster", database_url, s3, SHAPE) as running,
+        ):
+            rig = Rig(running, postgres, root)
+            scenario = Scenario(SHAPE, renders=0, live=0, node_kills=0, seconds=(AUDIO_S,))
+            rig.reference["render"] = clean_renders(running, scenario, root)[AUDIO_S]
+            rig.reference["live"] = hashes(running, _live(rig, watch=False)[0])
+            yield rig
+
+
+def _live(rig: Rig, *, watch: bool) -> tuple[str, threading.Thread, PlaylistWatch | None]:
+    """A live session streaming AUDIO_S of speech in real time through the client library (which reconnects after a
+    drop); returns its id, the streaming thread and, with `watch`, its playlist's watch. Without `watch` it waits
+    until the session has ended."""
+    url, key = rig.cluster.api_urls[0], rig.cluster.api_key
+    client = Client(url, api_key=key)
+    session = client.create_live(portrait=SAMPLES / "portrait.jpg", options=OPTIONS)
+    pcm = speech(rig.folder, AUDIO_S).read_bytes()[44:]
+    streamer = threading.Thread(target=client.stream_audio, args=(session, pcm), daemon=True)
+    streamer.start()
+    playlist = PlaylistWatch(session.links.stream, key) if watch else None
+    if playlist is not None:
+        playlist.start()
+    else:
+        streamer.join(TIMEOUT_S)
+        wait_all(rig.cluster, [session.id], TIMEOUT_S)
+    return session.id, streamer, playlist
+
+
+INJECT: dict[Fault, Callable[[Rig], None]] = {}
+
+
+def injects(fault: Fault) -> Callable[[Callable[[Rig], None]], Callable[[Rig], None]]:
+    def register(inject: Callable[[Rig], None]) -> Callable[[Rig], None]:
+        INJECT[fault] = inject
+        return inject
+
+    return register
+
+
+@injects(Fault.TEMPORAL)
+def _temporal_down(rig: Rig) -> None:
+    stack = rig.cluster.stack
+    old = stack.kill("temporal")
+    time.sleep(OUTAGE_S)
+    stack.respawn(old)
+    host, port = stack.settings.temporal.address.rsplit(":", 1)
+    _until(lambda: port_open(host, int(port)), "Temporal to listen again")
+
+
+@injects(Fault.POSTGRES)
+def _postgres_down(rig: Rig) -> None:
+    rig.postgres.stop()
+    time.sleep(OUTAGE_S)
+    rig.postgres.start()
+
+
+@injects(Fault.POSTGRES_CRASH)
+def _postgres_crash(rig: Rig) -> None:
+    rig.postgres.stop(crash=True)
+    time.sleep(OUTAGE_S)
+    rig.postgres.start()
+
+
+def run_fault(rig: Rig, fault: Fault) -> FaultReport:
+    """Sessions under `fault` (from this thread: it starts processes, which die with the thread that started them)."""
+    audio = speech(rig.folder, AUDIO_S)
+    renders = [submit(rig.cluster, 0, SAMPLES / "portrait.jpg", audio) for _ in range(2)]
+    live_id, streamer, playlist = _live(rig, watch=True)
+    assert playlist is not None
+    _until(lambda: _under_way(rig, [*renders, live_id]), "every session to be under way")
+    prober = Prober(rig.cluster.api_urls[0], rig.cluster.api_key, renders[0], SAMPLES / "portrait.jpg", audio)
+    prober.start()
+    started = time.monotonic()
+    INJECT[fault](rig)
+    ended_at, report = time.time(), FaultReport(fault, outage_s=time.monotonic() - started)
+    running = _running(rig, [*renders, live_id])
+    _until(lambda: _under_way(rig, [*renders, live_id]), "the API to answer again", TIMEOUT_S)
+    answers = prober.stop()
+    streamer.join(TIMEOUT_S)
+    sessions = [*renders, *answers.created, live_id]
+    wait_all(rig.cluster, sessions, TIMEOUT_S)
+    playlist.stop()
+    report.answers, report.live_stall_s = answers.codes, playlist.longest_stall_s()
+    report.problems += answers.broken
+    report.recover_s = _recovered_after(rig, running, ended_at)
+    _check(rig, report, {**dict.fromkeys([*renders, *answers.created], "render"), live_id: "live"})
+    return report
+
+
+def _check(rig: Rig, report: FaultReport, kinds: dict[str, str]) -> None:
+    with database(rig.cluster)() as db:
+        rows = {row.id: row for row in db.scalars(select(SessionRow).where(SessionRow.id.in_(list(kinds))))}
+    report.sessions = len(kinds)
+    for session_id, kind in kinds.items():
+        row = rows.get(session_id)
+        if row is None or row.status != SessionStatus.COMPLETED:
+            status = row.status if row is not None else "unrecorded"
+            report.problems.append(f"{kind} {session_id} ended {status}: {row.error if row else ''}")
+            continue
+        report.completed += 1
+        if hashes(rig.cluster, session_id) == rig.reference[kind]:
+            report.identical += 1
+        else:
+            report.problems.append(f"{kind} {session_id}: frames differ from the clean {kind}'s")
+        report.problems += playlist_problems(rig.cluster, session_id)
+
+
+def _under_way(rig: Rig, sessions: list[str]) -> bool:
+    """Every session has a chunk done or has ended (the database answers: a fault's end is over for it)."""
+    try:
+        with database(rig.cluster)() as db:
+            done = set(db.scalars(select(ChunkRow.session_id).where(ChunkRow.session_id.in_(sessions))))
+            ended = set(
+                db.scalars(select(SessionRow.id).where(SessionRow.id.in_(sessions), SessionRow.status.in_(TERMINAL)))
+            )
+    except Exception:  # the database is down: not yet
+        return False
+    return all(session in done or session in ended for session in sessions)
+
+
+def _running(rig: Rig, sessions: list[str]) -> list[str]:
+    with database(rig.cluster)() as db:
+        return list(
+            db.scalars(select(SessionRow.id).where(SessionRow.id.in_(sessions), SessionRow.status.not_in(TERMINAL)))
+        )
+
+
+def _recovered_after(rig: Rig, sessions: list[str], ended_at: float) -> float | None:
+    """The fault's end → the first chunk done after it, for the last of `sessions` to do one."""
+    firsts = []
+    with database(rig.cluster)() as db:
+        for session_id in sessions:
+            done = db.scalars(select(ChunkRow.updated_at).where(ChunkRow.session_id == session_id)).all()
+            later = [moment.timestamp() - ended_at for moment in done if moment.timestamp() > ended_at]
+            if later:
+                firsts.append(min(later))
+    return max(firsts) if firsts else None
+
+
+def _until(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        time.sleep(0.2)
