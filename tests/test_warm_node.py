@@ -115,7 +115,8 @@ async def test_a_node_takes_no_lease_and_is_not_ready_until_it_is_warm(slow_load
         release.set()
         status, body = await _until_answered(readyz, lambda status, _: status == 200)
         assert body["warm"] is True and body["checks"]["polling"] is True, body
-        assert await activity_pollers(client, c.lease_task_queue(queue)) > 0
+        # Its workers run once it is ready; Temporal lists a poller once the first poll has reached it.
+        await _until_polled(client, c.lease_task_queue(queue))
     finally:
         release.set()
         stop.set()
@@ -128,6 +129,14 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {DEADLINE_S} s for {what}")
         await asyncio.sleep(0.05)
+
+
+async def _until_polled(client: Client, task_queue: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while await activity_pollers(client, task_queue) == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {DEADLINE_S} s for a poller of {task_queue}")
+        await asyncio.sleep(0.1)
 
 
 async def _until_answered(
