@@ -17,6 +17,7 @@ from activities.heartbeat import STORAGE_LOAD_LIMIT_S, ChunkHeartbeat
 from gpu_worker.pipeline.pipeline import Session
 from monologue import contracts as c, keys, repo
 from monologue.errors import NotFound
+from monologue.repo import fence
 from monologue.storage import ObjectStore
 
 
@@ -42,11 +43,18 @@ class Checkpoints:
             "seed": str(request.options.seed),
         }
         data = save_tensors(flat, metadata=cursor)
-        key = keys.checkpoint(request.session_id, index)
+        # c.FENCING: a stale lease stops before it writes, and a late write lands in its lease's own file.
+        fence.check(self._sessions, session_id=request.session_id, lease=request.lease)
+        key = keys.checkpoint(request.session_id, index, request.lease)
         self._store.put(key, data)
         with self._sessions() as db:
             stale = repo.record_checkpoint(
-                db, session_id=request.session_id, index=index, key=key, sha256=hashlib.sha256(data).hexdigest()
+                db,
+                session_id=request.session_id,
+                index=index,
+                key=key,
+                sha256=hashlib.sha256(data).hexdigest(),
+                lease=request.lease,
             )
         for old in stale:
             self._store.delete(old)

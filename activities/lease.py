@@ -4,13 +4,16 @@
 so a session waits (in order) until some node has a free slot. Once started it tells the workflow
 which node it is on (a signal), then heartbeats until the workflow cancels it. If the node dies, the
 heartbeats stop and Temporal fails the activity after the heartbeat timeout: that is how the workflow
-learns it must move the session. A node shutting down ends its leases with NodeDraining at once.
+learns it must move the session. A node shutting down ends its leases with NodeDraining at once; a node without
+room for a session's files (`shortage`, activities/disks.py) refuses new leases with NodeDiskFull, and its lease
+worker stops polling meanwhile (node/lease_gate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
@@ -22,9 +25,11 @@ from monologue import contracts as c, metrics
 
 
 class NodeLease:
-    def __init__(self, *, client: Client, node_id: str) -> None:
+    def __init__(self, *, client: Client, node_id: str, shortage: Callable[[], str | None] = lambda: None) -> None:
+        """`shortage`: why the node must take no new session now (None: it may)."""
         self._client = client
         self._node_id = node_id
+        self._shortage = shortage
         self.draining = asyncio.Event()
         # The sessions whose leases run here now, for the node registry. A list, not a set: across a
         # continue-as-new the same session can briefly hold two leases.
@@ -42,6 +47,10 @@ class NodeLease:
         )
         if self.draining.is_set():
             raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)
+        if (short := self._shortage()) is not None:  # a poll that was out when the disk filled
+            log.warning("lease refused: no room", reason=short)
+            refusal = f"node {self._node_id} takes no session: {short}"
+            raise ApplicationError(refusal, type=c.NODE_DISK_FULL, non_retryable=True)
         waited = datetime.now(UTC) - activity.info().current_attempt_scheduled_time
         metrics.QUEUE_WAIT.observe(max(0.0, waited.total_seconds()))
         handle = self._client.get_workflow_handle(request.workflow_id)

@@ -41,6 +41,7 @@ from gpu_worker.publish import SegmentWriter, StreamFormat, concat, init_segment
 from monologue import contracts as c, keys, metrics, repo
 from monologue.live_audio import LiveAudio
 from monologue.plan import chunk_sizes, plan_timeline
+from monologue.repo import fence
 from monologue.storage import ObjectStore, on_retry
 
 
@@ -67,10 +68,13 @@ class NodeActivities:
         node_id: str,
         pipeline_factory: Callable[[c.Family], Pipeline] | None = None,
         faults: Faults | None = None,
+        scratch_dir: Path | None = None,
     ) -> None:
         """`pipeline_factory` builds a family's pipeline (a multi-GPU node's runs on every rank);
-        `faults` are the tests' (never set in production)."""
+        `faults` are the tests' (never set in production); `scratch_dir` holds the node's temporary files (the final
+        MP4 being assembled; None: the system's temporary folder), on a disk `activities/disks.py` watches."""
         self._store = store
+        self._scratch_dir = scratch_dir
         self._sessions = sessions
         self._node_id = node_id
         self._faults = faults or Faults()
@@ -100,11 +104,11 @@ class NodeActivities:
             with slot.hold("init_session"):
                 progress = ChunkHeartbeat("init_session", on_report=slot.touch)
                 session = self._cache.get(request.session_id, request.options, request.session_kind, progress=progress)
-            self._store.put(
+            with self._sessions() as db:  # the claim comes first: a stale lease writes nothing (c.FENCING)
+                previous = repo.set_node(db, session_id=request.session_id, node_id=self._node_id, lease=request.lease)
+            self._store.put_once(
                 keys.init_segment(request.session_id), init_segment(stream_format(session)), content_type="video/mp4"
             )
-            with self._sessions() as db:
-                previous = repo.set_node(db, session_id=request.session_id, node_id=self._node_id)
             if previous is not None and previous != self._node_id:
                 metrics.NODE_CHANGES.inc()
             log.info(
@@ -152,6 +156,8 @@ class NodeActivities:
             activity_context(session_id=request.session_id, node_id=self._node_id) as log,
             on_retry(activity.heartbeat),
         ):
+            # A node cut off and back stops here (c.FENCING); what it wrote before stands.
+            fence.check(self._sessions, session_id=request.session_id, lease=request.lease)
             sid, options = request.session_id, request.options
             timeline = plan_timeline(request.frames, **chunk_sizes(options))
             manifest: list[str] = []
@@ -161,7 +167,7 @@ class NodeActivities:
                     json.dumps({"frame": spec.first_frame + offset, "sha256": digest})
                     for offset, digest in enumerate(hashes)
                 )
-            with tempfile.TemporaryDirectory(prefix="monologue-final-") as scratch:
+            with tempfile.TemporaryDirectory(prefix="monologue-final-", dir=self._scratch_dir) as scratch:
                 folder = Path(scratch)
                 init_path = folder / "init.mp4"
                 self._store.get_file(keys.init_segment(sid), init_path)
@@ -186,7 +192,12 @@ class NodeActivities:
             write_playlist(self._store, sid, options, request.frames, request.frames, ended=True)
             with self._sessions() as db:
                 completed = repo.mark_completed(
-                    db, session_id=sid, video_key=video_key, frames=request.frames, chunks=len(timeline)
+                    db,
+                    session_id=sid,
+                    video_key=video_key,
+                    frames=request.frames,
+                    chunks=len(timeline),
+                    lease=request.lease,
                 )
                 row = repo.get_session(db, session_id=sid)
             if not completed:  # its workflow ended it first (a finalize outliving a lost lease): that stands
@@ -240,9 +251,12 @@ class NodeActivities:
         """The segment and its frame hashes to storage, the chunk's row to the database: (segment key, SHA-256
         over the frame hashes)."""
         activity.heartbeat(f"{chunk.name} storing")
+        fence.check(self._sessions, session_id=request.session_id, lease=request.lease)  # c.FENCING
+        # Published objects are created once (c.FENCING): a chunk made again (a moved session, a stale node back)
+        # has the same bytes, and the first copy stored stands; the database write below is the fenced one.
         segment_key = keys.segment(request.session_id, chunk.kind, chunk.index)
-        self._store.put(segment_key, made.segment, content_type="video/iso.segment")
-        self._store.put(
+        self._store.put_once(segment_key, made.segment, content_type="video/iso.segment")
+        self._store.put_once(
             keys.frame_hashes(request.session_id, chunk.kind, chunk.index),
             json.dumps(made.frame_hashes).encode(),
             content_type="application/json",
@@ -262,6 +276,7 @@ class NodeActivities:
                 segment_key=segment_key,
                 frames_sha256=digest,
                 audio_ready_ms=request.audio_ready_ms,
+                lease=request.lease,
             )
         if ttff_ms is not None:
             metrics.TTFF.labels(kind=request.session_kind.value).observe(ttff_ms / 1000)

@@ -143,8 +143,12 @@ class SinkActivities:
         allowed: SinkSettings,
         factory: SinkFactory = build_sink,
         poll_s: float = POLL_S,
+        scratch_dir: Path | None = None,
     ) -> None:
+        """`scratch_dir`: where the final video is copied before a sink takes it (None: the system's temporary
+        folder); the node's scratch disk, which activities/disks.py watches."""
         self._store = store
+        self._scratch_dir = scratch_dir
         self._sessions = sessions
         self._allowed = allowed  # the node's MONOLOGUE_SINKS__*, read at each pump's start
         self._factory = factory
@@ -271,7 +275,7 @@ class SinkActivities:
     def _put_final(self, session_id: str, sink: Sink) -> None:
         if not self._store.exists(keys.final_video(session_id)):
             return  # cancelled or failed: no final video
-        with tempfile.TemporaryDirectory(prefix="monologue-sink-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="monologue-sink-", dir=self._scratch_dir) as scratch:
             path = Path(scratch) / "final.mp4"
             self._store.get_file(keys.final_video(session_id), path)
             sink.put_final(path)

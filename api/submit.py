@@ -298,7 +298,9 @@ def _resume_point(services: Services, row: SessionRow, options: c.RenderOptions)
             if (spec.kind, spec.index) not in done:
                 break
             cursor += 1
-    return c.ResumePoint(cursor=cursor, frames=0 if live else frames, audio_samples=samples, audio_ended=ended)
+    return c.ResumePoint(
+        cursor=cursor, frames=0 if live else frames, audio_samples=samples, audio_ended=ended, lease=row.lease
+    )
 
 
 def _mark_resumed(services: Services, session_id: str) -> None:

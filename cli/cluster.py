@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -197,8 +197,10 @@ def cluster(
     sched: SchedSettings | None = None,
     *,
     sinks: SinkSettings | None = None,
+    node_env: Callable[[Settings, str], dict[str, str]] | None = None,
 ) -> Iterator[Cluster]:
-    """Start Temporal, `shape.apis` APIs and `shape.nodes` nodes on loopback; stop them all afterwards."""
+    """Start Temporal, `shape.apis` APIs and `shape.nodes` nodes on loopback; stop them all afterwards. `node_env`:
+    a node's extra environment, from the cluster's settings and its id ("n1", …), e.g. its own way to Temporal."""
     s3.client().create_bucket(Bucket=BUCKET)
     settings = cluster_settings(home, database_url, s3, shape, sched, sinks=sinks)
     stack = Stack(settings, env=s3.aws_env())
@@ -211,7 +213,8 @@ def cluster(
             urls.append(f"http://{settings.api.host}:{port}")
         ports = {f"n{i}": free_port() for i in range(1, shape.nodes + 1)}
         for node_id, port in ports.items():
-            stack.start_node(node_id, env={"MONOLOGUE_NODE__HTTP_PORT": str(port)})
+            extra = node_env(settings, node_id) if node_env else {}
+            stack.start_node(node_id, env={"MONOLOGUE_NODE__HTTP_PORT": str(port), **extra})
         running = Cluster(stack, s3, urls, ports)
         for node_id in ports:
             _wait_ready(running._probe_url(f"node-{node_id}"), node_id)

@@ -25,6 +25,9 @@ class Fault(StrEnum):
     TEMPORAL = "temporal"  # the Temporal server SIGKILLed, down for OUTAGE_S, started again on its database file
     POSTGRES = "postgres"  # PostgreSQL stopped (fast shutdown: connections cut) for OUTAGE_S, then started
     POSTGRES_CRASH = "postgres-crash"  # PostgreSQL SIGKILLed while sessions write, down OUTAGE_S, recovered from WAL
+    # The node holding most sessions cut off from Temporal and storage until its sessions go on elsewhere, then let
+    # back in: what it was doing lands late, and must be fenced (c.FENCING)
+    PARTITION = "partition"
 
 
 ANSWER_WITHIN_S = 20.0  # longer than any retry the API makes (Temporal's client gives up after about 10 s)

@@ -15,6 +15,7 @@ answers by status, and the time from the fault's end to a chunk done by every se
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -30,17 +31,34 @@ from cli.benches.cluster_live import OPTIONS
 from cli.cluster import Cluster, Shape, cluster, fresh_database
 from cli.fault_watch import Fault, PlaylistWatch, Prober
 from cli.pgserver import PgServer, private_postgres
+from cli.s3_faults import Exchange, FaultKind, S3FaultProxy
 from cli.seaweed import seaweed_s3
 from cli.stack import port_open
+from cli.tcp_cut import TcpCut
 from monologue import SAMPLES
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.db import ChunkRow, SessionRow
+from monologue.settings import Settings
 
-SHAPE = Shape(apis=1, nodes=2, capacity=2, chunk_delay_s=0.3, live_idle_timeout_s=30.0)
+SHAPE = Shape(apis=1, nodes=2, capacity=2, lease_timeout_s=10.0, chunk_delay_s=0.3, live_idle_timeout_s=30.0)
 AUDIO_S = 6.8  # each session's speech (the bundled sample): long enough to outlast the fault
-OUTAGE_S = 6.0  # how long each outage lasts: longer than the lease timeout (3 s) and several chunks
+OUTAGE_S = 6.0  # each outage: several chunks long, shorter than the lease timeout (10 s, the default)
 TIMEOUT_S = 300.0
+FENCE_WAIT_S = 20.0  # the partition's node, back on storage, may try a late write this long (a figure, not a check)
+FENCED_EVENT = "write fenced: a newer lease holds the session"  # activities/errors.py
+
+
+@dataclass
+class NodeWays:
+    """A node's own ways to Temporal and to storage, which the partition cuts; storage's logs every request."""
+
+    temporal: TcpCut
+    storage: S3FaultProxy
+
+    def cut(self) -> None:
+        self.temporal.cut()
+        self.storage.throttle(1.0, (FaultKind.RESET,))
 
 
 @dataclass
@@ -48,6 +66,7 @@ class Rig:
     cluster: Cluster
     postgres: PgServer
     folder: Path
+    ways: dict[str, NodeWays]  # node id → its ways out
     reference: dict[str, list[str]] = field(default_factory=dict)  # "render" / "live" → the clean frames' hashes
 
 
@@ -61,6 +80,7 @@ class FaultReport:
     recover_s: float | None = None  # the fault's end → a chunk done by every session running then
     live_stall_s: float = 0.0
     answers: Counter[int] = field(default_factory=Counter)
+    fenced: int = 0  # writes of a stale lease refused (the partition's node, back)
     problems: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -69,7 +89,7 @@ class FaultReport:
         return (
             f"{self.fault.value:<15} {self.completed}/{self.sessions} completed, {self.identical} identical,"
             f" outage {self.outage_s:.1f} s, recovered {recover} s, live stall {self.live_stall_s:.1f} s,"
-            f" answers {codes}"
+            f" answers {codes}, fenced writes {self.fenced}"
         )
 
 
@@ -85,9 +105,23 @@ def fault_rig(postgres_admin_url: str | None = None) -> Iterator[Rig]:
             private_postgres() as postgres,
             fresh_database(postgres.url) as database_url,
             seaweed_s3(root / "s3") as s3,
-            cluster(root / "cluster", database_url, s3, SHAPE) as running,
+            contextlib.ExitStack() as proxies,
         ):
-            rig = Rig(running, postgres, root)
+            ways: dict[str, NodeWays] = {}
+
+            def node_env(settings: Settings, node: str) -> dict[str, str]:
+                """Each node reaches Temporal and storage through proxies of its own, which the partition cuts."""
+                way = ways[node] = NodeWays(
+                    proxies.enter_context(TcpCut(settings.temporal.address)),
+                    proxies.enter_context(S3FaultProxy(s3.endpoint_url)),
+                )
+                return {
+                    "MONOLOGUE_TEMPORAL__ADDRESS": way.temporal.address,
+                    "MONOLOGUE_STORAGE__ENDPOINT_URL": way.storage.url,
+                }
+
+            running = proxies.enter_context(cluster(root / "cluster", database_url, s3, SHAPE, node_env=node_env))
+            rig = Rig(running, postgres, root, ways)
             scenario = Scenario(SHAPE, renders=0, live=0, node_kills=0, seconds=(AUDIO_S,))
             rig.reference["render"] = clean_renders(running, scenario, root)[AUDIO_S]
             rig.reference["live"] = hashes(running, _live(rig, watch=False)[0])
@@ -148,6 +182,51 @@ def _postgres_crash(rig: Rig) -> None:
     rig.postgres.start()
 
 
+@injects(Fault.PARTITION)
+def _partition(rig: Rig) -> None:
+    """Cut the node holding most sessions off from Temporal and storage until each of them has gone on elsewhere
+    (a chunk done by another node, or ended), then let it back in: storage first, so that what it was writing
+    lands late while it cannot yet hear from Temporal that its lease is gone (partitions heal unevenly), and the
+    fence must refuse it; Temporal once it has tried (or FENCE_WAIT_S has passed: it may have been between chunks)."""
+    with database(rig.cluster)() as db:
+        going = select(SessionRow.id, SessionRow.node_id).where(SessionRow.status.not_in(TERMINAL))
+        holders = {session: node for session, node in db.execute(going) if node is not None}
+    node = Counter(holders.values()).most_common(1)[0][0]
+    stranded = [session for session, holder in holders.items() if holder == node]
+    cut_at, ways = time.time(), rig.ways[node]
+    ways.cut()
+    _until(lambda: all(_gone_on(rig, session, node, cut_at) for session in stranded), f"{node}'s sessions to move")
+    ways.storage.clear()
+    fenced = lambda: any(event.get("node_id") == node for event in rig.cluster.node_events(FENCED_EVENT))  # noqa: E731
+    with contextlib.suppress(TimeoutError):
+        _until(fenced, f"{node} to try a late write", FENCE_WAIT_S)
+    ways.temporal.heal()
+
+
+def _gone_on(rig: Rig, session_id: str, node: str, since: float) -> bool:
+    with database(rig.cluster)() as db:
+        row = db.get(SessionRow, session_id)
+        if row is None or row.status in TERMINAL:
+            return True
+        done_elsewhere = select(ChunkRow.updated_at).where(ChunkRow.session_id == session_id, ChunkRow.node_id != node)
+        return any(moment.timestamp() > since for moment in db.scalars(done_elsewhere))
+
+
+def double_publishes(exchanges: list[Exchange]) -> list[str]:
+    """Each segment S3 stored more than once (PUTs it carried out), from the proxies' logs: a published segment
+    written again (a stale node's late copy landing over the new node's) is what fencing forbids."""
+    stored = Counter(
+        exchange.path
+        for exchange in exchanges
+        if exchange.method == "PUT"
+        and "/seg-" in exchange.path
+        and (
+            exchange.outcome == FaultKind.RESET_AFTER or (isinstance(exchange.outcome, int) and exchange.outcome < 300)
+        )
+    )
+    return [f"{path} stored {count} times" for path, count in sorted(stored.items()) if count > 1]
+
+
 def run_fault(rig: Rig, fault: Fault) -> FaultReport:
     """Sessions under `fault` (from this thread: it starts processes, which die with the thread that started them)."""
     audio = speech(rig.folder, AUDIO_S)
@@ -170,6 +249,8 @@ def run_fault(rig: Rig, fault: Fault) -> FaultReport:
     report.answers, report.live_stall_s = answers.codes, playlist.longest_stall_s()
     report.problems += answers.broken
     report.recover_s = _recovered_after(rig, running, ended_at)
+    report.problems += double_publishes([exchange for way in rig.ways.values() for exchange in way.storage.exchanges])
+    report.fenced = len(rig.cluster.node_events(FENCED_EVENT))
     _check(rig, report, {**dict.fromkeys([*renders, *answers.created], "render"), live_id: "live"})
     return report
 

@@ -115,6 +115,8 @@ class SessionRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     yield_asked_at: Mapped[datetime | None]
     yield_for: Mapped[str | None] = mapped_column(String(64))  # the waiting session it was asked for
+    # The newest node lease that claimed the session: a node's write under an older one is refused (repo/fence.py).
+    lease: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ChunkRow(Base):

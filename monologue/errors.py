@@ -9,6 +9,7 @@
     ├── NotFound          no such session or object (HTTP 404)
     ├── TransientError    a dependency hiccuped; retrying may help
     │   └── StorageUnavailable  object storage kept failing for as long as the caller may wait (HTTP 503)
+    ├── LeaseFenced       a node's write under a lease older than the session's newest (it was cut off and came back)
     └── ClientError       what `monologue.client` raises
         ├── ApiError      the API refused a request: its status and problem details
         └── SessionEnded  a session waited on ended failed or cancelled
@@ -48,6 +49,15 @@ class TransientError(MonologueError):
 class StorageUnavailable(TransientError):
     """Object storage was unreachable or throttling for the whole time this call may retry
     (MONOLOGUE_STORAGE__RETRY_FOR_S); a later call may pass."""
+
+
+class LeaseFenced(MonologueError):
+    """A node wrote for a session under a lease older than the one that holds the session now: the node was cut off
+    long enough for its lease to time out and the session to move, and came back. The write is refused whole."""
+
+    def __init__(self, message: str, newest: int) -> None:
+        super().__init__(message)
+        self.newest = newest  # the session's newest lease: a workflow that numbered its leases too low counts on
 
 
 class ClientError(MonologueError):

@@ -38,9 +38,12 @@ def reference(session_id: str) -> str:
     return f"sessions/{session_id}/ref/conditioning.safetensors"
 
 
-def checkpoint(session_id: str, index: int) -> str:
-    """The checkpoint after N chunk `index`: its head and tail anchors, with the cursor as metadata."""
-    return f"sessions/{session_id}/ckpt/{index:05d}.safetensors"
+def checkpoint(session_id: str, index: int, lease: int = 0) -> str:
+    """The checkpoint after N chunk `index`: its head and tail anchors, with the cursor as metadata. Each node lease
+    writes its own (so a node cut off and back never overwrites the file the session's row points to); lease 0 is
+    the unfenced name of sessions from before."""
+    tag = f".l{lease}" if lease else ""
+    return f"sessions/{session_id}/ckpt/{index:05d}{tag}.safetensors"
 
 
 def segment_name(kind: str, index: int) -> str:

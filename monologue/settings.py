@@ -174,6 +174,18 @@ class NodeSettings(BaseModel):
         default=None, description="the node's Temporal SDK metrics (Prometheus) on this port; unset: off"
     )
     require_gpu: bool = Field(default=False, description="/readyz fails until a CUDA device is visible")
+    # Finalize assembles the whole final MP4 here and a sink pump copies it here: give it room for the longest video.
+    scratch_dir: Path | None = Field(
+        default=None,
+        description="where the node writes its temporary files (the final MP4 being assembled, a sink's copy); "
+        "created at start. Unset: the system's temporary folder",
+    )
+    min_free_scratch_mb: float = Field(
+        default=64.0,
+        ge=0,
+        description="the node takes no new session while its scratch_dir has less than this free (MiB), and "
+        "/readyz says so; set it above the largest final video the node makes",
+    )
     residency: Residency = Field(
         default=Residency.RESIDENT,
         description="resident: every model of a family stays on the GPU; switch: only the running stage's models "

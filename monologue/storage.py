@@ -49,6 +49,9 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None: ...
     def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None: ...
+    # Create the object unless one exists (then leave it): True if this call created it. Atomic on every backend
+    # (S3's conditional write, If-None-Match: *), so of two writers racing exactly one creates the object.
+    def put_once(self, key: str, data: bytes, *, content_type: str | None = None) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def get_range(self, key: str, start: int, end: int) -> bytes: ...  # bytes [start, end), fewer at the end
     def get_file(self, key: str, path: Path) -> None: ...
@@ -120,6 +123,22 @@ class LocalStore:
 
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
         self._write_atomic(self.path(key), lambda f: f.write(data))
+
+    def put_once(self, key: str, data: bytes, *, content_type: str | None = None) -> bool:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=_TMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, target)  # fails if the name exists: the whole file appears, or nothing does
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
     def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None:
         def copy(dst: IO[bytes]) -> None:
@@ -239,6 +258,21 @@ class S3Store:
     def put(self, key: str, data: bytes, *, content_type: str | None = None) -> None:
         extra = {"ContentType": content_type} if content_type else {}
         self._call(key, lambda: self._s3.put_object(Bucket=self._bucket, Key=self._k(key), Body=data, **extra))
+
+    def put_once(self, key: str, data: bytes, *, content_type: str | None = None) -> bool:
+        extra = {"ContentType": content_type} if content_type else {}
+
+        def create() -> bool:
+            try:
+                self._s3.put_object(Bucket=self._bucket, Key=self._k(key), Body=data, IfNoneMatch="*", **extra)
+            except bce.ClientError as exc:
+                # 412: an object is there. A retry of a write that S3 carried out (its answer lost) lands here too.
+                if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+                    return False
+                raise
+            return True
+
+        return self._call(key, create)
 
     def put_file(self, key: str, path: Path, *, content_type: str | None = None) -> None:
         # Above the threshold a multipart upload: only its completion makes the object visible, and a failed one is

@@ -6,6 +6,7 @@ SQLAlchemy, storage), which the other ranks, and the GPU machine's bare environm
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import sessionmaker
@@ -29,12 +30,14 @@ class DistributedNodeActivities(NodeActivities):
         sessions: sessionmaker[Any],
         node_id: str,
         faults: Faults | None = None,
+        scratch_dir: Path | None = None,
     ) -> None:
         super().__init__(
             store=store,
             sessions=sessions,
             node_id=node_id,
             faults=faults,
+            scratch_dir=scratch_dir,
             pipeline_factory=lambda family: DistributedPipeline(group, family),
         )
         self._group = group

@@ -1,6 +1,7 @@
 """A node's own HTTP port (`MONOLOGUE_NODE__HTTP_PORT`): `/metrics` (Prometheus), `/healthz` (the process
 answers) and `/readyz` (it polls Temporal, which it does only once it is warm, its database answers, it is not
-draining and, where the node needs one, a CUDA device is visible), each with a JSON body saying why. A stdlib
+draining, its disks have room for a session (activities/disks.py) and, where the node needs one, a CUDA device is
+visible), each with a JSON body saying why. A stdlib
 server on its own threads: the node's event loop only updates `NodeHealth`, so a busy loop never makes a probe
 time out and a probe never waits on the loop. Never imports temporalio (the node process wires it)."""
 
@@ -31,16 +32,20 @@ class NodeHealth:
     database_ok: bool = False
     problems: dict[str, str] = field(default_factory=dict)
     slots_used: Callable[[], int] = lambda: 0
+    shortage: Callable[[], str | None] = lambda: None  # why the node takes no session for want of room
 
     def report(self) -> tuple[bool, dict[str, object]]:
         """(ready, the body /readyz answers with)."""
         gpus = cuda_devices()
+        short = self.shortage()
         checks = {
             "polling": self.polling and not self.draining,
             "temporal": self.temporal_ok,
             "database": self.database_ok,
+            "disk": short is None,
             "gpu": gpus > 0 or not self.require_gpu,
         }
+        problems = dict(self.problems) | ({"disk": short} if short is not None else {})
         body: dict[str, object] = {
             "status": "ready" if all(checks.values()) else "not ready",
             "checks": checks,
@@ -49,8 +54,8 @@ class NodeHealth:
             "warm": self.warm,  # false while warming: why a starting node does not poll yet
             "draining": self.draining,
         }
-        if self.problems:
-            body["problems"] = dict(self.problems)
+        if problems:
+            body["problems"] = problems
         return all(checks.values()), body
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.disks import NodeDisks, watch
 from activities.fault_injection import Faults
 from activities.lease import NodeLease
 from activities.node import NodeActivities
@@ -25,6 +26,7 @@ from activities.webhooks import WebhookActivities
 from monologue import contracts as c
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
+from node.lease_gate import lease_tuner
 from workflows.render import RenderWorkflow
 from workflows.validate import ValidateInputsWorkflow
 from workflows.webhook import WebhookDeliveryWorkflow
@@ -47,6 +49,7 @@ class NodeParts:
     hooks: WebhookActivities
     pinned: NodeActivities
     lease: NodeLease
+    disks: NodeDisks  # where it writes; whether it has room to take a session
 
 
 def build_parts(
@@ -58,8 +61,10 @@ def build_parts(
     node_activities: Callable[..., NodeActivities],
 ) -> NodeParts:
     """The activities of node `settings.node.id`; `node_activities` builds the pinned ones (a multi-GPU node passes
-    one whose pipelines run on every rank)."""
+    one whose pipelines run on every rank). The scratch folder is created here, and its disks watched."""
     node = settings.node
+    disks = NodeDisks.of(node, settings.storage)
+    watch(disks)
     faults = Faults(
         chunk_delay_s=node.chunk_delay_s,
         hang_chunk=node.hang_chunk,
@@ -70,10 +75,13 @@ def build_parts(
         shared=SessionActivities(store=store, sessions=sessions),
         sched=SchedActivities(client=client, sessions=sessions, settings=settings.sched),
         validate=ValidateActivities(store=store),
-        sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks),
+        sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks, scratch_dir=disks.scratch),
         hooks=WebhookActivities(sessions=sessions, settings=settings),
-        pinned=node_activities(store=store, sessions=sessions, node_id=node.id, faults=faults),
-        lease=NodeLease(client=client, node_id=node.id),
+        pinned=node_activities(
+            store=store, sessions=sessions, node_id=node.id, faults=faults, scratch_dir=disks.scratch
+        ),
+        lease=NodeLease(client=client, node_id=node.id, shortage=disks.shortage),
+        disks=disks,
     )
 
 
@@ -166,8 +174,9 @@ def _lease_worker(client: Client, settings: Settings, parts: NodeParts, grace: t
         client,
         task_queue=c.lease_task_queue(settings.temporal.task_queue),
         activities=[parts.lease.hold_node],
-        # The node's capacity: sessions beyond it wait in the queue, in order, for a free slot.
-        max_concurrent_activities=settings.node.capacity,
+        # The node's capacity: sessions beyond it wait in the queue, in order, for a free slot; and no slot at all
+        # while the node has no room for a session's files (node/lease_gate.py).
+        tuner=lease_tuner(settings.node.capacity, parts.disks.shortage),
         # A released lease learns of its cancellation from a heartbeat response: send them often, so a finished
         # session frees its slot within about a second.
         max_heartbeat_throttle_interval=SECOND,

@@ -77,7 +77,10 @@ async def run_node(
         chunks_done=lambda: parts.pinned.chunks_done,
     )
     health = node_http.NodeHealth(
-        capacity=node.capacity, require_gpu=node.require_gpu, slots_used=lambda: len(parts.lease.held_sessions())
+        capacity=node.capacity,
+        require_gpu=node.require_gpu,
+        slots_used=lambda: len(parts.lease.held_sessions()),
+        shortage=parts.disks.shortage,
     )
     server = None if node.http_port is None else node_http.serve(health, node.http_host, node.http_port)
     await warm(node, parts.pinned.pipelines, health)  # before any worker polls: no lease until warm

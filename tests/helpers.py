@@ -6,11 +6,13 @@ import asyncio
 import io
 import os
 import re
+import subprocess
 import threading
 import time
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import av
@@ -197,3 +199,30 @@ def serve_api(base: Settings, **changes: Any) -> Iterator[tuple[str, FastAPI]]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A filesystem of `size` (mount's `size=`, e.g. `300k`) of its own at `folder`: a small disk that fills up.
+    Mounted as root, else with `sudo -n`; unmounted afterwards. Fails (never skips) where neither may mount."""
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    _mount_command([*prefix, "mount", "-t", "tmpfs", "-o", f"size={size},mode=0777", "tmpfs", str(folder)])
+    try:
+        yield folder
+    finally:
+        _mount_command([*prefix, "umount", "--lazy", str(folder)])
+
+
+def grow_tmpfs(folder: Path, size: str) -> None:
+    """Give the tmpfs at `folder` (see `tmpfs`) a new size, keeping what it holds: room comes back."""
+    prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    _mount_command([*prefix, "mount", "-o", f"remount,size={size}", str(folder)])
+
+
+def _mount_command(command: list[str]) -> None:
+    try:
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or str(err)
+        pytest.fail(f"{' '.join(command)} failed ({detail.strip()}): these tests need root or passwordless sudo")

@@ -52,7 +52,7 @@ def test_cancel_while_finalize_runs_leaves_the_session_completed(
     """Finalize has stored the video when the cancel comes: it finishes, and the session is completed."""
     url = str(race_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
-    _wait_until(lambda: _final_video(race_stack, session_id).exists(), "the final MP4 is stored")
+    _wait_for_final_video(race_stack, url, session_id)
     assert _status(url, session_id) == c.SessionStatus.RUNNING, "finalize had already finished: no race"
     response = post(f"{url}/v1/renders/{session_id}/cancel", timeout=10)
     assert response.status_code == 202, response.text
@@ -66,7 +66,7 @@ def test_cancel_just_after_finalize_leaves_the_session_completed(
     then, so it goes to Temporal directly): a finished video is never shown as cancelled."""
     url = str(race_stack.settings.api.public_url)
     session_id = submit(url, sample_portrait, sample_speech).json()["id"]
-    _wait_until(lambda: _final_video(race_stack, session_id).exists(), "the final MP4 is stored")
+    _wait_for_final_video(race_stack, url, session_id)
     _wait_until(lambda: _status(url, session_id) == c.SessionStatus.COMPLETED, "finalize records completion", 0.01)
     asyncio.run(_cancel_in_temporal(race_stack.settings, session_id))
     assert _ended_agreeing(race_stack, session_id) == c.SessionStatus.COMPLETED
@@ -118,10 +118,28 @@ def _final_video(stack: Stack, session_id: str) -> Path:
     return root / "sessions" / session_id / "out" / "final.mp4"
 
 
-def _wait_until(condition: Any, what: str, poll_s: float = 0.05, timeout_s: float = 240) -> None:
+def _wait_for_final_video(stack: Stack, url: str, session_id: str) -> None:
+    """Until finalize has stored the video; a session that ended first fails the test with its status and error,
+    and a wait that runs out says where the session was (and the node's last log lines)."""
+    _wait_until(
+        lambda: _final_video(stack, session_id).exists() or _status(url, session_id) in c.TERMINAL,
+        "the final MP4 is stored",
+        explain=lambda: f"{get(f'{url}/v1/renders/{session_id}', timeout=10).text}\n{_node_log_tail(stack)}",
+    )
+    assert _final_video(stack, session_id).exists(), get(f"{url}/v1/renders/{session_id}", timeout=10).text
+
+
+def _node_log_tail(stack: Stack, lines: int = 30) -> str:
+    log = stack.log_dir / "node-race-node.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no node log)"
+
+
+def _wait_until(
+    condition: Any, what: str, poll_s: float = 0.05, timeout_s: float = 240, explain: Any = lambda: ""
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(poll_s)
-    raise TimeoutError(f"waited {timeout_s} s for: {what}")
+    raise TimeoutError(f"waited {timeout_s} s for: {what}\n{explain()}")

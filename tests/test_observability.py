@@ -93,7 +93,7 @@ def test_the_api_and_the_node_are_alive_and_ready(stack: Stack, api_url: str) ->
     assert httpx.get(f"{node}/healthz").json() == {"status": "ok"}
     body = httpx.get(f"{node}/readyz").json()
     assert body["status"] == "ready" and body["slots"]["total"] == stack.settings.node.capacity, body
-    assert body["checks"] == {"polling": True, "temporal": True, "database": True, "gpu": True}
+    assert body["checks"] == {"polling": True, "temporal": True, "database": True, "disk": True, "gpu": True}
     # Kubelets and Prometheus reach pods by address: the probes answer any Host, the API's routes do not.
     assert httpx.get(f"{api_url}/readyz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
     assert httpx.get(f"{api_url}/v1/renders", headers={"Host": "10.1.2.3:8000"}).status_code == 400

@@ -74,4 +74,5 @@ class ChunkWindow:
             audio_samples=self._feed.samples,
             audio_ended=self._feed.ended,
             audio_ready_ms=self._plan.audio_ready.get(spec.name),
+            lease=self._lease.number,
         )

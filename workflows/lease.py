@@ -54,7 +54,9 @@ class NodeLease:
         self._request, self._progress, self._on_acquired = request, progress, on_acquired
         self._orchestration = request.orchestration
         self._handle: workflow.ActivityHandle[None] | None = None
-        self._number = 0  # the current lease's number: a stale lease's signal is ignored
+        # The current lease's number: a stale lease's signal is ignored, and the node's writes carry it (its
+        # fencing token, c.FENCING). It counts on from the session's earlier runs.
+        self._number = request.resume.lease
         self._offered: c.NodeAcquired | None = None
         self.node_id: str | None = None
         # Under way already (resumed, continued as new, or moved in this run): its next lease queues as moving.
@@ -87,6 +89,11 @@ class NodeLease:
             self.yield_for = asked
             return True
         return False
+
+    @property
+    def number(self) -> int:
+        """The number of the lease last taken (the fencing token of the work run under it)."""
+        return self._number
 
     def offer(self, acquired: c.NodeAcquired) -> None:
         """A node took the lease (the NODE_ACQUIRED signal)."""
@@ -129,6 +136,7 @@ class NodeLease:
                 node_id=self.node_id,
                 options=self._request.options,
                 session_kind=self._request.kind,
+                lease=self._number,
             )
             try:
                 await self.run(c.INIT_SESSION, init, c.InitSessionResult)
@@ -192,7 +200,8 @@ class NodeLease:
         )
 
     async def wait(self, handle: workflow.ActivityHandle[Result], name: str) -> Result:
-        """The activity's result, unless the lease ends first (node lost or draining)."""
+        """The activity's result, unless the lease ends first (node lost or draining). An activity that found its
+        node's disk full (NodeDiskFull) loses the node too: the session moves, as it would from a dead node."""
         lease = self._handle
         if lease is None:
             raise NodeLost("no node held")
@@ -215,6 +224,16 @@ class NodeLease:
                 TimeoutType.HEARTBEAT,
             ):
                 raise NodeLost(f"node {self.node_id} stopped taking work ({err.cause.type.name})") from err
+            if isinstance(err.cause, ApplicationError) and err.cause.type == c.NODE_DISK_FULL:
+                message = f"node {self.node_id}'s disk is full during {name}: {err.cause.message}"
+                session_id = self._request.session_id
+                workflow.logger.warning("node disk full", extra={"session_id": session_id, "error": message})
+                raise NodeLost(message) from err
+            if isinstance(err.cause, ApplicationError) and err.cause.type == c.LEASE_FENCED:
+                # The session's row knows a newer lease than this run's (c.FENCING): the next lease counts on from it.
+                newest = err.cause.details[0] if err.cause.details else 0
+                self._number = max(self._number, int(newest) if isinstance(newest, int) else 0)
+                raise NodeLost(f"lease fenced during {name}: {err.cause.message}") from err
             raise
 
     def lose(self) -> None:

@@ -259,6 +259,7 @@ class RenderWorkflow:
             audio_samples=self._audio.samples,
             audio_ended=self._audio.ended,
             live_since_ms=self._plan.live_since_ms,
+            lease=self._lease.number,
         )
         workflow.continue_as_new(dataclasses.replace(self._request, resume=resume))
 
@@ -271,7 +272,7 @@ class RenderWorkflow:
         while True:
             try:
                 await lease.hold()
-                finalize.node_id = lease.node_id or ""
+                finalize.node_id, finalize.lease = lease.node_id or "", lease.number
                 self._finalizing = lease.start(c.FINALIZE, finalize, c.FinalizeResult)
                 return await lease.wait(self._finalizing, c.FINALIZE)
             except NodeLost:

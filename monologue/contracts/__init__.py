@@ -83,6 +83,10 @@ AUDIO_AVAILABLE = "audio_available"
 # ApplicationError types the workflow reacts to.
 NODE_DRAINING = "NodeDraining"  # the node is shutting down: move the session now
 CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint is missing or corrupt
+NODE_DISK_FULL = "NodeDiskFull"  # a node's disk had no room for a write: move the session (activities/disks.py)
+# A node's write refused because a newer lease holds the session (the node was cut off and came back: its lease
+# had timed out and the session had moved). Non-retryable; the workflow has abandoned that activity already.
+LEASE_FENCED = "LeaseFenced"  # details[0]: the session's newest lease
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class ResumePoint:
     audio_samples: int = 0
     audio_ended: bool = False
     live_since_ms: float = 0.0  # the first run's start (Temporal's clock, epoch ms); 0: this run is the first
+    lease: int = 0  # the last node lease's number (its fencing token): the next run's leases count on from it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,6 +318,12 @@ class InitSessionInput(OfSessionKind):
     session_id: str
     node_id: str
     options: RenderOptions
+    lease: int = 0  # see FENCING
+
+
+# FENCING: the pinned activities carry the number of the node lease they run under; the session's row keeps the
+# newest lease a node claimed, and every write a node makes checks it (monologue/repo/fence.py), so a node that was
+# cut off and comes back cannot publish over the node that took its session. 0: unfenced (histories from before).
 
 
 @dataclass
@@ -335,6 +346,7 @@ class GenerateChunkInput(OfSessionKind):
     audio_samples: int = 0
     audio_ended: bool = False
     audio_ready_ms: float | None = None
+    lease: int = 0  # see FENCING
 
 
 @dataclass
@@ -369,6 +381,7 @@ class FinalizeInput:
     node_id: str
     options: RenderOptions
     frames: int
+    lease: int = 0  # see FENCING
 
 
 @dataclass

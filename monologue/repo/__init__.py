@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import CheckpointRow, ChunkRow, ChunkStatus, SessionRow, utcnow
+from monologue.repo import fence
 
 
 def create_session(
@@ -106,9 +107,10 @@ def mark_running(db: Session, *, session_id: str, frames: int, chunks_total: int
     _start(db, session_id, _GOING)  # a late retry of prepare does not revive an ended session
 
 
-def set_node(db: Session, *, session_id: str, node_id: str) -> str | None:
-    """The node that holds the session now; a queued (or resumed) session is running from here on. Returns
-    the node that held it before (None for a new session)."""
+def set_node(db: Session, *, session_id: str, node_id: str, lease: int = fence.UNFENCED) -> str | None:
+    """The node that holds the session now, under `lease` (LeaseFenced if a newer lease holds it); a queued (or
+    resumed) session is running from here on. Returns the node that held it before (None for a new session)."""
+    fence.claim(db, session_id=session_id, lease=lease)
     row = _require(db, session_id)
     previous, row.node_id = row.node_id, node_id
     db.commit()
@@ -140,10 +142,12 @@ def record_chunk(
     segment_key: str,
     frames_sha256: str,
     audio_ready_ms: float | None = None,
+    lease: int = fence.UNFENCED,
 ) -> float | None:
-    """Upsert the chunk row; for a render, the first chunk done also sets the time to first frame (a live
-    session's is set when its first segment is published: see `mark_published`). Returns the TTFF in ms when
-    this chunk set it."""
+    """Upsert the chunk row (LeaseFenced if `lease` no longer holds the session); for a render, the first chunk
+    done also sets the time to first frame (a live session's is set when its first segment is published: see
+    `mark_published`). Returns the TTFF in ms when this chunk set it."""
+    fence.hold(db, session_id=session_id, lease=lease)
     db.merge(
         ChunkRow(
             session_id=session_id,
@@ -200,9 +204,13 @@ def list_chunks(db: Session, *, session_id: str) -> list[ChunkRow]:
 _GOING = frozenset(SessionStatus) - TERMINAL
 
 
-def mark_completed(db: Session, *, session_id: str, video_key: str, frames: int, chunks: int) -> bool:
+def mark_completed(
+    db: Session, *, session_id: str, video_key: str, frames: int, chunks: int, lease: int = fence.UNFENCED
+) -> bool:
     """The final video is stored (a live session learns its length here). False if the session had already
-    ended otherwise (its workflow decided first); a retried finalize finds it completed and gets True."""
+    ended otherwise (its workflow decided first); a retried finalize finds it completed and gets True.
+    LeaseFenced if `lease` no longer holds the session."""
+    fence.hold(db, session_id=session_id, lease=lease)
     ended = _end(
         db,
         session_id,
@@ -236,8 +244,12 @@ def _status(db: Session, session_id: str) -> str | None:
     return db.scalar(select(SessionRow.status).where(SessionRow.id == session_id))
 
 
-def record_checkpoint(db: Session, *, session_id: str, index: int, key: str, sha256: str, keep: int = 2) -> list[str]:
-    """Upsert checkpoint `index`; drop the rows older than the last `keep`. Returns the dropped keys."""
+def record_checkpoint(
+    db: Session, *, session_id: str, index: int, key: str, sha256: str, keep: int = 2, lease: int = fence.UNFENCED
+) -> list[str]:
+    """Upsert checkpoint `index` (LeaseFenced if `lease` no longer holds the session); drop the rows older than the
+    last `keep`. Returns the dropped keys."""
+    fence.hold(db, session_id=session_id, lease=lease)
     db.merge(CheckpointRow(session_id=session_id, index=index, key=key, sha256=sha256, created_at=utcnow()))
     stale = list(
         db.scalars(

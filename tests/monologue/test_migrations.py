@@ -154,10 +154,11 @@ ADDED: dict[str, dict[str, Columns]] = {
     },
     "0005": {},  # no column added: webhook_endpoints.secret made Text, nullable (see test_webhook_secrets.py)
     "0006": {"sessions": {"preemptions": Integer(), "yield_asked_at": UtcDateTime(), "yield_for": String()}},
+    "0007": {"sessions": {"lease": Integer()}},
 }
 REVISIONS = list(ADDED)
 # Columns added with a server default: older rows get the default, not NULL.
-SERVER_DEFAULTS = {("sessions", "preemptions"): 0}
+SERVER_DEFAULTS = {("sessions", "preemptions"): 0, ("sessions", "lease"): 0}
 
 
 def position(revision: str) -> int:
@@ -204,6 +205,7 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "preemptions": 2,
             "yield_asked_at": moment,
             "yield_for": f"live-{tag}",
+            "lease": 3 + number,
         },
         "chunks": {
             "session_id": session,
@@ -372,8 +374,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0002", "0003", "0004", "0001", "0002", "0003", "0004", "base"]
-PATH += ["0001", "0002", "0003", "0004", "0005", "0006"]
+PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0002", "0003", "0004", "0001", "0002", "0003", "0004"]
+PATH += ["base", "0001", "0002", "0003", "0004", "0005", "0006", "0007"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -390,17 +392,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0006), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0007), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 4) | dict.fromkeys(ADDED["0004"], 3)
-        assert counts == {"chunks": 6, "checkpoints": 5} | since_0003 | {"sessions": 6}
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 5) | dict.fromkeys(ADDED["0004"], 4)
+        assert counts == {"chunks": 7, "checkpoints": 6} | since_0003 | {"sessions": 7}
         # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
         # and tickets; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0006").items()}
-        kept = {"nodes": 4, "api_keys": 4, "idempotency_keys": 3}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0007").items()}
+        kept = {"nodes": 5, "api_keys": 5, "idempotency_keys": 4}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()

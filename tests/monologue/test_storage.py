@@ -54,6 +54,31 @@ def test_overwrite_with_identical_bytes_is_idempotent(store: ObjectStore) -> Non
     assert store.list("sessions/") == [KEY]
 
 
+def test_put_once_creates_an_object_only_where_none_is(store: ObjectStore) -> None:
+    assert store.put_once(KEY, b"first", content_type="video/iso.segment") is True
+    assert store.put_once(KEY, b"second") is False  # a later writer (a stale node back from a partition) loses
+    assert store.get(KEY) == b"first"
+    assert store.list("sessions/") == [KEY]  # no temporary file left behind
+
+
+def test_of_writers_racing_put_once_exactly_one_creates_the_object(store: ObjectStore) -> None:
+    created: list[bytes] = []
+    barrier = threading.Barrier(4)
+
+    def write(body: bytes) -> None:
+        barrier.wait()
+        if store.put_once(KEY, body):
+            created.append(body)
+
+    writers = [threading.Thread(target=write, args=(bytes([n]) * 1000,)) for n in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert len(created) == 1
+    assert store.get(KEY) == created[0]
+
+
 def test_missing_key_raises_not_found(store: ObjectStore, tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         store.get("sessions/nope/out/final.mp4")

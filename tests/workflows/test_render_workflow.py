@@ -50,8 +50,12 @@ class FakeNodes:
         stored_samples: int = 0,
         drop_first_lease: bool = False,
         chunk_s: float = 0.0,
+        full_disk_finalizes: int = 0,
+        newest_lease: int = 0,
     ) -> None:
         self.env = env
+        self.newest_lease = newest_lease  # the database's newest lease: a claim below it is fenced
+        self.full_disk_finalizes = full_disk_finalizes  # the first finalizes find the node's disk full
         self.chunk_s = chunk_s  # each chunk takes this long (heartbeating), as a real one does
         self.stored_samples = stored_samples
         self.drop_first_lease = drop_first_lease  # the first lease ends once N0 is done, as a killed node's does
@@ -60,6 +64,7 @@ class FakeNodes:
         self.fail_chunk = fail_chunk
         self.lose_checkpoint = lose_checkpoint
         self.calls: list[str] = []
+        self.fences: list[tuple[str, int]] = []  # (pinned activity, the lease number it carried), as started
         self.ended: c.RecordStatusInput | None = None
         self.notified: list[c.SessionStatus] = []  # the statuses whose webhooks were queued (running: started)
         # Like a real node: run a chunk only after the one scheduled before it (same epoch), never a stale one.
@@ -118,10 +123,14 @@ class FakeNodes:
         @activity.defn(name=c.INIT_SESSION)
         def init_session(request: c.InitSessionInput) -> c.InitSessionResult:
             self.calls.append(f"init {node_id}")
+            self.fences.append(("init", request.lease))
+            if request.lease < self.newest_lease:
+                raise ApplicationError("fenced", self.newest_lease, type=c.LEASE_FENCED, non_retryable=True)
             return c.InitSessionResult(width=64, height=64)
 
         @activity.defn(name=c.GENERATE_CHUNK)
         def generate_chunk(request: c.GenerateChunkInput) -> c.GenerateChunkResult:
+            self.fences.append(("chunk", request.lease))
             with self.order:
                 session = request.session_id
                 self.epoch[session] = max(self.epoch.get(session, 0), request.epoch)
@@ -160,6 +169,10 @@ class FakeNodes:
         @activity.defn(name=c.FINALIZE)
         def finalize(request: c.FinalizeInput) -> c.FinalizeResult:
             self.calls.append(f"finalize {request.frames}")
+            self.fences.append(("finalize", request.lease))
+            if self.full_disk_finalizes > 0:
+                self.full_disk_finalizes -= 1
+                raise ApplicationError("no space left on /scratch", type=c.NODE_DISK_FULL, non_retryable=True)
             return c.FinalizeResult(video_key="final", size_bytes=1)
 
         return [init_session, generate_chunk, finalize]
@@ -266,11 +279,47 @@ async def test_continue_as_new_keeps_the_same_chunk_sequence(env: WorkflowEnviro
     assert renewed.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
 
 
+async def test_every_pinned_activity_carries_its_lease_and_leases_count_on_across_runs(
+    env: WorkflowEnvironment,
+) -> None:
+    """The fencing token (c.FENCING): each lease a higher number than any before it, in this run or an earlier one
+    (continue-as-new carries it), and every chunk and finalize carries the number of the lease it runs under."""
+    fake = FakeNodes(env, frames=300)
+    await fake.run(c.RenderOptions(chunk_frames=20, i_frames=4), continue_as_new_every=3)
+    inits = [number for what, number in fake.fences if what == "init"]
+    assert len(inits) > 3 and inits == list(range(1, len(inits) + 1))
+    current = 0
+    for what, number in fake.fences:
+        current = number if what == "init" else current
+        assert number == current, fake.fences
+
+
+async def test_a_run_whose_lease_numbers_are_behind_the_sessions_counts_on_from_the_newest(
+    env: WorkflowEnvironment,
+) -> None:
+    """A claim fenced for a number below the session's newest lease (a run that did not count on) loses the node,
+    and the next lease is numbered above the newest: the session completes."""
+    fake = FakeNodes(env, frames=97, newest_lease=5)
+    result = await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    assert [number for what, number in fake.fences if what == "init"] == [1, 6]
+    assert {number for what, number in fake.fences if what != "init"} == {6}
+    assert result.frames == 97
+
+
 async def test_a_session_that_changes_node_queues_session_started_once(env: WorkflowEnvironment) -> None:
     fake = FakeNodes(env, frames=97, drop_first_lease=True)
     await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
     assert fake.leases == 2 and sum(call.startswith("init") for call in fake.calls) == 2  # it took a node twice
     assert fake.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
+
+
+async def test_a_finalize_that_finds_the_disk_full_moves_the_session_to_a_new_lease(env: WorkflowEnvironment) -> None:
+    """NodeDiskFull loses the node: the session takes a new lease (here the same fake node) and finalizes there."""
+    fake = FakeNodes(env, frames=97, full_disk_finalizes=1)
+    result = await fake.run(c.RenderOptions(chunk_frames=40, i_frames=4))
+    node = fake.calls[1].split()[1]
+    assert fake.chunks()[-4:] == ["finalize 97", f"lease {node}", f"init {node}", "finalize 97"]
+    assert result.video_key == "final" and fake.notified == [c.SessionStatus.RUNNING, c.SessionStatus.COMPLETED]
 
 
 async def test_continue_as_new_carries_the_whole_input_but_the_resume_point(env: WorkflowEnvironment) -> None:
