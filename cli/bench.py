@@ -267,7 +267,8 @@ def _bench_contention(ctx: click.Context, postgres_url: str) -> None:
 def bench_faults_command(names: tuple[str, ...]) -> None:
     """Two renders and a live session through a loopback cluster while a service beneath it fails (cli/faults.py):
     per fault, sessions completed and identical to a clean run, outage length, time to recover, the live stream's
-    longest stall and the API's answers by status. Exit 1 when anything that must hold did not."""
+    longest stall, the API's answers by status, segments stored twice and a stale lease's writes refused. Exit 1
+    when anything that must hold did not."""
     from cli.faults import fault_rig, run_fault
 
     faults = [Fault(name) for name in names] or list(Fault)

@@ -28,6 +28,8 @@ class Fault(StrEnum):
     # The node holding most sessions cut off from Temporal and storage until its sessions go on elsewhere, then let
     # back in: what it was doing lands late, and must be fenced (c.FENCING)
     PARTITION = "partition"
+    S3_DOWN = "s3-down"  # SeaweedFS stopped for S3_OUTAGE_S, started again on its data
+    S3_THROTTLE = "s3-throttle"  # the nodes' storage answers 30 % SlowDown / 500 / resets (some after the write)
 
 
 ANSWER_WITHIN_S = 20.0  # longer than any retry the API makes (Temporal's client gives up after about 10 s)

@@ -16,6 +16,7 @@ answers by status, and the time from the fault's end to a chunk done by every se
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from collections import Counter
@@ -32,18 +33,21 @@ from cli.cluster import Cluster, Shape, cluster, fresh_database
 from cli.fault_watch import Fault, PlaylistWatch, Prober
 from cli.pgserver import PgServer, private_postgres
 from cli.s3_faults import Exchange, FaultKind, S3FaultProxy
-from cli.seaweed import seaweed_s3
+from cli.seaweed import SeaweedProcess, seaweed_process
 from cli.stack import port_open
 from cli.tcp_cut import TcpCut
-from monologue import SAMPLES
+from monologue import SAMPLES, keys
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionStatus
-from monologue.db import ChunkRow, SessionRow
+from monologue.db import CheckpointRow, ChunkRow, SessionRow
 from monologue.settings import Settings
 
-SHAPE = Shape(apis=1, nodes=2, capacity=2, lease_timeout_s=10.0, chunk_delay_s=0.3, live_idle_timeout_s=30.0)
+# A live session outlives a storage outage only while it is shorter than the idle timeout: 90 s here, 30 s by default.
+SHAPE = Shape(apis=1, nodes=2, capacity=2, lease_timeout_s=10.0, chunk_delay_s=0.3, live_idle_timeout_s=90.0)
 AUDIO_S = 6.8  # each session's speech (the bundled sample): long enough to outlast the fault
 OUTAGE_S = 6.0  # each outage: several chunks long, shorter than the lease timeout (10 s, the default)
+S3_OUTAGE_S = 30.0  # storage: longer than many chunks' writes, shorter than the nodes' retries (45 s)
+THROTTLED = 0.3  # the fraction of the nodes' storage requests faulted while throttling
 TIMEOUT_S = 300.0
 FENCE_WAIT_S = 20.0  # the partition's node, back on storage, may try a late write this long (a figure, not a check)
 FENCED_EVENT = "write fenced: a newer lease holds the session"  # activities/errors.py
@@ -67,6 +71,7 @@ class Rig:
     postgres: PgServer
     folder: Path
     ways: dict[str, NodeWays]  # node id → its ways out
+    storage: SeaweedProcess
     reference: dict[str, list[str]] = field(default_factory=dict)  # "render" / "live" → the clean frames' hashes
 
 
@@ -81,6 +86,7 @@ class FaultReport:
     live_stall_s: float = 0.0
     answers: Counter[int] = field(default_factory=Counter)
     fenced: int = 0  # writes of a stale lease refused (the partition's node, back)
+    duplicates: int = 0  # segments S3 stored twice
     problems: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -89,7 +95,7 @@ class FaultReport:
         return (
             f"{self.fault.value:<15} {self.completed}/{self.sessions} completed, {self.identical} identical,"
             f" outage {self.outage_s:.1f} s, recovered {recover} s, live stall {self.live_stall_s:.1f} s,"
-            f" answers {codes}, fenced writes {self.fenced}"
+            f" answers {codes}, duplicate segments {self.duplicates}, fenced writes {self.fenced}"
         )
 
 
@@ -104,9 +110,10 @@ def fault_rig(postgres_admin_url: str | None = None) -> Iterator[Rig]:
         with (
             private_postgres() as postgres,
             fresh_database(postgres.url) as database_url,
-            seaweed_s3(root / "s3") as s3,
+            seaweed_process(root / "s3") as storage,
             contextlib.ExitStack() as proxies,
         ):
+            s3 = storage.server
             ways: dict[str, NodeWays] = {}
 
             def node_env(settings: Settings, node: str) -> dict[str, str]:
@@ -121,7 +128,7 @@ def fault_rig(postgres_admin_url: str | None = None) -> Iterator[Rig]:
                 }
 
             running = proxies.enter_context(cluster(root / "cluster", database_url, s3, SHAPE, node_env=node_env))
-            rig = Rig(running, postgres, root, ways)
+            rig = Rig(running, postgres, root, ways, storage)
             scenario = Scenario(SHAPE, renders=0, live=0, node_kills=0, seconds=(AUDIO_S,))
             rig.reference["render"] = clean_renders(running, scenario, root)[AUDIO_S]
             rig.reference["live"] = hashes(running, _live(rig, watch=False)[0])
@@ -182,6 +189,22 @@ def _postgres_crash(rig: Rig) -> None:
     rig.postgres.start()
 
 
+@injects(Fault.S3_DOWN)
+def _storage_down(rig: Rig) -> None:
+    rig.storage.stop()
+    time.sleep(S3_OUTAGE_S)
+    rig.storage.start()
+
+
+@injects(Fault.S3_THROTTLE)
+def _storage_throttled(rig: Rig) -> None:
+    for way in rig.ways.values():
+        way.storage.throttle(THROTTLED)
+    time.sleep(OUTAGE_S)
+    for way in rig.ways.values():
+        way.storage.clear()
+
+
 @injects(Fault.PARTITION)
 def _partition(rig: Rig) -> None:
     """Cut the node holding most sessions off from Temporal and storage until each of them has gone on elsewhere
@@ -234,9 +257,10 @@ def run_fault(rig: Rig, fault: Fault) -> FaultReport:
     live_id, streamer, playlist = _live(rig, watch=True)
     assert playlist is not None
     _until(lambda: _under_way(rig, [*renders, live_id]), "every session to be under way")
+    _until(lambda: bool(playlist.grew_at), "the live stream's first segment")  # its stalls are counted from there
     prober = Prober(rig.cluster.api_urls[0], rig.cluster.api_key, renders[0], SAMPLES / "portrait.jpg", audio)
     prober.start()
-    started = time.monotonic()
+    started, fault_started = time.monotonic(), time.time()
     INJECT[fault](rig)
     ended_at, report = time.time(), FaultReport(fault, outage_s=time.monotonic() - started)
     running = _running(rig, [*renders, live_id])
@@ -249,8 +273,9 @@ def run_fault(rig: Rig, fault: Fault) -> FaultReport:
     report.answers, report.live_stall_s = answers.codes, playlist.longest_stall_s()
     report.problems += answers.broken
     report.recover_s = _recovered_after(rig, running, ended_at)
-    report.problems += double_publishes([exchange for way in rig.ways.values() for exchange in way.storage.exchanges])
-    report.fenced = len(rig.cluster.node_events(FENCED_EVENT))
+    doubles = double_publishes([exchange for way in rig.ways.values() for exchange in way.storage.exchanges])
+    report.duplicates, report.problems = len(doubles), report.problems + doubles
+    report.fenced = sum(event["at"] >= fault_started for event in rig.cluster.node_events(FENCED_EVENT))
     _check(rig, report, {**dict.fromkeys([*renders, *answers.created], "render"), live_id: "live"})
     return report
 
@@ -270,7 +295,26 @@ def _check(rig: Rig, report: FaultReport, kinds: dict[str, str]) -> None:
             report.identical += 1
         else:
             report.problems.append(f"{kind} {session_id}: frames differ from the clean {kind}'s")
-        report.problems += playlist_problems(rig.cluster, session_id)
+        report.problems += playlist_problems(rig.cluster, session_id) + _stored_problems(rig, session_id)
+
+
+def _stored_problems(rig: Rig, session_id: str) -> list[str]:
+    """No partial object: every checkpoint matches its SHA-256, the final video is the init segment and the listed
+    segments, whole."""
+    problems = []
+    with database(rig.cluster)() as db:
+        checkpoints = list(db.scalars(select(CheckpointRow).where(CheckpointRow.session_id == session_id)))
+    for checkpoint in checkpoints:
+        if hashlib.sha256(rig.cluster.object(checkpoint.key)).hexdigest() != checkpoint.sha256:
+            problems.append(f"session {session_id}: checkpoint {checkpoint.key} is corrupt")
+    playlist = rig.cluster.object(keys.playlist(session_id)).decode().splitlines()
+    listed = [line for line in playlist if line.startswith("seg-")]
+    whole = rig.cluster.object(keys.init_segment(session_id)) + b"".join(
+        rig.cluster.object(keys.output(session_id, name)) for name in listed
+    )
+    if rig.cluster.object(keys.final_video(session_id)) != whole:
+        problems.append(f"session {session_id}: the final video is not its init segment and segments")
+    return problems
 
 
 def _under_way(rig: Rig, sessions: list[str]) -> bool:

@@ -23,7 +23,7 @@ from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 from monologue.errors import NotFound, StorageUnavailable, TransientError
 
 RETRY_FIRST_WAIT_S = 0.25  # S3Store's first pause after a transient failure; doubled (with jitter) up to ...
-RETRY_MAX_WAIT_S = 4.0  # ... this, so a store that comes back is used again within seconds
+RETRY_MAX_WAIT_S = 2.0  # ... this, so a store that comes back is used again within 2 s
 
 Result = TypeVar("Result")
 # Called with what is being retried before each pause (a node's activity heartbeats from it); see `on_retry`.

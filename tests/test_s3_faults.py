@@ -1,16 +1,14 @@
-"""Nothing lost when object storage fails (issue 28, item 3), through the real stack: Temporal's dev server (its
-state in a database file), PostgreSQL, SeaweedFS, one API process and one node (cli/cluster.py), two renders and a
-live session streaming speech in real time. Mid-session, SeaweedFS is stopped for 30 s and started again on the same
-data; or the fault proxy (cli/s3_faults.py) answers 30% of its requests with 503 SlowDown, 500 InternalError or a
-reset connection (some after S3 carried the request out). Either way every session completes, every session's
-per-frame hashes equal a clean render's of the same speech, every playlist lists each stored segment exactly once and
-stored objects are whole (checkpoints match their SHA-256), and the API answered only its normal answers or 503 with
-Retry-After, never a 500 or a hang.
+"""Nothing lost when object storage fails (issue 28, item 3). SeaweedFS stopped for 30 s mid-session and the nodes'
+storage throttled are faults of the loopback rig (cli/faults.py, tests/test_infra_faults.py). Here: the whole stack
+(Temporal's dev server, PostgreSQL, SeaweedFS, one API process and one node) with the fault proxy (cli/s3_faults.py)
+in front of every storage request, the API's and the S3 sink's too, answering 30% of them with 503 SlowDown, 500
+InternalError or a reset connection (some after S3 carried the request out): every session completes with a clean
+render's frames, every playlist lists each stored segment exactly once, stored objects are whole (checkpoints match
+their SHA-256), the sink holds each segment once, and the API answered only normally or 503 with Retry-After. And the
+pieces: the store's retries, a store down longer than its retry time, live audio taken while storage is down.
 
 The outage rides on the storage retries (MONOLOGUE_STORAGE__RETRY_FOR_S, 45 s per call on nodes, monologue/s3_retry.py);
-the API holds live audio in memory meanwhile (api/live_socket.py). The renders and the S3 sink (throttling) need
-nothing more; a live session outlives an outage only while it is shorter than its idle timeout (no audio is stored
-meanwhile, so the workflow hears of none): 30 s by default, 90 s here."""
+the API holds live audio in memory meanwhile (api/live_socket.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ from cli.benches.cluster import database, hashes, speech, submit, wait_all
 from cli.benches.cluster_live import OPTIONS, LiveRun, start_live_session, stream_live_session
 from cli.cluster import Cluster, Shape, cluster
 from cli.s3_faults import FaultKind, S3FaultProxy
-from cli.seaweed import SeaweedProcess, seaweed_process
+from cli.seaweed import seaweed_process
 from gpu_worker.publish.s3_sink import S3Sink, segment_name
 from gpu_worker.publish.sinks import SinkError
 from monologue import SAMPLES, keys
@@ -54,7 +52,6 @@ from tests.s3_server import S3Server
 
 SHAPE = Shape(apis=1, nodes=1, capacity=3, chunk_delay_s=0.3, live_idle_timeout_s=90.0)
 SPEECH_S = 4.0  # every session speaks the same 4 s, so one clean render is every session's reference
-OUTAGE_S = 30.0
 THROTTLED = 0.3  # the fraction of S3 requests the proxy faults while throttling
 SESSION_TIMEOUT_S = 240.0
 PROBE_TIMEOUT_S = 20.0  # an API answer slower than this counts as a hang
@@ -109,27 +106,6 @@ class Sessions:
     @property
     def ids(self) -> list[str]:
         return [*self.renders, *([self.live.session_id] if self.live.session_id else [])]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(360)
-def test_seaweedfs_stopped_for_30_s_mid_session_loses_nothing(tmp_path: Path) -> None:
-    with (
-        seaweed_process(tmp_path / "s3") as weed,
-        postgres_database() as database_url,
-        cluster(tmp_path / "cluster", database_url, weed.server, SHAPE) as running,
-    ):
-        reference = _clean_render(running, tmp_path)
-        sessions = _start_sessions(running, tmp_path)
-        prober = Prober(running.api_urls[0], running.api_key, _probe_paths(sessions))
-        with prober.probing():
-            _outage(weed, OUTAGE_S)
-            sessions.streaming.join(SESSION_TIMEOUT_S)
-            wait_all(running, sessions.ids, SESSION_TIMEOUT_S)
-        _check(running, sessions, reference)
-    print(f"API answers while SeaweedFS was down and after: {Counter(status for _, status, _ in prober.answers)}")
-    assert prober.problems() == []
-    assert any(status == 503 for _, status, _ in prober.answers), "the API never noticed the outage"
 
 
 @pytest.mark.slow
@@ -284,13 +260,6 @@ def _start_sessions(running: Cluster, folder: Path, *, sink: dict[str, str] | No
 def _probe_paths(sessions: Sessions) -> list[str]:
     paths = [f"/v1/renders/{sid}{suffix}" for sid in sessions.renders for suffix in ("", "/stream.m3u8")]
     return [*paths, f"/v1/sessions/{sessions.live.session_id}"]
-
-
-def _outage(weed: SeaweedProcess, seconds: float) -> None:
-    """SeaweedFS down for `seconds`, then up again on the same ports and data."""
-    weed.stop()
-    time.sleep(seconds)
-    weed.start()
 
 
 def _check(running: Cluster, sessions: Sessions, reference: list[str]) -> None:
