@@ -243,9 +243,8 @@ def double_publishes(exchanges: list[Exchange]) -> list[str]:
         for exchange in exchanges
         if exchange.method == "PUT"
         and "/seg-" in exchange.path
-        and (
-            exchange.outcome == FaultKind.RESET_AFTER or (isinstance(exchange.outcome, int) and exchange.outcome < 300)
-        )
+        and exchange.s3_status is not None
+        and exchange.s3_status < 300  # S3 stored it (also when its answer was then reset; a 412 stored nothing)
     )
     return [f"{path} stored {count} times" for path, count in sorted(stored.items()) if count > 1]
 

@@ -53,6 +53,8 @@ class Exchange:
     path: str  # without the query string
     query: str
     outcome: int | FaultKind
+    # S3's own status whenever S3 carried the request out (also when its answer was then reset); None if it never saw it
+    s3_status: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class S3FaultProxy:
                 return self._random.choice(self._kinds)
             return None
 
-    def _record(self, request: _Message, outcome: int | FaultKind) -> None:
+    def _record(self, request: _Message, outcome: int | FaultKind, s3_status: int | None = None) -> None:
         method, target = request.start.split(" ")[:2]
         path, _, query = target.partition("?")
         with self._lock:
@@ -155,7 +157,8 @@ class S3FaultProxy:
                 self._injected[outcome] += 1
             else:
                 self._passed += 1
-            self.exchanges.append(Exchange(method, path, query, outcome))
+            status = outcome if isinstance(outcome, int) else s3_status
+            self.exchanges.append(Exchange(method, path, query, outcome, status))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One client connection: its requests in turn, until it closes or a fault resets it."""
@@ -190,7 +193,7 @@ class S3FaultProxy:
             return False
         response, delimited = await self._forward(request)
         if fault is FaultKind.RESET_AFTER:
-            self._record(request, fault)
+            self._record(request, fault, int(response.start.split(" ")[1]))
             _reset(writer)
             return False
         self._record(request, int(response.start.split(" ")[1]))
