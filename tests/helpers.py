@@ -226,3 +226,25 @@ def _mount_command(command: list[str]) -> None:
     except (OSError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", "") or str(err)
         pytest.fail(f"{' '.join(command)} failed ({detail.strip()}): these tests need root or passwordless sudo")
+
+
+def stored_session(sessions: Any, store: Any, session_id: str = "s") -> None:
+    """A render's row and its inputs in storage (the bundled portrait and speech, normalised as the API stores them):
+    what a node's activities need to set the session up and make its chunks."""
+    from monologue import SAMPLES, keys, repo
+    from monologue.media import normalise_audio, normalise_portrait
+
+    portrait = normalise_portrait((SAMPLES / "portrait.jpg").read_bytes())
+    with sessions() as db:
+        repo.create_session(
+            db,
+            session_id=session_id,
+            tenant="local",
+            options={},
+            workflow_id="w",
+            audio_seconds=2.0,
+            width=portrait.width,
+            height=portrait.height,
+        )
+    store.put(keys.portrait(session_id), portrait.png)
+    store.put(keys.audio(session_id), normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)

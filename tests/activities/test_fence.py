@@ -23,11 +23,9 @@ from cli.s3_faults import S3FaultProxy
 from monologue import contracts as c, keys, repo
 from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker, migrate
 from monologue.errors import LeaseFenced
-from monologue.media import normalise_audio, normalise_portrait
 from monologue.repo import fence
 from monologue.storage import S3Store
-from tests.conftest import SAMPLES
-from tests.helpers import postgres_database
+from tests.helpers import postgres_database, stored_session
 from tests.s3_server import S3Server
 
 OPTIONS = c.RenderOptions(chunk_frames=8, i_frames=2)
@@ -61,20 +59,7 @@ def nodes(sessions: sessionmaker[Any], proxy: S3FaultProxy, s3_server: S3Server)
     bucket = f"t-{uuid.uuid4().hex[:16]}"
     s3_server.client().create_bucket(Bucket=bucket)
     store = S3Store(bucket=bucket, client=dataclasses.replace(s3_server, endpoint_url=proxy.url).client())
-    portrait = normalise_portrait((SAMPLES / "portrait.jpg").read_bytes())
-    with sessions() as db:
-        repo.create_session(
-            db,
-            session_id="s",
-            tenant="local",
-            options={},
-            workflow_id="w",
-            audio_seconds=2.0,
-            width=portrait.width,
-            height=portrait.height,
-        )
-    store.put(keys.portrait("s"), portrait.png)
-    store.put(keys.audio("s"), normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)
+    stored_session(sessions, store)
     return tuple(NodeActivities(store=store, sessions=sessions, node_id=node) for node in ("a", "b"))
 
 

@@ -16,11 +16,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeat import ChunkHeartbeat, long_step
 from activities.node import NodeActivities
 from activities.pipelines import Pipelines, PipelineSlot
-from monologue import contracts as c, keys, repo
+from monologue import contracts as c
 from monologue.db import make_engine, make_sessionmaker, migrate
-from monologue.media import normalise_audio, normalise_portrait
 from monologue.storage import LocalStore
-from tests.conftest import SAMPLES
+from tests.helpers import stored_session
 
 OPTIONS = c.RenderOptions(chunk_frames=8, i_frames=2)
 
@@ -38,21 +37,8 @@ def node(tmp_path: Path) -> NodeActivities:
     url = f"sqlite:///{tmp_path}/db.sqlite"
     migrate(url)
     sessions = make_sessionmaker(make_engine(url))
-    portrait = normalise_portrait((SAMPLES / "portrait.jpg").read_bytes())
-    with sessions() as db:
-        repo.create_session(
-            db,
-            session_id="s",
-            tenant="local",
-            options={},
-            workflow_id="w",
-            audio_seconds=2.0,
-            width=portrait.width,
-            height=portrait.height,
-        )
     store = LocalStore(tmp_path / "objects")
-    store.put(keys.portrait("s"), portrait.png)
-    store.put(keys.audio("s"), normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)
+    stored_session(sessions, store)
     return NodeActivities(store=store, sessions=sessions, node_id="n")
 
 
