@@ -23,7 +23,7 @@ from monologue import contracts as c
 
 from .outages import temporal_down
 
-BACKOFF_S, BACKOFF_MAX_S = 0.2, 5.0
+BACKOFF_S, BACKOFF_MAX_S = 0.2, 1.0  # a signal goes through within about a second of Temporal's return
 GIVE_UP_S = 600.0  # a closed socket's signal not sent after this long is left to the workflow's idle timeout
 MAX_MARKS = 64  # arrival marks per signal (latency figures); older ones are thinned out
 log = structlog.get_logger("api.sessions")

@@ -229,10 +229,12 @@ async def _start_workflow(
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        task_timeout=TASK_TIMEOUT,
     )
 
 
 TERMINAL = c.TERMINAL  # re-exported for the routes
+TASK_TIMEOUT = timedelta(seconds=c.WORKFLOW_TASK_TIMEOUT_S)  # a session workflow's; its continued runs keep it
 
 
 async def cancel_workflow(services: Services, row: SessionRow) -> None:
@@ -276,6 +278,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
         id=row.workflow_id or c.render_workflow_id(row.id),
         task_queue=settings.temporal.task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+        task_timeout=TASK_TIMEOUT,
     )
     await asyncio.to_thread(_mark_resumed, services, row.id)
     log.info("render resumed", session_id=row.id, cursor=resume.cursor)

@@ -46,6 +46,10 @@ class TransientError(MonologueError):
     """A temporary failure (storage, database, network); safe to retry."""
 
 
+class StorageUnreachable(TransientError):
+    """Object storage did not answer at all (a refused or dropped connection): it is down, not throttling."""
+
+
 class StorageUnavailable(TransientError):
     """Object storage was unreachable or throttling for the whole time this call may retry
     (MONOLOGUE_STORAGE__RETRY_FOR_S); a later call may pass."""

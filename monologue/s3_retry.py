@@ -20,10 +20,11 @@ import botocore.exceptions as bce
 import structlog
 from boto3.exceptions import RetriesExceededError, S3UploadFailedError
 
-from monologue.errors import NotFound, StorageUnavailable, TransientError
+from monologue.errors import NotFound, StorageUnavailable, StorageUnreachable, TransientError
 
 RETRY_FIRST_WAIT_S = 0.25  # S3Store's first pause after a transient failure; doubled (with jitter) up to ...
-RETRY_MAX_WAIT_S = 2.0  # ... this, so a store that comes back is used again within 2 s
+RETRY_MAX_WAIT_S = 2.0  # ... this while it throttles or errs (a polite back-off) ...
+RETRY_MAX_WAIT_DOWN_S = 1.0  # ... or this while it does not answer at all, so a store that is back is used within 1 s
 
 Result = TypeVar("Result")
 # Called with what is being retried before each pause (a node's activity heartbeats from it); see `on_retry`.
@@ -79,8 +80,10 @@ def retrying(key: str, action: Callable[[], Result], retry_for_s: float) -> Resu
                 ) from err
             if (report := _ON_RETRY.get()) is not None:
                 report(f"storage retry {tries}: {key}")
+            cap = RETRY_MAX_WAIT_DOWN_S if isinstance(err, StorageUnreachable) else RETRY_MAX_WAIT_S
+            wait_s = min(wait_s, cap)
             time.sleep(min(wait_s * random.uniform(0.5, 1.0), left_s))
-            wait_s = min(wait_s * 2, RETRY_MAX_WAIT_S)
+            wait_s = min(wait_s * 2, cap)
 
 
 def _since(started: float) -> float:
@@ -103,7 +106,7 @@ def translate(exc: BaseException, key: str) -> BaseException:
         if status >= 500 or status == 429 or code in ("SlowDown", "RequestTimeout", "NoSuchUpload"):
             return TransientError(f"object storage error on {key!r}: {code or status}: {exc}")
     if isinstance(exc, bce.ConnectionError | bce.HTTPClientError):
-        return TransientError(f"object storage unreachable ({key!r}): {exc}")
+        return StorageUnreachable(f"object storage unreachable ({key!r}): {exc}")
     return exc
 
 

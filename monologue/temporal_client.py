@@ -16,11 +16,22 @@ from typing import Any
 from temporalio.client import Client, Interceptor
 from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.service import TLSConfig
+from temporalio.service import RetryConfig, TLSConfig
 
 from monologue import tracing
 from monologue.errors import InputError
 from monologue.settings import TemporalSettings, TemporalTlsSettings
+
+# The client's retries of a call Temporal did not answer (not its workers' long polls: node/pollers.py): the SDK's
+# default, but never more than a second apart, so a call made during an outage goes through within a second of the
+# server's return; still given up after about 10 s (the API then answers 503, api/outages.py).
+RETRY = RetryConfig(
+    initial_interval_millis=100,
+    multiplier=1.5,
+    max_interval_millis=1000,
+    max_elapsed_time_millis=10_000,
+    max_retries=30,
+)
 
 
 class TemporalConfigError(InputError):
@@ -109,6 +120,7 @@ async def connect(
             **connect_args(settings),
             interceptors=[*tracing.temporal_interceptors(), *interceptors],
             lazy=lazy,
+            retry_config=RETRY,
             **extra,
         )
     except RuntimeError as err:  # the bridge's connection errors name the address, not our settings

@@ -1,6 +1,6 @@
 """What a node runs, wired once: its activities (`NodeParts`, built from settings) and the five Temporal workers
-that poll its queues (`make_workers`), each with the slots and throttles its queue needs. The process around them
-(start, drain, stop) is `node/worker.py`."""
+that poll its queues (`steady_workers`, `renewable_workers`), each with the slots and throttles its queue needs. The
+process around them (start, drain, stop, fresh pollers after an outage) is `node/worker.py` and `node/pollers.py`."""
 
 from __future__ import annotations
 
@@ -98,21 +98,29 @@ def executors(settings: Settings) -> tuple[ThreadPoolExecutor, ThreadPoolExecuto
     )
 
 
-def make_workers(
-    client: Client,
-    settings: Settings,
-    parts: NodeParts,
-    executor: ThreadPoolExecutor,
-    sink_executor: ThreadPoolExecutor,
+def steady_workers(
+    client: Client, settings: Settings, parts: NodeParts, sink_executor: ThreadPoolExecutor
 ) -> list[Worker]:
-    """One worker per queue the node polls: shared, its own, the lease queue, sinks and webhooks."""
+    """The workers that run from the node's start to its stop: the lease queue and the sink pumps (their activities
+    last as long as sessions) and the webhook queue."""
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
     return [
-        _shared_worker(client, settings, parts, executor, grace),
-        _node_worker(client, settings, parts, executor, grace),
         _lease_worker(client, settings, parts, grace),
         _sink_worker(client, settings, parts, sink_executor, grace),
         _webhook_worker(client, settings, parts, grace),
+    ]
+
+
+def renewable_workers(
+    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, generation: int
+) -> list[Worker]:
+    """The workers whose tasks are short, made afresh after Temporal was unreachable (node/pollers.py): the shared
+    queue and the node's own. Each generation's pollers have an identity of their own (`<client>#<generation>`)."""
+    grace = timedelta(seconds=settings.node.graceful_shutdown_s)
+    identity = f"{client.identity}#{generation}"
+    return [
+        _shared_worker(client, settings, parts, executor, grace, identity),
+        _node_worker(client, settings, parts, executor, grace, identity),
     ]
 
 
@@ -123,12 +131,13 @@ def queues(settings: Settings) -> list[str]:
 
 
 def _shared_worker(
-    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta
+    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta, identity: str
 ) -> Worker:
     """RenderWorkflow and ValidateInputsWorkflow, and the activities any node may run for any session."""
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
+        identity=identity,
         workflows=[RenderWorkflow, ValidateInputsWorkflow],
         activities=[
             parts.shared.prepare,
@@ -151,13 +160,14 @@ def _shared_worker(
 
 
 def _node_worker(
-    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta
+    client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta, identity: str
 ) -> Worker:
     """The pinned work of the sessions this node holds."""
     pinned = parts.pinned
     return Worker(
         client,
         task_queue=c.node_task_queue(settings.node.id),
+        identity=identity,
         activities=[pinned.init_session, pinned.generate_chunk, pinned.finalize],
         # Per session slot: the chunk running and the next one, waiting its turn in-process.
         activity_executor=executor,

@@ -16,14 +16,12 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from contextlib import AsyncExitStack
-from datetime import timedelta
+from typing import Any
 
 import structlog
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from activities.node import NodeActivities
 from gpu_worker.models import check_configured_weights
@@ -33,12 +31,13 @@ from monologue.db import NodeStatus, make_engine, make_sessionmaker
 from monologue.settings import Settings
 from monologue.storage import open_store
 from node import http_port as node_http
+from node.pollers import Pollers, watch_temporal
 from node.registry import NodeReporter
 from node.warm import warm
-from node.wiring import NodeParts, build_parts, executors, make_workers, queues
+from node.wiring import NodeParts, build_parts, executors, queues, renewable_workers, steady_workers
 
 SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
-HEALTH_EVERY_S = 5.0  # how often the node checks that Temporal and its database answer (for /readyz)
+HEALTH_EVERY_S = 5.0  # how often the node checks that its database answers (for /readyz; Temporal: node/pollers.py)
 
 log = structlog.get_logger("node")
 
@@ -86,8 +85,13 @@ async def run_node(
     await warm(node, parts.pinned.pipelines, health)  # before any worker polls: no lease until warm
     executor, sink_executor = executors(settings)
     with executor, sink_executor:
-        workers = make_workers(client, settings, parts, executor, sink_executor)
-        overrun = await _serve(settings, workers, parts, reporter, health, (client, engine), stop)
+        pollers = Pollers(
+            client,
+            steady_workers(client, settings, parts, sink_executor),
+            lambda fresh, generation: renewable_workers(fresh, settings, parts, executor, generation),
+            lambda: _connect(settings),
+        )
+        overrun = await _serve(settings, pollers, parts, reporter, health, (client, engine), stop)
     overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
     if server is not None:
         server.shutdown()
@@ -115,7 +119,7 @@ async def _connect(settings: Settings) -> Client:
 
 async def _serve(
     settings: Settings,
-    workers: list[Worker],
+    pollers: Pollers,
     parts: NodeParts,
     reporter: NodeReporter,
     health: node_http.NodeHealth,
@@ -124,43 +128,45 @@ async def _serve(
 ) -> threading.Timer:
     """Poll until `stop`, then drain: hand the sessions back first (their workflows move them at once instead of
     waiting for a heartbeat timeout) while the chunk in progress finishes as the workers shut down. Returns the
-    timer that ends the process if the shutdown overruns."""
+    timer that ends the process if the shutdown overruns. A worker's fatal error ends the node (raised here)."""
     node_id = settings.node.id
-    async with AsyncExitStack() as running:
-        for worker in workers:
-            await running.enter_async_context(worker)
-        reporting = asyncio.create_task(reporter.run())
-        watching = asyncio.create_task(_watch_health(health, *probes))
-        health.polling = True
-        log.info("node ready", node_id=node_id, capacity=settings.node.capacity, queues=queues(settings))
-        await stop.wait()
-        health.draining = True
-        log.info("node draining", node_id=node_id)
-        overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
-        parts.lease.draining.set()
-        reporter.set_status(NodeStatus.DRAINING)
-        await asyncio.sleep(0.5)
+    client, engine = probes
+    pollers.start()
+    reporting = asyncio.create_task(reporter.run())
+    watching = [
+        asyncio.create_task(watch_temporal(client, health, pollers)),
+        asyncio.create_task(_watch_database(health, engine)),
+    ]
+    health.polling = True
+    log.info("node ready", node_id=node_id, capacity=settings.node.capacity, queues=queues(settings))
+    stopping = asyncio.create_task(stop.wait())
+    ends: list[asyncio.Future[Any]] = [stopping, pollers.failed]
+    await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+    health.draining = True
+    log.info("node draining", node_id=node_id)
+    overrun = _exit_after(settings.node.graceful_shutdown_s + SHUTDOWN_MARGIN_S)
+    parts.lease.draining.set()
+    reporter.set_status(NodeStatus.DRAINING)
+    for task in [stopping, *watching]:
+        task.cancel()
+    await asyncio.sleep(0.5)
+    await pollers.stop()
     health.polling = False
-    watching.cancel()
     reporter.set_status(NodeStatus.STOPPED)
     await reporting
+    if pollers.failed.done():
+        raise pollers.failed.result()
     return overrun
 
 
-async def _watch_health(health: node_http.NodeHealth, client: Client, engine: Engine) -> None:
-    """Every few seconds: does Temporal answer, does the database? (for /readyz; never fatal to the node)."""
+async def _watch_database(health: node_http.NodeHealth, engine: Engine) -> None:
+    """Every few seconds: does the database answer? (for /readyz; never fatal to the node)."""
 
     def database() -> None:
         with engine.connect() as connection:
             connection.execute(text("SELECT 1"))
 
     while True:
-        try:
-            health.temporal_ok = await client.service_client.check_health(timeout=timedelta(seconds=3))
-            health.problems.pop("temporal", None)
-        except Exception as err:  # any failure of the RPC means the same to a probe: not reachable
-            health.temporal_ok = False
-            health.problems["temporal"] = str(err)[:200]
         try:
             await asyncio.to_thread(database)
             health.database_ok = True

@@ -18,6 +18,7 @@ import pytest
 
 from cli.live_stream import start_session, stream_live
 from cli.stack import Stack, free_port
+from monologue import contracts as c
 from monologue.plan import plan_chunks, timeline_order
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 from tests.conftest import SAMPLES
@@ -232,6 +233,18 @@ async def test_recorded_histories_replay_deterministically(durable_stack: Stack,
     results = await replayer.replay_workflows(histories.map_histories(), raise_on_replay_failure=False)
     assert results.replay_failures == {}
     assert len([history async for history in client.list_workflows("WorkflowType = 'RenderWorkflow'")]) >= 1
+
+
+async def test_every_run_has_the_short_workflow_task_timeout(durable_stack: Stack, baseline: dict[str, Any]) -> None:
+    """A session's workflow runs, first and continued (every 2 chunks here), give a task lost to a Temporal restart
+    to a node again after c.WORKFLOW_TASK_TIMEOUT_S, not the server's 10 s."""
+    from temporalio.client import Client
+
+    client = await Client.connect(durable_stack.settings.temporal.address)
+    runs = client.list_workflows("WorkflowType = 'RenderWorkflow'")
+    started = [history.events[0].workflow_execution_started_event_attributes async for history in runs.map_histories()]
+    assert any(run.continued_execution_run_id for run in started)  # continued runs are among them
+    assert {run.workflow_task_timeout.ToTimedelta().total_seconds() for run in started} == {c.WORKFLOW_TASK_TIMEOUT_S}
 
 
 def _running_from(render: dict[str, Any], position: int) -> bool:

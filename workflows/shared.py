@@ -17,13 +17,13 @@ with workflow.unsafe.imports_passed_through():
 Result = TypeVar("Result")
 
 # Bad input is marked non-retryable by the activities themselves; everything else retries with backoff: attempts
-# at most 2 s apart for about 14 s (0.5, 0.75, 1.1, 1.7, then 2 s), so a database or Temporal back from an outage is
-# used again within 2 s, and an outage up to about 14 s costs no session (README, "When a service beneath fails").
+# at most 1 s apart for about 14 s (0.5, 0.75, then 1 s), so a database or Temporal back from an outage is used
+# again within a second, and an outage up to about 14 s costs no session (README, "When a service beneath fails").
 RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=0.5),
     backoff_coefficient=1.5,
-    maximum_interval=timedelta(seconds=2),
-    maximum_attempts=10,
+    maximum_interval=timedelta(seconds=1),
+    maximum_attempts=16,
     non_retryable_error_types=[c.NODE_DRAINING, c.CHECKPOINT_LOST],
 )
 

@@ -70,6 +70,12 @@ def render_workflow_id(session_id: str) -> str:
 # slots by it.
 CHUNK_WINDOW = 3
 
+# A session workflow's task (one step of its code on a node) is given to a node again this long after it began when
+# no node answered for it: a node's answer lost to a Temporal restart is never retried sooner than the SDK's own
+# backoff allows (seconds), so the server's timeout (default 10 s) is what frees the session. 5 s: long enough for a
+# cold node's first task on a loaded machine; an outage of 2 s or more has outlasted it by the server's return.
+WORKFLOW_TASK_TIMEOUT_S = 5
+
 # Search attributes that make sessions findable in Temporal's UI (registered by `monologue up`; on
 # another Temporal cluster register them first, or set MONOLOGUE_TEMPORAL__SEARCH_ATTRIBUTES=false).
 SEARCH_ATTRIBUTES = {"MonologueStatus": "Keyword", "MonologueNode": "Keyword", "MonologueTenant": "Keyword"}
