@@ -127,10 +127,12 @@ def bench_gpu(
     i_frames: int = 4,
     switch_rounds: int = 4,
     flops: bool = True,
+    weights: Path | None = None,
     note: Callable[[GpuReport, str], None] = lambda report, phase: None,
 ) -> GpuReport:
     """Render a warm-up session and a measured one, then the isolated measurements; `note` hears of each
-    phase and chunk as it ends (progress lines, the report so far written out)."""
+    phase and chunk as it ends (progress lines, the report so far written out). `weights`: a checkpoint folder of
+    the preset (make_checkpoint's; the GPU check writes one for all its steps) instead of drawing them here."""
     device = default_device()
     on_gpu = device.startswith("cuda")
     preset_name = preset_name or ("h200" if on_gpu else "tiny")
@@ -146,7 +148,7 @@ def bench_gpu(
     reset_peak_memory(device)
     loading: list[float] = []
     with stopwatch(device, loading):
-        family = build_family(Weights(config, seed=1))
+        family = build_family(Weights.open(weights) if weights is not None else Weights(config, seed=1))
         pipeline = Pipeline(family, residency=Residency(residency))  # stage times synced on CUDA
     report.load_s = loading[0]
     models = {name: module.models[name] for name, module in torch_modules(family).items() if name in module.models}
@@ -366,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     parser.add_argument("--json-out", type=Path, help="also write the JSON here, rewritten after every phase")
     parser.add_argument("--progress", action="store_true", help="a line on stderr per chunk and phase")
+    parser.add_argument("--weights", type=Path, help="a checkpoint folder of the preset (make_checkpoint's)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
 
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         i_frames=args.i_frames,
         switch_rounds=args.switch_rounds,
         flops=not args.no_flops,
+        weights=args.weights,
         note=note,
     )
     note(report, "done")

@@ -48,7 +48,8 @@ class RecordSettings:
     preview: bool = False
     seconds: float = 2.0
     seed: int = 7
-    weights_seed: int = 1  # random weights from this seed (no checkpoint is ever downloaded)
+    weights_seed: int = 1  # random weights from this seed (no checkpoint is ever downloaded) ...
+    weights: str | None = None  # ... or a checkpoint folder of the preset's (make_checkpoint's: the GPU check's)
     precision: Precision = Precision.AUTO
     residency: Residency = Residency.RESIDENT
     chunk_frames: int = 40
@@ -110,7 +111,11 @@ def render_record(settings: RecordSettings, out_dir: Path, *, keep_frames: int =
     if settings.family is not Family.DIT:
         raise ValueError(f"render records are made for the dit family only, not {settings.family}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = Weights(preset(settings.preset), seed=settings.weights_seed)
+    weights = (
+        Weights.open(settings.weights)
+        if settings.weights is not None
+        else Weights(preset(settings.preset), seed=settings.weights_seed)
+    )
     pipeline = Pipeline(build_family(weights, precision=settings.precision), residency=settings.residency)
 
     output = OutputSpec(fps=settings.fps, resolution=Resolution(settings.resolution), preview=settings.preview)
@@ -164,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=defaults.seconds, help="seconds of speech to render")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="the session seed (noise)")
     parser.add_argument("--weights-seed", type=int, default=defaults.weights_seed, help="seed of the random weights")
+    parser.add_argument("--weights", default=None, help="a checkpoint folder of the preset (make_checkpoint's)")
     parser.add_argument("--precision", type=Precision, default=defaults.precision, choices=list(Precision))
     parser.add_argument("--residency", type=Residency, default=defaults.residency, choices=list(Residency))
     parser.add_argument("--chunk-frames", type=int, default=defaults.chunk_frames, help="frames per N chunk")

@@ -1,8 +1,9 @@
-"""The GPU check (infra/gpu_check.sh) runs on a bare CUDA machine: torch, numpy and Pillow, maybe pytest,
-and none of the service stack. Here that machine is imitated on the CPU: a `sitecustomize.py` on PYTHONPATH
-makes every service package look uninstalled in every Python process the script starts (`import` fails,
-`importlib.util.find_spec` says None, as when it is not there), pytest's plugins are not loaded (no
-pytest-timeout, no pytest-asyncio), and the script runs in its dry mode (every step tiny, on the CPU).
+"""The GPU check (infra/gpu_check.sh) runs on the lent CUDA image: torch, numpy, Pillow, pytest, transformers,
+and neither diffusers nor the service stack. Here that machine is imitated on the CPU: a `sitecustomize.py` on
+PYTHONPATH makes every service package and diffusers look uninstalled in every Python process the script starts
+(`import` fails, `importlib.util.find_spec` says None, as when it is not there), pytest's plugins are not loaded (no
+pytest-timeout, no pytest-asyncio), and the script runs in its dry mode (every step tiny, on the CPU): every step
+runs, or is skipped saying why, and what comes back is three files.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import json
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from gpu_worker.distributed.sp_check import overlap_fraction
 from tests.conftest import SERVICE_PACKAGES
 
 ROOT = Path(__file__).resolve().parent.parent
+MISSING_ON_THE_IMAGE = SERVICE_PACKAGES | {"diffusers"}  # /work/.library/device/KINDS.md: the image's packages
 
 # Runs first in every Python process: the service stack is "not installed"; at exit the process writes
 # down any of it that got imported anyway (nothing should).
@@ -46,7 +49,7 @@ def bare(tmp_path: Path) -> tuple[dict[str, str], Path]:
     site, log = tmp_path / "site", tmp_path / "imports"
     site.mkdir()
     log.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=sorted(SERVICE_PACKAGES), log=str(log)))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=sorted(MISSING_ON_THE_IMAGE), log=str(log)))
     env = {**os.environ, "PYTHONPATH": str(site), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PY": sys.executable}
     return env, log
 
@@ -66,45 +69,64 @@ def test_the_imitation_hides_the_service_stack(bare: tuple[dict[str, str], Path]
 
 
 def test_the_gpu_check_runs_on_a_bare_machine(bare: tuple[dict[str, str], Path], tmp_path: Path) -> None:
-    """The dry run: the environment report, the GPU-marked tests (collected and skipped: no CUDA here), the
-    benchmark's JSON, the SP kernel check, and the render records with the quality gate; every step succeeds
-    without the service stack and nothing of it is imported."""
+    """The dry run of every step: the environment report, the GPU-marked tests (collected and skipped: no CUDA here;
+    the infinitetalk modules skipped for want of diffusers, saying so), the shared weights, the benchmarks' JSON,
+    the infinitetalk step skipped with its reason, the SP kernel check, the render records and the quality gate;
+    nothing of the service stack imported; three files back."""
     env, log = bare
     out = tmp_path / "out"
-    env |= {
-        "OUT": str(out),
-        "GPU_CHECK_DRY": "1",
-        "GPU_CHECK_STEPS": "env pytest_gpu bench_resident sp_check records",
-        "RECORD_VARIANTS": "bf16:resident bf16:switch",
-    }
+    env |= {"OUT": str(out), "GPU_CHECK_DRY": "1", "RECORD_VARIANTS": "bf16:resident bf16:switch"}
     done = subprocess.run(["bash", "infra/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    steps = {
-        line.split("\t")[0]: line.split("\t")[1]
-        for line in (out / "steps.tsv").read_text().splitlines()[1:]
-        if "\t" in line
-    }
-    expected = {"env", "pytest_gpu", "bench_resident", "sp_check"}
-    if (ROOT / "gpu_worker" / "render_record.py").exists():
-        expected |= {"record_bf16_resident", "record_bf16_switch", "gate_switch"}
-    failed = {name: rc for name, rc in steps.items() if rc != "0"}
-    assert set(steps) == expected and not failed, (failed, _tails(out, failed))
+    assert sorted(path.name for path in out.iterdir()) == ["gpu_check.tar.gz", "steps.tsv", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    outcomes = {row["step"]: (row["outcome"], row["why"]) for row in summary["steps"]}
+    ran = {"env", "pytest_gpu", "build", "bench_resident", "sp_check", "bench_switch"}
+    ran |= {"record_bf16_resident", "record_bf16_switch", "gate_switch"}
+    failed = {row["step"]: row.get("stderr_tail") for row in summary["steps"] if row["outcome"] == "failed"}
+    assert outcomes == {name: ("ok", None) for name in ran} | {"infinitetalk": ("skipped", ANY_DIFFUSERS)}, failed
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(out / "gpu_check.tar.gz") as packed:
+        packed.extractall(unpacked, filter="data")
 
-    assert json.loads((out / "env.json").read_text())["modules"]["pydantic"] is None
-    tests = ElementTree.parse(out / "pytest_gpu.xml").getroot().find("testsuite")
-    assert tests is not None and int(tests.get("tests", 0)) >= 1
-    assert tests.get("skipped") == tests.get("tests")  # collected, and skipped: no CUDA here
-    bench = json.loads((out / "bench_resident.json").read_text())
+    figures = summary["figures"]
+    assert figures["env"]["modules"]["pydantic"] is None and figures["env"]["modules"]["diffusers"] is None
+    tests = summary["pytest_gpu"]
+    assert tests["tests"] >= 1 and tests["failures"] == tests["errors"] == 0
+    skips = {case["test"]: case["message"] for case in tests["not_passed"] if case["outcome"] == "skipped"}
+    assert len(skips) == tests["skipped"] == tests["tests"]  # collected, and skipped: no CUDA here
+    infinitetalk = [message for test, message in skips.items() if "infinitetalk" in test]
+    assert len(infinitetalk) == 3 and all("diffusers" in message for message in infinitetalk)
+    assert (unpacked / "pytest_gpu.xml").exists()
+    bench = figures["bench_resident"]
     assert bench["errors"] == {} and bench["frames"] > 0 and bench["warm_ttff_ms"] > 0
-    assert bench["switch_ms"]["N"]["sr"]["median"] >= 0 and bench["a2v_step"]["tflop"] > 0
-    sp = json.loads((out / "sp_check.json").read_text())
+    assert bench["switch_ms"]["N"]["sr"]["median"] > 0 and bench["a2v_step"]["tflop"] > 0
+    assert "wrote" in (unpacked / "build.out").read_text()  # the one checkpoint the later steps load
+    sp = figures["sp_check"]
     assert all(sp["one_rank_sp"][f"g{groups}"]["max_abs_diff"] < 1e-5 for groups in (1, 2, 4))
-    assert 0 <= sp["overlap"]["overlap"] <= 1 and sp["overlap"]["attention_ms"] > 0
+    timing = sp["overlap"]
+    assert min(timing["attention_ms"], timing["copy_ms"], timing["together_ms"]) > 0
+    assert timing["overlap"] == overlap_fraction(timing["attention_ms"], timing["copy_ms"], timing["together_ms"])
 
     logs = _import_logs(log)
-    assert len(logs) >= len(expected)  # every Python step ran under the imitation
+    assert len(logs) >= len(ran)  # every Python step ran under the imitation
     assert [entry for entry in logs if entry["leaked"]] == []
 
 
-def _tails(out: Path, steps: dict[str, str]) -> dict[str, str]:
-    return {name: (out / f"{name}.err").read_text()[-2000:] for name in steps if (out / f"{name}.err").exists()}
+def test_overlap_is_none_when_one_side_took_no_time() -> None:
+    """A copy timed on a stream that did no work measures zero: no overlap figure, not a division by zero."""
+    assert overlap_fraction(2.0, 0.0, 2.0) is None
+    assert overlap_fraction(2.0, 1.0, 2.5) == 0.5
+    assert overlap_fraction(2.0, 1.0, 3.5) == 0.0  # slower together: nothing hidden
+
+
+class _Mentions(str):
+    """Equal to any text that mentions diffusers (a skip's reason)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and "diffusers" in other
+
+    __hash__ = str.__hash__
+
+
+ANY_DIFFUSERS = _Mentions("diffusers")

@@ -40,16 +40,17 @@ H200_LAYER = {"dim": 2048, "heads": 16, "tokens": 11_960, "ranks": 8}  # the A2V
 TINY_LAYER = {"dim": 64, "heads": 8, "tokens": 96, "ranks": 8}
 
 
-def _timed(run: Callable[[], object], repeats: int, cuda: bool) -> float:
-    """Median milliseconds of `run` over `repeats` calls after one warm-up."""
+def _timed(run: Callable[[], object], repeats: int, cuda: bool, stream: Any = None) -> float:
+    """Median milliseconds of `run` over `repeats` calls after one warm-up; on CUDA, timed by events on `stream`
+    (the stream that does the work: events on another one would time nothing), the current one by default."""
     run()
     samples = []
     for _ in range(repeats):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             run()
-            end.record()
+            end.record(stream)
             torch.cuda.synchronize()
             samples.append(start.elapsed_time(end))
         else:
@@ -109,16 +110,24 @@ def overlap(shape: dict[str, int], device: torch.device, dtype: torch.dtype, rep
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
 
-    alone_attention, alone_copy = _timed(attention, repeats, cuda), _timed(copy, repeats, cuda)
-    together = _timed(both, repeats, cuda)
-    hidden = (alone_attention + alone_copy - together) / min(alone_attention, alone_copy)
+    alone_attention, alone_copy = _timed(attention, repeats, cuda), _timed(copy, repeats, cuda, side)
+    together = _timed(both, repeats, cuda)  # `both` ends with the current stream waiting for the side stream
     return {
         "attention_ms": alone_attention,
         "copy_ms": alone_copy,
         "copy_mb": moved * source.element_size() / 1e6,
         "together_ms": together,
-        "overlap": round(max(0.0, min(1.0, hidden)), 3),
+        "overlap": overlap_fraction(alone_attention, alone_copy, together),
     }
+
+
+def overlap_fraction(attention_ms: float, copy_ms: float, together_ms: float) -> float | None:
+    """How much of the shorter of the two was hidden behind the other (0: none, 1: all); None when one of them took
+    no measurable time (nothing to hide)."""
+    shorter = min(attention_ms, copy_ms)
+    if shorter <= 0:
+        return None
+    return round(max(0.0, min(1.0, (attention_ms + copy_ms - together_ms) / shorter)), 3)
 
 
 def main(argv: list[str] | None = None) -> int:

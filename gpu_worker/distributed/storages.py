@@ -33,6 +33,7 @@ class HostCopy:
 
     def __init__(self, models: Sequence[nn.Module], *, pin_memory: bool | None = None) -> None:
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        own_storages(models)
         captured: dict[int, HostStorage] = {}  # by data pointer: tied weights are copied once
         for model in models:
             for tensor in tensors_of(model):
@@ -67,6 +68,21 @@ class HostCopy:
 
 def tensors_of(module: nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
+
+
+def own_storages(modules: Sequence[nn.Module]) -> None:
+    """Give each tensor whose storage cannot be resized a copy that can, so it may be freed and refilled in place:
+    weights loaded from a checkpoint view the memory-mapped file until they move to a device, so on the CPU they
+    still do. Tensors that shared a storage share its copy (tied weights stay tied); parameters keep their
+    identity (only `.data` changes)."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    for module in modules:
+        for tensor in tensors_of(module):
+            storage = tensor.untyped_storage()
+            if storage.resizable() or storage.nbytes() == 0:
+                continue
+            copy = copies.setdefault(storage.data_ptr(), storage.clone())  # type: ignore[no-untyped-call]
+            tensor.data = view_over(tensor, copy, tensor.device)
 
 
 def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:

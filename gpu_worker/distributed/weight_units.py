@@ -21,6 +21,7 @@ from gpu_worker.distributed.storages import (
     new_event,
     new_storage,
     new_stream,
+    own_storages,
     tensors_of,
     view_over,
 )
@@ -58,6 +59,7 @@ class UnitMover:
 
     def capture(self, model: nn.Module, blocks: nn.ModuleList, name: str) -> tuple[WeightUnit, list[WeightUnit]]:
         """Take the host copy of `model`'s root and of each of `blocks`, and free their device storage."""
+        own_storages([model])
         block_tensors = [tensors_of(block) for block in blocks]
         claimed = {id(tensor) for tensors in block_tensors for tensor in tensors}
         captured: dict[int, HostStorage] = {}  # by source data pointer: tied weights move once

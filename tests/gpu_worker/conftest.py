@@ -30,6 +30,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     module = ".".join(collection_path.relative_to(config.rootpath).with_suffix("").parts)
     try:
         importlib.import_module(module)
+    except pytest.skip.Exception:  # the module skips itself (a package it needs is missing): collected, it says why
+        return None
     except ModuleNotFoundError as missing:
         if (missing.name or "").split(".")[0] in SERVICE_PACKAGES:
             _LEFT_OUT.append(f"{module} (needs {missing.name})")

@@ -3,10 +3,12 @@ block by block) without the streams, so outputs can be checked exactly."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -212,3 +214,42 @@ def test_host_copy_is_taken_once_and_refills_the_same_tensors_without_copying_ba
     assert list(model.parameters()) == parameters
     with torch.no_grad():
         assert torch.equal(model(x), expected)
+
+
+def _from_a_checkpoint(model: nn.Module, folder: Path) -> nn.Module:
+    """`model` with its weights assigned from a safetensors file, as a checkpoint loads them: on the CPU they view
+    the memory-mapped file, whose storages cannot be resized."""
+    safetensors.torch.save_file({key: value.contiguous() for key, value in model.state_dict().items()}, folder / "m")
+    model.load_state_dict(safetensors.torch.load_file(folder / "m"), assign=True)
+    assert not next(model.parameters()).untyped_storage().resizable()
+    return model
+
+
+def test_weights_loaded_from_a_checkpoint_switch_and_park_on_the_cpu(tmp_path: Path) -> None:
+    """Switch residency and parked models free and refill storages in place: checkpoint weights get storages of
+    their own first (the GPU check's dry run loads every model from one checkpoint)."""
+    first, second, x = toy_model(1), toy_model(2, dim=17, layers=4), toy_input(1)
+    with torch.no_grad():
+        first_out, second_out = first(x), second(x)
+    first, second = _from_a_checkpoint(first, tmp_path), _from_a_checkpoint(second, tmp_path)
+    parameters = list(first.parameters())
+    switcher = ModelSwitcher("cpu", lookahead=1)
+    switcher.register(first, name="first")
+    switcher.register(second, name="second")
+    with torch.no_grad():
+        for _ in range(2):
+            switcher.activate(first)
+            assert torch.equal(first(x), first_out)
+            switcher.activate(second)
+            assert torch.equal(second(x), second_out)
+    assert list(first.parameters()) == parameters  # the same parameters, over storages of their own
+
+    parked = _from_a_checkpoint(toy_model(4), tmp_path)
+    with torch.no_grad():
+        expected = parked(x)
+    copy = HostCopy([parked])
+    copy.free()
+    assert copy.device_bytes == 0
+    copy.fill()
+    with torch.no_grad():
+        assert torch.equal(parked(x), expected)

@@ -10,6 +10,9 @@ import pytest
 import safetensors.torch
 import torch
 
+pytest.importorskip("diffusers", reason="the infinitetalk family's models are diffusers' and transformers' classes")
+
+
 from gpu_worker.models import check_configured_weights
 from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.models.infinitetalk import PRESET_ENV, WEIGHTS_ENV, layout, rename

@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("diffusers", reason="the infinitetalk family's models are diffusers' and transformers' classes")
+
+
 from gpu_worker.models.infinitetalk import build_family
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
 from gpu_worker.models.infinitetalk.config import TINY

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("diffusers", reason="the infinitetalk family's models are diffusers' and transformers' classes")
+
+
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
 from gpu_worker.models.infinitetalk.config import TINY
 from gpu_worker.models.infinitetalk.vae import DecodeStream
