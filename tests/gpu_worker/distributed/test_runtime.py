@@ -7,8 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from tests.gpu_worker.distributed.conftest import COLLECTIVE_TIMEOUT_S
-
 
 def test_run_on_all_returns_rank_0s_result_and_gather_returns_every_ranks(results: dict[str, Any]) -> None:
     assert results["run_on_all"]["value"] == 0
@@ -19,7 +17,7 @@ def test_an_error_on_rank_1_fails_the_step_on_rank_0_and_the_next_step_runs(resu
     failed = results["peer_error"]
     assert failed["error"] == "StepFailed"
     assert "rank 1: ValueError: boom on 1" in failed["message"]
-    assert failed["seconds"] < 1.0
+    assert "Timed out" not in failed["message"]  # told by the status exchange, not by a collective's timeout
     assert results["after_peer_error"]["value"] == [0, 1]
 
 
@@ -57,8 +55,10 @@ def test_a_rank_failing_mid_collective_breaks_the_group_within_the_collective_ti
     broken = results["broken"]
     assert broken["error"] == "GroupBroken"
     assert "rank 1: ValueError: block failed on purpose" in broken["message"]
-    assert "Timed out" in broken["message"]
-    assert broken["seconds"] < COLLECTIVE_TIMEOUT_S + 5
-    assert results["after_broken"]["error"] == "GroupBroken"
-    assert results["after_broken"]["seconds"] < 0.1
+    assert "Timed out" in broken["message"]  # the data plane's collective timeout, not a hang
+    after = results["after_broken"]
+    assert (after["error"], after["message"]) == (
+        "GroupBroken",
+        "this node's rank group is broken (a previous step failed mid-collective)",
+    )  # refused at once: nothing was sent to the ranks
     assert others == [others[0]] and others[0].startswith("GroupBroken: ")

@@ -17,7 +17,8 @@ from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, build_family
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
-from gpu_worker.models.dit.runtime import TorchModule
+from gpu_worker.models.dit.roles import DiTDecoder
+from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from monologue.contracts import Chunk, ChunkKind, Family
@@ -284,3 +285,30 @@ def test_each_latent_hears_the_audio_of_its_own_four_frames_and_the_window() -> 
     for latent in range(3):
         expected = [STRIDE * latent - window <= frame <= STRIDE * latent + STRIDE - 1 + window for frame in frames]
         assert heard[latent].tolist() == expected, latent
+
+
+def test_every_chunk_after_the_first_primes_its_decoder_on_as_many_latents_as_the_decoder_needs(
+    pipeline: Pipeline, portrait: np.ndarray, speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 6 latents, more than the decoder's causal receptive field (`context_frames`, 4 in TINY): each
+    chunk but N0 reaches its decoder with exactly that many context latents (fewer and its first frames decode
+    from a different state: tests/gpu_worker/models/dit/test_vae.py shows `context_frames` is what makes priming
+    exact), so the tail anchors keep at least that many, and the context is the latents just before the chunk's
+    own decoder input: the same values the SR DiT upscaled next to the chunk."""
+    need = TINY.vae.context_frames
+    seen: dict[int, tuple[int | None, int]] = {}  # decode call → (context latents, chunk latents)
+    decode = DiTDecoder.decode
+
+    def watched(self: DiTDecoder, reference: dict[str, np.ndarray], upscaled: DiTLatents) -> np.ndarray:
+        context = None if upscaled.context is None else upscaled.context.shape[1]
+        seen[len(seen)] = (context, upscaled.frames.shape[1])
+        return decode(self, reference, upscaled)
+
+    monkeypatch.setattr(DiTDecoder, "decode", watched)
+    session = pipeline.start_session(portrait, OutputSpec(fps=FPS), ArrayAudio(speech))
+    requests = _requests(24 * 3 + 8 * 2, seed=0, n_frames=24, i_frames=8)  # N0 N1 I0 N2 I1
+    assert [(r.name, r.n_frames) for r in requests] == [("N0", 24), ("N1", 24), ("I0", 8), ("N2", 24), ("I1", 8)]
+    _render(pipeline, session, requests)
+    assert need < 24 // STRIDE
+    assert [seen[index] for index in range(len(requests))] == [(None, 6), (need, 6), (need, 2), (need, 6), (need, 2)]
+    assert session.anchors.export()["N2.tail.latents"].shape[1] >= need  # the newest tail, for I2 and N3

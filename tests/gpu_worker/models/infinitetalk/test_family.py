@@ -14,11 +14,12 @@ pytest.importorskip("diffusers", reason="the infinitetalk family's models are di
 
 from gpu_worker.models.infinitetalk import build_family
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
-from gpu_worker.models.infinitetalk.config import TINY
+from gpu_worker.models.infinitetalk.config import TINY, StreamConfig
+from gpu_worker.models.infinitetalk.roles import InfiniteTalkDecoder, WanLatents
 from gpu_worker.pipeline import Pipeline
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import ArrayAudio, ChunkRequest, OutputSpec
-from monologue.contracts import Chunk, Family, RenderOptions, Residency
+from monologue.contracts import Chunk, ChunkKind, Family, RenderOptions, Residency
 from monologue.plan import chunk_sizes, plan_chunks
 
 OPTIONS = RenderOptions(family=Family.INFINITETALK, chunk_frames=16, i_frames=4, prompt="a calm studio")
@@ -122,3 +123,35 @@ def test_a_first_chunk_moves_up_onto_each_family_s_grid() -> None:
     assert [Family.WARP.first_chunk_on_grid(n) for n in (0, 1, 16, 17)] == [0, 1, 16, 17]
     for family in Family:  # what it gives is accepted as a first chunk
         assert all(RenderOptions(family=family, first_chunk_frames=family.first_chunk_on_grid(n)) for n in range(30))
+
+
+def test_the_decoder_context_grows_to_the_receptive_field_and_stays_there(
+    tiny_weights: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream longer than the Wan decoder's receptive field (`decoder_context`, 38 latents: test_vae.py shows 38
+    primes exactly and 37 does not): each chunk after N0 reaches its decoder with the stream's latents before it,
+    up to exactly 38 of them, however long the stream has grown (a tail anchor keeping one too few would show)."""
+    need = StreamConfig().decoder_context
+    seen: list[tuple[str, int]] = []
+    decode = InfiniteTalkDecoder.decode
+
+    def watched(self: InfiniteTalkDecoder, reference: dict[str, np.ndarray], upscaled: WanLatents) -> np.ndarray:
+        seen.append(("none" if upscaled.context is None else str(upscaled.context.shape[1]), upscaled.frames.shape[1]))
+        return decode(self, reference, upscaled)
+
+    monkeypatch.setattr(InfiniteTalkDecoder, "decode", watched)
+    options = RenderOptions(family=Family.INFINITETALK, chunk_frames=64, i_frames=4, prompt="a calm studio")
+    chunks = [chunk for chunk in plan_chunks(300, **chunk_sizes(options)) if chunk.kind is ChunkKind.N][:4]
+    rng = np.random.default_rng(7)
+    portrait = (rng.random((90, 80, 3)) * 255).astype(np.uint8)
+    t = np.arange(16_000 * 13) / 16_000
+    audio = ArrayAudio((0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
+    pipeline = _pipeline(tiny_weights)
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    _render(pipeline, session, chunks)
+    streamed = 0  # latents of the stream before each chunk
+    expected = []
+    for _, latents in seen:
+        expected.append(("none" if streamed == 0 else str(min(streamed, need)), latents))
+        streamed += latents
+    assert seen == expected and streamed > need + seen[-1][1]  # the last chunks reached the limit
