@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,7 +17,7 @@ from monologue.metrics import LeaseBacklogCollector, SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
-from . import problems
+from . import links, problems
 from .backlog import BacklogPoller
 from .deps import Services
 from .guard import UploadGuard
@@ -47,6 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         backlog = BacklogPoller.for_settings(temporal, settings)
         app.state.metrics_registry.register(LeaseBacklogCollector(backlog.figures))
         backlog.start()
+        if (problem := links.unshared_key(settings, os.environ)) is not None:
+            log.error("playback links will fail across replicas", problem=problem)
         log.info("api ready", temporal=settings.temporal.address)
         yield
         await backlog.stop()

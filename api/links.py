@@ -18,6 +18,7 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,6 +57,19 @@ def link_key(settings: Settings) -> bytes:
     if settings.links.secret is not None:
         return settings.links.secret.get_secret_value().encode()
     return _key_file(settings.home)
+
+
+def unshared_key(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """Why this process's links would not work on its sibling replicas, or None: in a Kubernetes pod (every pod has
+    KUBERNETES_SERVICE_HOST) without MONOLOGUE_LINKS__SECRET, each replica makes a key of its own, and a link one of
+    them signed is refused by the others."""
+    if settings.links.secret is not None or "KUBERNETES_SERVICE_HOST" not in environ:
+        return None
+    return (
+        "MONOLOGUE_LINKS__SECRET is not set: this pod made a link key of its own, so playback links and audio"
+        " tickets it signs are refused by every other API replica; put one secret in monologue-secrets"
+        " (infra/k8s/base/config.yaml)"
+    )
 
 
 @functools.cache

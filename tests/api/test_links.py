@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
-from api.links import LinkRefused, expiry, link_key, playback_links, sign, verify
+from api.links import LinkRefused, expiry, link_key, playback_links, sign, unshared_key, verify
 from monologue.settings import LinkSettings, Settings
 
 KEY = b"k" * 32
@@ -72,3 +73,23 @@ def test_links_expire_when_the_setting_says_rounded_to_the_minute_and_share_a_ke
     assert secret.stat().st_mode & 0o777 == 0o600 and link_key(settings) == secret.read_bytes().strip()
     given = Settings(home=tmp_path, links=LinkSettings(secret="operator-secret"))
     assert link_key(given) == b"operator-secret"
+
+
+def test_two_api_processes_with_one_secret_accept_each_others_links(tmp_path: Path) -> None:
+    """Replicas on different machines (their own homes): with MONOLOGUE_LINKS__SECRET shared, a link one signed
+    opens on the other; without it, each makes its own key and the other refuses the link."""
+    one, other = tmp_path / "one", tmp_path / "other"
+    shared = LinkSettings(secret=SecretStr("a secret every replica holds"))
+    token = sign(link_key(Settings(home=one, links=shared)), "s1", int(time.time()) + 60)
+    assert verify(link_key(Settings(home=other, links=shared)), token, max_ttl_s=120).session_id == "s1"
+    token = sign(link_key(Settings(home=one)), "s1", int(time.time()) + 60)
+    with pytest.raises(LinkRefused):
+        verify(link_key(Settings(home=other)), token, max_ttl_s=120)
+
+
+def test_an_api_pod_without_the_shared_secret_says_so() -> None:
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    problem = unshared_key(Settings(), pod)
+    assert problem is not None and "MONOLOGUE_LINKS__SECRET" in problem
+    assert unshared_key(Settings(links=LinkSettings(secret=SecretStr("s"))), pod) is None
+    assert unshared_key(Settings(), {}) is None  # one machine: its replicas share <home>/link-secret
