@@ -99,11 +99,14 @@ def node() -> None:
 @main.command()
 def migrate() -> None:
     """Apply the database migrations (MONOLOGUE_DATABASE_URL)."""
+    from sqlalchemy.engine import make_url
+
     from monologue.db import migrate as run_migrations
 
     settings = get_settings()
     run_migrations(settings.db_url)
-    click.echo(f"migrated {settings.db_url}")
+    # The URL without its password: this line ends up in the migration Job's log.
+    click.echo(f"migrated {make_url(settings.db_url).render_as_string(hide_password=True)}")
 
 
 @main.command()

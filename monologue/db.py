@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, TypeDecorator, create_engine, event
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -352,3 +353,27 @@ def downgrade(url: str, revision: str) -> None:
     from alembic import command
 
     command.downgrade(alembic_config(url), revision)
+
+
+@functools.cache
+def schema_head() -> str:
+    """The newest migration's revision: the schema this code needs."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations in {MIGRATIONS_DIR}")
+    return head
+
+
+def schema_problem(connection: Connection) -> str | None:
+    """Why the database's schema is not the one this code needs (no migration applied yet, or another one), or
+    None when it is."""
+    from sqlalchemy import inspect, text
+
+    if not inspect(connection).has_table("alembic_version"):
+        return f"no migrations applied: run `monologue migrate` (this code needs {schema_head()})"
+    current = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    if current != schema_head():
+        return f"the schema is at {current}, this code needs {schema_head()}: run `monologue migrate`"
+    return None

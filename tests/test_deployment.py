@@ -315,10 +315,37 @@ def test_the_temporal_values_register_the_namespace_and_document_the_search_attr
     values = yaml.safe_load(path.read_text())
     config = values["server"]["config"]
     assert [ns["name"] for ns in config["namespaces"]["namespace"]] == ["monologue"] and config["namespaces"]["create"]
-    assert config["persistence"]["default"]["sql"]["driver"] == "postgres12"
-    assert config["tls"]["frontend"]["server"]["requireClientAuth"] is True
+    stores = config["persistence"]["datastores"]
+    assert {store["sql"]["pluginName"] for store in stores.values()} == {"postgres12"}
+    frontend = values["server"]["tls"]["frontend"]
+    assert frontend["enabled"] and frontend["requireClientAuth"] is True
+    assert (
+        frontend["serverName"]
+        == Settings.model_validate({"temporal": {"tls": {"server_name": "temporal-frontend"}}}).temporal.tls.server_name
+    )
     text = path.read_text()
     assert all(name in text for name in c.SEARCH_ATTRIBUTES)
+
+
+def test_the_temporal_values_use_only_keys_the_pinned_chart_accepts() -> None:
+    """Chart 1.6.0's own values (tests/schemas/temporal-chart-1.6.0.json): a key of an older chart (bundled
+    databases, `persistence.default`, `schema.setup`) would be ignored or refused by it."""
+    chart = json.loads((ROOT / "tests" / "schemas" / "temporal-chart-1.6.0.json").read_text())
+    text = (ROOT / "infra" / "temporal" / "values.yaml").read_text()
+    assert f"--version {chart['version']}" in text
+    known, free = set(chart["keys"]), tuple(chart["free_form"])
+    unknown = [path for path in _key_paths(yaml.safe_load(text)) if path not in known and not path.startswith(free)]
+    assert unknown == []
+
+
+def _key_paths(values: Any, prefix: str = "") -> list[str]:
+    if not isinstance(values, dict):
+        return []
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        paths += [path, *_key_paths(value, path)]
+    return paths
 
 
 def test_the_temporal_values_turn_on_the_matcher_the_dev_server_runs_with() -> None:

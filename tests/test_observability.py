@@ -1,6 +1,7 @@
 """Metrics, probes and readiness on a running stack: a real Prometheus server (Debian's package) scrapes the
 API's /metrics, the node's port and both processes' Temporal SDK metrics during a render, and the figures come
-back through Prometheus' HTTP API. /readyz fails, naming the part, when the database or Temporal is down."""
+back through Prometheus' HTTP API. /readyz fails, naming the part, when the database is down or not migrated;
+Temporal's outage it reports without failing."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_prometheus_scrapes_the_stack_during_a_render(
 def test_the_api_and_the_node_are_alive_and_ready(stack: Stack, api_url: str) -> None:
     assert httpx.get(f"{api_url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{api_url}/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": True, "temporal": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": True, "schema": True, "temporal": True}
     node = f"http://127.0.0.1:{stack.settings.node.http_port}"
     assert httpx.get(f"{node}/healthz").json() == {"status": "ok"}
     body = httpx.get(f"{node}/readyz").json()
@@ -105,21 +106,37 @@ def _readyz(settings: Settings) -> tuple[int, dict[str, Any]]:
     return response.status_code, response.json()
 
 
-def test_api_readiness_fails_when_temporal_is_down(stack_settings: Settings, tmp_path: Path) -> None:
+def test_the_api_stays_ready_while_temporal_is_down_and_says_so(stack_settings: Settings, tmp_path: Path) -> None:
+    """A Temporal blip must not take every replica out of the Service at once: the API answers what the database
+    knows, and 503 with Retry-After to what needs Temporal."""
     from monologue.db import migrate
 
     settings = Settings(home=tmp_path, temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}"))
     migrate(settings.db_url)
     status, body = _readyz(settings)
-    assert status == 503 and body["checks"] == {"database": True, "temporal": False}, body
-    assert body["problems"]["temporal"]
+    assert status == 200 and body["checks"] == {"database": True, "schema": True, "temporal": False}, body
+    assert body["status"] == "ready, without Temporal" and body["problems"]["temporal"]
+
+
+def test_api_readiness_fails_until_the_migrations_ran(stack_settings: Settings, tmp_path: Path) -> None:
+    from monologue.db import migrate, schema_head
+
+    settings = Settings(home=tmp_path, temporal=stack_settings.temporal)
+    status, body = _readyz(settings)
+    assert status == 503 and body["checks"] == {"database": True, "schema": False, "temporal": True}, body
+    assert "monologue migrate" in body["problems"]["schema"]
+    migrate(settings.db_url, "0001")
+    status, body = _readyz(settings)
+    assert status == 503 and f"needs {schema_head()}" in body["problems"]["schema"]
+    migrate(settings.db_url)
+    assert _readyz(settings)[0] == 200
 
 
 def test_api_readiness_fails_when_the_database_is_down(stack_settings: Settings, tmp_path: Path) -> None:
     dead = f"postgresql+psycopg://monologue:x@127.0.0.1:{free_port()}/monologue"
     settings = Settings(home=tmp_path, database_url=dead, temporal=stack_settings.temporal)
     status, body = _readyz(settings)
-    assert status == 503 and body["checks"] == {"database": False, "temporal": True}, body
+    assert status == 503 and body["checks"] == {"database": False, "schema": True, "temporal": True}, body
     assert "connection" in body["problems"]["database"].lower()
 
 

@@ -1,6 +1,7 @@
-"""Probes and metrics: `/healthz` (the process answers: liveness), `/readyz` (its database and Temporal answer:
-readiness, 503 naming what is down) and `/metrics` (Prometheus). No key: kubelets and Prometheus scrape pod
-addresses, so these three skip the Host check too (`api/origin.py`); they reveal no tenant's data."""
+"""Probes and metrics: `/healthz` (the process answers: liveness), `/readyz` (its database answers with the
+migrated schema: readiness, 503 naming what is wrong; Temporal reported too) and `/metrics` (Prometheus). No key:
+kubelets and Prometheus scrape pod addresses, so these three skip the Host check too (`api/origin.py`); they reveal
+no tenant's data."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from datetime import timedelta
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
+
+from monologue.db import schema_problem
 
 from ..deps import ServicesDep
 from .renders import operation_id
@@ -26,17 +28,21 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "the database or Temporal does not answer"}})
+@router.get("/readyz", responses={503: {"description": "the database does not answer, or its schema is not migrated"}})
 async def readyz(services: ServicesDep) -> JSONResponse:
-    """Ready for traffic: the database answers `SELECT 1` and Temporal's frontend its health check."""
+    """Ready for traffic: the database answers and its schema is this code's (`monologue migrate` has run). Temporal
+    is checked and reported too, but does not make the API unready: a Temporal blip would take every replica out
+    of the Service at once, while a ready API answers what the database knows and 503 with Retry-After to what
+    needs Temporal (api/outages.py)."""
     problems: dict[str, str] = {}
 
-    def database() -> None:
+    def database() -> str | None:
         with services.sessions() as db:
-            db.execute(text("SELECT 1"))
+            return schema_problem(db.connection())
 
     try:
-        await asyncio.wait_for(asyncio.to_thread(database), PROBE_TIMEOUT_S)
+        if (schema := await asyncio.wait_for(asyncio.to_thread(database), PROBE_TIMEOUT_S)) is not None:
+            problems["schema"] = schema
     except (SQLAlchemyError, TimeoutError) as err:
         problems["database"] = _first_line(err) or "no answer within the probe timeout"
     try:
@@ -45,9 +51,11 @@ async def readyz(services: ServicesDep) -> JSONResponse:
             problems["temporal"] = "the frontend reports itself not serving"
     except Exception as err:  # any RPC failure, a lazy client's failed connect included: not reachable
         problems["temporal"] = _first_line(err) or type(err).__name__
-    checks = {name: name not in problems for name in ("database", "temporal")}
-    body = {"status": "not ready" if problems else "ready", "checks": checks, "problems": problems}
-    return JSONResponse(body, status_code=503 if problems else 200)
+    checks = {name: name not in problems for name in ("database", "schema", "temporal")}
+    ready = checks["database"] and checks["schema"]
+    status = "ready" if not problems else "ready, without Temporal" if ready else "not ready"
+    body = {"status": status, "checks": checks, "problems": problems}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)  # Prometheus text, not an API

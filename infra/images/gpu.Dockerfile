@@ -22,19 +22,27 @@ RUN /opt/monologue/bin/pip install --no-deps /src
 
 FROM python:3.11-slim-bookworm
 # numactl: the NUMA topology the ranks pin themselves by (gpu_worker/distributed/numa.py reads sysfs; numactl is
-# there for operators checking it: `numactl --hardware`).
-RUN apt-get update && apt-get install -y --no-install-recommends numactl && rm -rf /var/lib/apt/lists/* \
+# there for operators checking it: `numactl --hardware`). gcc and libc6-dev: Triton compiles its CUDA launcher
+# helpers with the system C compiler the first time it runs a kernel (torch.compile, flex attention); the slim
+# image has none.
+RUN apt-get update && apt-get install -y --no-install-recommends numactl gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
 COPY --from=build /opt/monologue /opt/monologue
+# The compilers' caches go under MONOLOGUE_HOME, which the pod mounts writable (the root filesystem is read-only):
+# Triton's kernels, Inductor's generated code, and anything else that caches under XDG_CACHE_HOME.
 ENV PATH=/opt/monologue/bin:$PATH PYTHONUNBUFFERED=1 MONOLOGUE_HOME=/home/monologue/var MONOLOGUE_LOG_FORMAT=json \
     MONOLOGUE_NODE__HTTP_HOST=0.0.0.0 MONOLOGUE_NODE__HTTP_PORT=9100 MONOLOGUE_NODE__REQUIRE_GPU=true \
-    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TRITON_CACHE_DIR=/home/monologue/var/cache/triton TORCHINDUCTOR_CACHE_DIR=/home/monologue/var/cache/inductor \
+    XDG_CACHE_HOME=/home/monologue/var/cache
 WORKDIR /home/monologue
 USER 10001:10001
 EXPOSE 9100
 HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \
   CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9100/healthz', timeout=2)"]
 STOPSIGNAL SIGTERM
-# torchrun forwards SIGTERM to its ranks; rank 0 drains the node, the others leave when it shuts the group down.
+# torchrun forwards SIGTERM to its ranks; rank 0 drains the node, the others leave when it shuts the group down;
+# --shutdown-timeout: torchrun kills the ranks only after the drain (its default, 30 s, would cut it short).
 # --nproc-per-node gpu: one process per visible GPU. --max-restarts: a broken rank group restarts the node afresh.
-CMD ["torchrun", "--nproc-per-node", "gpu", "--max-restarts", "3", "-m", "node.launch"]
+CMD ["torchrun", "--nproc-per-node", "gpu", "--max-restarts", "3", "--shutdown-timeout", "260", "-m", "node.launch"]

@@ -229,3 +229,22 @@ def test_renders_commands_list_cancel_watch_and_resume_a_session(
     assert _cli("renders", "watch", session_id, api_url=api_url).returncode == 1
     missing = _cli("renders", "show", "no-such-session", api_url=api_url)
     assert missing.returncode == 1 and "404" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_migrate_never_prints_the_database_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`monologue migrate` runs as a Kubernetes Job whose log anyone with read access to the namespace sees."""
+    from sqlalchemy.engine import make_url
+
+    from monologue.settings import get_settings
+    from tests.helpers import postgres_database
+
+    with postgres_database() as url:
+        with_password = make_url(url).set(password="not-for-logs").render_as_string(hide_password=False)
+        monkeypatch.setenv("MONOLOGUE_DATABASE_URL", with_password)  # trust auth: the password is not checked
+        get_settings.cache_clear()
+        try:
+            result = CliRunner().invoke(main, ["migrate"])
+        finally:
+            get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert "not-for-logs" not in result.output and "***" in result.output

@@ -120,7 +120,7 @@ def test_the_api_is_ready_through_mutual_tls(tls_address: str, pki: Pki, tmp_pat
     with TestClient(create_app(settings), base_url=str(settings.api.public_url)) as api:
         response = api.get("/readyz")
     assert response.status_code == 200, response.text
-    assert response.json()["checks"] == {"database": True, "temporal": True}
+    assert response.json()["checks"] == {"database": True, "schema": True, "temporal": True}
 
 
 def test_the_cli_registers_and_checks_search_attributes_through_mutual_tls(
