@@ -43,12 +43,17 @@ def models() -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor, torch.Te
 
 
 def test_each_model_gives_its_own_output_however_often_the_device_switches(models: tuple) -> None:  # type: ignore[type-arg]
+    _switch_back_and_forth(models, rounds=3)
+
+
+def _switch_back_and_forth(models: tuple, rounds: int) -> None:  # type: ignore[type-arg]
+    """Both models registered with one switcher, activated in turn: each gives its own output every time."""
     first, second, x, first_out, second_out = models
     switcher = ModelSwitcher("cpu", lookahead=1)
     switcher.register(first, name="first")
     switcher.register(second, name="second")
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(rounds):
             switcher.activate(first)
             assert torch.equal(first(x), first_out)
             switcher.activate(second)
@@ -225,23 +230,17 @@ def _from_a_checkpoint(model: nn.Module, folder: Path) -> nn.Module:
     return model
 
 
-def test_weights_loaded_from_a_checkpoint_switch_and_park_on_the_cpu(tmp_path: Path) -> None:
+def test_weights_loaded_from_a_checkpoint_switch_and_park_on_the_cpu(
+    models: tuple,  # type: ignore[type-arg]
+    tmp_path: Path,
+) -> None:
     """Switch residency and parked models free and refill storages in place: checkpoint weights get storages of
     their own first (the GPU check's dry run loads every model from one checkpoint)."""
-    first, second, x = toy_model(1), toy_model(2, dim=17, layers=4), toy_input(1)
-    with torch.no_grad():
-        first_out, second_out = first(x), second(x)
-    first, second = _from_a_checkpoint(first, tmp_path), _from_a_checkpoint(second, tmp_path)
+    first, second, x = models[:3]
+    for model in (first, second):
+        _from_a_checkpoint(model, tmp_path)
     parameters = list(first.parameters())
-    switcher = ModelSwitcher("cpu", lookahead=1)
-    switcher.register(first, name="first")
-    switcher.register(second, name="second")
-    with torch.no_grad():
-        for _ in range(2):
-            switcher.activate(first)
-            assert torch.equal(first(x), first_out)
-            switcher.activate(second)
-            assert torch.equal(second(x), second_out)
+    _switch_back_and_forth(models, rounds=2)
     assert list(first.parameters()) == parameters  # the same parameters, over storages of their own
 
     parked = _from_a_checkpoint(toy_model(4), tmp_path)
