@@ -40,6 +40,16 @@ class DetectionConfig:
     # Faces found past the first pass are enlarged to this size to look for their eyes (at 70 px the eyes are
     # too small for the eye cascade; real faces then show both, textures mistaken for faces do not).
     confirm_face_px: int = 200
+    # How many overlapping cascade hits make a face. The first pass asks many (its hits are not checked again);
+    # the passes past it ask fewer, because their eyes confirm each face: a face of 8-9 % of a 720-px picture
+    # gets only 4 to 7 hits at full size, and with 8 asked of it a clearly visible face was refused (with 3,
+    # grass passed for a face; tests/gpu_worker/models/test_warp_faces.py holds both lines).
+    min_neighbours: int = 8
+    confirm_min_neighbours: int = 4
+    # The cascades' box of one face varies by ±5 % with its background (56-66 px for a 60-px face): the passes
+    # past the first search down to this share of the stated minimum, so a face at the minimum is not refused
+    # for a box a few pixels short of it.
+    confirm_size_slack: float = 0.9
 
 
 DETECTION = DetectionConfig()
@@ -222,10 +232,14 @@ def _detect_at(
     grey = cv2.cvtColor(work, cv2.COLOR_RGB2GRAY)
     equalised = cv2.equalizeHist(grey)
     min_face = max(24, round(config.min_face_share * min(grey.shape)))
+    search = max(24, round(min_face * config.confirm_size_slack)) if confirm else min_face
     face: tuple[int, int, int, int] | None = None
     for name in config.face_cascades:
         boxes = _cascade(name).detectMultiScale(
-            equalised, scaleFactor=1.1, minNeighbors=8, minSize=(min_face, min_face)
+            equalised,
+            scaleFactor=1.1,
+            minNeighbors=config.confirm_min_neighbours if confirm else config.min_neighbours,
+            minSize=(search, search),
         )
         candidates = _by_size(np.asarray(boxes))
         face = next((box for box in candidates if not confirm or _eyes_confirm(grey, box, config)), None)
