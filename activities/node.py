@@ -205,7 +205,7 @@ class NodeActivities:
             elif row is not None and row.kind == c.SessionKind.RENDER and row.started_at and row.finished_at:
                 wall_s = (row.finished_at - row.started_at).total_seconds()
                 if wall_s > 0:
-                    metrics.REALTIME_FACTOR.labels(family=options.family.value).observe(
+                    metrics.REALTIME_RATIO.labels(family=options.family.value).observe(
                         request.frames / options.fps / wall_s
                     )
             self._cache.drop(sid)

@@ -4,9 +4,10 @@ queue), recording every attempt.
 `notify_session_ended` writes one delivery row per endpoint of the tenant that takes the event (its id derived
 from the session, event, endpoint and workflow run, so a retry finds the same rows) and starts one
 WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook` sends one attempt, signed for that
-attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it, and
-raises for anything but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is
-a non-retryable refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhooks.encryption`), and
+attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it (and
+counts it: `monologue_webhook_deliveries_total`, `monologue_webhook_delivery_seconds`), and raises for anything
+but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is a non-retryable
+refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhooks.encryption`), and
 of the receiver's answer only its status and first bytes are read. Async activities: their work is network
 waits; database calls run on a thread."""
 
@@ -27,11 +28,11 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
 from activities.errors import activity_context
-from monologue import contracts as c, outbound, repo, webhooks
+from monologue import contracts as c, metrics, outbound, repo, webhooks
 from monologue.db import utcnow
 from monologue.errors import AddressRefused
 from monologue.repo import webhooks as repo_webhooks
-from monologue.schemas import DeliveryStatus
+from monologue.schemas import DeliveryStatus, WebhookEvent
 from monologue.settings import Settings
 from monologue.webhooks import encryption as webhook_secrets
 
@@ -46,6 +47,7 @@ class _Message:
     secret: str  # decrypted: only in memory, only to sign
     tenant: str
     body: bytes
+    event: WebhookEvent
 
 
 class WebhookActivities:
@@ -137,6 +139,7 @@ class WebhookActivities:
             raise ApplicationError(str(err), type=c.WEBHOOK_REFUSED, non_retryable=True) from None
         except httpx.HTTPError as err:
             error = _failure(err)
+        metrics.WEBHOOK_DELIVERY.labels(event=message.event.value).observe(time.monotonic() - started)
         await asyncio.to_thread(self._record, request.delivery_id, attempt, started, status, error)
         if error is not None:
             raise ApplicationError(f"attempt {attempt} to {url}: {error}")
@@ -149,15 +152,16 @@ class WebhookActivities:
                 return None
             endpoint = repo_webhooks.get_endpoint(db, endpoint_id=delivery.endpoint_id)
             if endpoint is None or endpoint.disabled_at is not None or endpoint.secret is None:
-                repo_webhooks.give_up(db, delivery_id=delivery_id, error="the endpoint was deleted")
+                _count_given_up(repo_webhooks.give_up(db, delivery_id=delivery_id, error="the endpoint was deleted"))
                 return None
             secret = webhook_secrets.unseal(self._keys, endpoint.secret)
-            return _Message(endpoint.url, secret, delivery.tenant, webhooks.body(delivery.payload))
+            body = webhooks.body(delivery.payload)
+            return _Message(endpoint.url, secret, delivery.tenant, body, delivery.event)
 
     def _record(self, delivery_id: str, attempt: int, started: float, status: int | None, error: str | None) -> None:
         took = timedelta(seconds=time.monotonic() - started)
         with self._sessions() as db:
-            repo_webhooks.record_attempt(
+            event = repo_webhooks.record_attempt(
                 db,
                 delivery_id=delivery_id,
                 attempt=attempt,
@@ -167,6 +171,9 @@ class WebhookActivities:
                 error=error,
                 delivered=error is None,
             )
+        if event is not None:
+            outcome = metrics.WebhookOutcome.DELIVERED if error is None else metrics.WebhookOutcome.FAILED
+            metrics.WEBHOOK_DELIVERIES.labels(event=event.value, outcome=outcome.value).inc()
 
     @activity.defn(name=c.WEBHOOK_GIVEN_UP)
     async def webhook_given_up(self, request: c.WebhookGivenUpInput) -> None:
@@ -175,7 +182,13 @@ class WebhookActivities:
 
     def _give_up(self, request: c.WebhookGivenUpInput) -> None:
         with self._sessions() as db:
-            repo_webhooks.give_up(db, delivery_id=request.delivery_id, error=request.error)
+            _count_given_up(repo_webhooks.give_up(db, delivery_id=request.delivery_id, error=request.error))
+
+
+def _count_given_up(event: WebhookEvent | None) -> None:
+    """A delivery this call gave up on counts once (None: it had ended already, and was counted then)."""
+    if event is not None:
+        metrics.WEBHOOK_DELIVERIES.labels(event=event.value, outcome=metrics.WebhookOutcome.GAVE_UP.value).inc()
 
 
 def _failure(err: httpx.HTTPError) -> str:

@@ -12,17 +12,19 @@ from prometheus_client import CollectorRegistry
 
 from monologue import __version__, temporal_client, tracing
 from monologue.db import make_engine, make_sessionmaker
+from monologue.exporter_lock import ExporterLock
 from monologue.logs import configure_logging, redact_query_strings
-from monologue.metrics import LeaseBacklogCollector, SessionsCollector
+from monologue.metrics import HttpMetrics, LeaseBacklogCollector, SessionsCollector
 from monologue.settings import Settings, get_settings
 from monologue.storage import open_store
 
-from . import links, problems
+from . import links, openapi, problems
 from .backlog import BacklogPoller
 from .deps import Services
 from .guard import UploadGuard
+from .http_metrics import HttpMetricsMiddleware
 from .origin import HostPolicy, RequestGuard, browser_access
-from .routes import health, ops, playback, renders, sessions, webhooks
+from .routes import assets, deletes, health, ops, playback, problems as problem_pages, renders, sessions, webhooks
 
 log = structlog.get_logger("api")
 
@@ -42,17 +44,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # A request gives storage a short while, then answers 503 (live audio waits longer: api/live_socket.py).
         store = open_store(settings.storage, retry_for_s=settings.storage.request_retry_for_s)
         app.state.services = Services(settings=settings, store=store, sessions=sessions_, temporal=temporal)
-        app.state.metrics_registry = CollectorRegistry(auto_describe=True)
-        app.state.metrics_registry.register(SessionsCollector(sessions_))
+        exporter = ExporterLock(engine)  # the sessions gauge from one replica per cluster
         # The lease queue's backlog for the node autoscaler: polled in the background, never on a request's path.
         backlog = BacklogPoller.for_settings(temporal, settings)
-        app.state.metrics_registry.register(LeaseBacklogCollector(backlog.figures))
+        collectors = [SessionsCollector(sessions_, exporter), LeaseBacklogCollector(backlog.figures)]
+        for collector in collectors:
+            registry.register(collector)
         backlog.start()
         if (problem := links.unshared_key(settings, os.environ)) is not None:
             log.error("playback links will fail across replicas", problem=problem)
         log.info("api ready", temporal=settings.temporal.address)
         yield
         await backlog.stop()
+        for collector in collectors:  # the app may start again (tests): its registry outlives this run
+            registry.unregister(collector)
+        exporter.close()  # another replica exports from its next scrape
         engine.dispose()
 
     app = FastAPI(
@@ -61,13 +67,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         description="Turn a portrait and speech into a talking-avatar video.",
     )
+    registry = app.state.metrics_registry = CollectorRegistry(auto_describe=True)  # this app's, beside REGISTRY
     app.include_router(health.router)
     app.include_router(renders.router)
     app.include_router(sessions.router)
+    app.include_router(deletes.router)
     app.include_router(playback.router)
     app.include_router(webhooks.router)
+    app.include_router(assets.router)
+    app.include_router(problem_pages.router)
     app.include_router(ops.router)
-    problems.install(app)  # every error as problem+json; the public OpenAPI schema (no /ops)
+    problems.install(app)  # every error as problem+json, with its code
+    openapi.install(app)  # the public OpenAPI schema (no /ops)
     # A /v1 body's key and size are checked before any of it is read (added first: runs after the Host checks).
     app.add_middleware(UploadGuard)
     # Host, URL and same-origin checks before any route; a conflicting setting stops the API here, at its start.
@@ -81,6 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             response: Response = await call_next(request)
             return response
 
+    # Every request by route template, those the guards refuse included (they answer before any route matches).
+    app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics.on(registry))
     tracing.instrument_app(app)  # outermost: the server span covers the guards and CORS too
     return app
 

@@ -1,4 +1,5 @@
-"""Creating a session from a request: inputs uploaded or given by URL, and the request's `Idempotency-Key`.
+"""Creating a session from a request: inputs uploaded, given by URL or by an uploaded asset's id (a JSON body:
+`api/create_json.py`), and the request's `Idempotency-Key`.
 
 Order: the options are validated; the inputs are read (uploads) or only noted (URLs); the request's fingerprint
 (SHA-256 over its kind, options and inputs: the uploads' bytes, the URLs as given) claims the idempotency key; only
@@ -37,7 +38,7 @@ _REPLAY_POLL_S = 0.2
 
 @dataclass(frozen=True)
 class Input:
-    """One input of a request: the bytes uploaded, or the URL to fetch them from."""
+    """One input of a request: the bytes uploaded (or of the asset named), or the URL to fetch them from."""
 
     field: str
     data: bytes | None = None
@@ -69,6 +70,11 @@ async def _read_input(field: str, upload: UploadFile | None, url: str | None, *,
         raise HTTPException(422, f"{field}: send the file or {field}_url, not both")
     if upload is None:
         return Input(field, url=(url or "").strip())
+    return Input(field, data=await read_upload(field, upload, limit=limit))
+
+
+async def read_upload(field: str, upload: UploadFile, *, limit: int) -> bytes:
+    """The uploaded file's bytes: 413 past `limit`, 422 if empty."""
     data = await upload.read(limit + 1)
     if len(data) > limit:
         raise HTTPException(
@@ -78,7 +84,7 @@ async def _read_input(field: str, upload: UploadFile | None, url: str | None, *,
         )
     if not data:
         raise HTTPException(422, f"{field}: the uploaded file is empty")
-    return Input(field, data=data)
+    return data
 
 
 async def create(

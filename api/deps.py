@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Security
 from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from temporalio.client import Client
 
@@ -101,7 +102,18 @@ def principal_from_headers(services: Services, authorization: str | None) -> Pri
     return Principal(tenant=row.tenant, scopes=tuple(row.scopes), key_id=row.id)
 
 
-def require_key(request: Request, services: ServicesDep) -> Principal:
+# The key as OpenAPI's HTTP bearer scheme: each route that takes `TenantDep` or `OpsAccess` lists it under `security`
+# (derived from the dependency, so a new route is documented as it behaves). It only reads the header; the checks
+# are `principal_from_headers`'s.
+BEARER = HTTPBearer(
+    scheme_name="bearer",
+    description="An API key (`monologue keys create --tenant NAME`): `Authorization: Bearer <key>`.",
+    auto_error=False,
+)
+BearerDoc = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+
+
+def require_key(request: Request, services: ServicesDep, _bearer: BearerDoc) -> Principal:
     """Every /v1 route: a valid key; the caller then sees only its tenant's sessions."""
     # A request with a body was let in by api.guard, which checked its key before reading the body.
     principal: Principal | None = getattr(request.state, "principal", None)
@@ -114,7 +126,7 @@ def require_key(request: Request, services: ServicesDep) -> Principal:
 TenantDep = Annotated[Principal, Depends(require_key)]
 
 
-def ops_access(request: Request, services: ServicesDep) -> Principal:
+def ops_access(request: Request, services: ServicesDep, _bearer: BearerDoc) -> Principal:
     """The operator's UI (`/ops`): a key with the `ops` scope, or, when MONOLOGUE_API__OPS_OPEN_ON_LOOPBACK is
     set, a browser on this machine without a key. Operators see every tenant."""
     authorization = request.headers.get("authorization")

@@ -35,19 +35,28 @@ Stop = Callable[[], Awaitable[str | None]]
 
 
 async def progress_events(
-    request: Request, services: Services, session_id: str, slot: streams.StreamSlot, stop: Stop
+    request: Request,
+    services: Services,
+    session_id: str,
+    slot: streams.StreamSlot,
+    stop: Stop,
+    *,
+    for_operator: bool = False,
 ) -> Response:
     """The `progress` event stream of a session the caller may see, until it ends or `stop` says why not (an
     `error` event says so); `slot` is the stream's place in its key's (or link's) count, given back at the end.
     A session that has ended and not changed since `Last-Event-ID` is a 204, which tells EventSource to stop
-    reconnecting."""
+    reconnecting. The operator's stream (`for_operator`) adds the session's `node_id`, which tenants never see."""
     settings = services.settings.api
     last_seen = request.headers.get("last-event-id")
 
     def snapshot() -> dict[str, Any] | None:
         with services.sessions() as db:
             row = repo.get_session(db, session_id=session_id)
-            return None if row is None else public(services, db, row).model_dump(mode="json")
+            if row is None:
+                return None
+            state = public(services, db, row).model_dump(mode="json")
+            return state | {"node_id": row.node_id} if for_operator else state
 
     first: dict[str, Any] | None = await run_in_threadpool(snapshot)
     if first is None or (first["status"] in TERMINAL and state_id(first) == last_seen):

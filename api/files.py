@@ -45,6 +45,10 @@ def video_file(
     """The finished MP4 of a session the caller may see; 409 until it is completed. Blocking (a first progressive
     request remuxes the video): call it from a sync route, which runs on the thread pool."""
     session_id = row.id
+    if row.outputs_removed_at is not None:
+        raise HTTPException(
+            410, f"render {session_id}'s video was removed at {row.outputs_removed_at.isoformat()} (retention)"
+        )
     if row.status != SessionStatus.COMPLETED or row.video_key is None:
         done = repo.chunks_done(db, session_id=session_id)
         raise HTTPException(

@@ -35,6 +35,7 @@ from monologue.storage import retrying_for
 
 from . import streams
 from .deps import Principal, Services
+from .errors import TooManyStreams
 from .inputs import parse_json
 from .live_resample import PcmResampler, ResamplerMissing
 from .live_signal import WorkflowSignaller
@@ -388,7 +389,7 @@ def _take_slot(websocket: WebSocket, principal: Principal) -> streams.StreamSlot
         return streams.stream_slots(websocket.app.state).take(
             principal.key_id, services.settings.limits.max_streams_per_key
         )
-    except streams.TooManyStreams as err:
+    except TooManyStreams as err:
         raise AudioRefused(str(err), CLOSE_TOO_MANY, ends_session=False) from None
 
 

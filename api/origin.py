@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from monologue.schemas import PROBLEMS, ProblemCode
 from monologue.settings import ApiSettings
 
 from .problems import problem_response
@@ -140,37 +141,37 @@ class RequestGuard:
         if refusal is None:
             await self.app(scope, receive, send)
             return
-        status, message = refusal
-        response = problem_response(status, message, instance=scope["path"])
+        code, message = refusal
+        response = problem_response(PROBLEMS[code].status, message, code=code, instance=scope["path"])
         if scope["type"] == "http":
             await response(scope, receive, send)
         else:
             await _refuse_websocket(WebSocket(scope, receive, send), response)
 
-    def refusal(self, scope: Scope) -> tuple[int, str] | None:
-        """(status, message) when the request may not go on, else None."""
+    def refusal(self, scope: Scope) -> tuple[ProblemCode, str] | None:
+        """(problem code, message) when the request may not go on, else None."""
         headers = Headers(scope=scope)
         host = headers.get("host", "")
         probe = scope["type"] == "http" and scope["method"] in SAFE_METHODS and scope["path"] in PROBE_PATHS
         if not probe and not self.policy.allows_host(host):
-            return 400, (
+            return ProblemCode.HOST_NOT_ALLOWED, (
                 f"Host {host!r} is not a name this API answers to: send the host of {self.policy.public_origin}, or"
                 " add this name to MONOLOGUE_API__ALLOWED_HOSTS (set MONOLOGUE_API__PUBLIC_URL to the URL clients use)"
             )
         if "\x00" in scope["path"] or b"\x00" in unquote_to_bytes(scope["query_string"]):
-            return 400, "the URL holds a NUL character (%00); no id, name or filter here has one"
+            return ProblemCode.BAD_REQUEST, "the URL holds a NUL character (%00); no id, name or filter here has one"
         if scope["type"] == "http" and scope["method"] in SAFE_METHODS:
             return None
         origin, site = headers.get("origin"), headers.get("sec-fetch-site")
         if scope["type"] == "websocket" and origin is not None and self._ticket_socket(scope, origin):
             return None
         if origin is not None and not self.policy.allows_origin(origin, host):
-            return 403, (
+            return ProblemCode.CROSS_SITE_REQUEST, (
                 f"a page at {origin} may not change anything here: only this API's own pages may"
                 f" ({self.policy.public_origin}, MONOLOGUE_API__PUBLIC_URL, or a host in MONOLOGUE_API__ALLOWED_HOSTS)"
             )
         if site is not None and site.lower() not in SAME_ORIGIN_FETCH_SITES:
-            return 403, (
+            return ProblemCode.CROSS_SITE_REQUEST, (
                 f"a {site} request may not change anything here (Sec-Fetch-Site: {site}): only pages served from"
                 f" this API's own origin may ({self.policy.public_origin}, MONOLOGUE_API__PUBLIC_URL)"
             )

@@ -1,11 +1,11 @@
-"""Every error as RFC 9457 problem details (`application/problem+json`), and the public OpenAPI schema that says so.
+"""Every error as RFC 9457 problem details (`application/problem+json`) with a stable machine-readable `code`
+(`monologue.schemas.ProblemCode`) and its `type` URI.
 
-`install(app)` registers the handlers (HTTPException, FastAPI's own validation errors, the submit errors, anything
-unexpected) and replaces the app's schema with the public one: the `/v1` and playback routes (the operator's `/ops`
-routes have their own schema, `ops_schema`), every error response a `Problem` under `application/problem+json`,
-and FastAPI's validation-error models gone. The ASGI layers in front of the routes (`guard.py`, `origin.py`) answer
-with `problem_response` too. `detail` stays a sentence saying what to fix, as before; `errors` lists FastAPI's
-validation problems one by one."""
+`install(app)` registers the handlers (HTTPException, FastAPI's own validation errors, the API's `Refusal`s,
+outages, anything unexpected). The ASGI layers in front of the routes (`guard.py`, `origin.py`) answer with
+`problem_response` too. An HTTPException's code is its status's (`CODE_OF_STATUS`); a `Refusal` names its own.
+Every 429 and 503 carries Retry-After. `detail` stays a sentence saying what to fix; `errors` lists FastAPI's
+validation problems one by one. The OpenAPI schema that documents all this is `api/openapi.py`'s."""
 
 from __future__ import annotations
 
@@ -18,29 +18,53 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from fastapi.routing import RouteContext, iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute
 
-from monologue.schemas import Problem
+from monologue.schemas import PROBLEMS, Problem, ProblemCode, problem_type
 
 from . import outages, queue
-from .errors import IdempotencyConflict, NoNodeForLive, TooManySessions, ValidationUnavailable
+from .errors import Refusal, TooManySessions
 
 PROBLEM_JSON = "application/problem+json"
-OPS_PREFIX = "/ops"
+# An HTTPException's code: the first code of its status in `PROBLEMS` (the general one; a Refusal names a narrower).
+CODE_OF_STATUS: dict[int, ProblemCode] = {kind.status: code for code, kind in reversed(PROBLEMS.items())}
+RETRY_STATUSES = frozenset({429, 503})  # the same request may pass later: always with Retry-After
 log = structlog.get_logger("api.problems")
 
 
+def code_of(status: int) -> ProblemCode:
+    """The code of a plain HTTP error; a status no code names (none the API raises) gets its class's."""
+    fallback = ProblemCode.INTERNAL_ERROR if status >= 500 else ProblemCode.BAD_REQUEST
+    return CODE_OF_STATUS.get(status, fallback)
+
+
 def problem_response(
-    status: int, detail: str, *, instance: str | None = None, headers: Mapping[str, str] | None = None, **extra: Any
+    status: int,
+    detail: str,
+    *,
+    code: ProblemCode | None = None,
+    instance: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
 ) -> JSONResponse:
-    """One problem: `status` with its phrase as the title and `detail` naming what to fix."""
-    problem = Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, instance=instance, **extra)
+    """One problem: `status` with its phrase as the title, its `code` (the status's when not given) and `detail`
+    naming what to fix. A 429 or 503 without Retry-After gets the outage's (a client must always learn when)."""
+    code = code or code_of(status)
+    problem = Problem(
+        type=problem_type(code),
+        code=code,
+        title=HTTPStatus(status).phrase,
+        status=status,
+        detail=detail,
+        instance=instance,
+        **extra,
+    )
     body = problem.model_dump(mode="json", exclude_none=True)
-    return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
+    answer_headers = dict(headers or {})
+    if status in RETRY_STATUSES and not any(name.lower() == "retry-after" for name in answer_headers):
+        answer_headers["Retry-After"] = str(outages.RETRY_AFTER_S)
+    return JSONResponse(body, status_code=status, headers=answer_headers, media_type=PROBLEM_JSON)
 
 
 def unavailable(
@@ -50,7 +74,7 @@ def unavailable(
     log.warning("service unavailable", service=service, error=(str(err).splitlines() or [""])[0][:300])
     detail = f"{service} is unavailable right now; try again in a few seconds"
     retry = {**(headers or {}), "Retry-After": str(outages.RETRY_AFTER_S)}
-    return problem_response(503, detail, instance=instance, headers=retry)
+    return problem_response(503, detail, code=ProblemCode.SERVICE_UNAVAILABLE, instance=instance, headers=retry)
 
 
 def describe_errors(errors: Sequence[Any]) -> str:
@@ -66,7 +90,7 @@ def _describe_error(error: Any) -> str:
 
 
 def install(app: FastAPI) -> None:
-    """Problem details for every error, and the public OpenAPI schema."""
+    """Problem details for every error."""
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -81,20 +105,12 @@ def install(app: FastAPI) -> None:
     async def too_many(request: Request, err: TooManySessions) -> JSONResponse:
         services = request.app.state.services
         seconds = await run_in_threadpool(queue.retry_after_s, services, err.tenant or _caller_tenant(request))
-        return problem_response(429, str(err), instance=request.url.path, headers={"Retry-After": str(seconds)})
+        return _refused(request, err, {"Retry-After": str(seconds)})
 
-    @app.exception_handler(IdempotencyConflict)
-    async def reused_key(request: Request, err: IdempotencyConflict) -> JSONResponse:
-        return problem_response(422, str(err), instance=request.url.path)
-
-    @app.exception_handler(ValidationUnavailable)
-    async def no_validator(request: Request, err: ValidationUnavailable) -> JSONResponse:
-        return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": "10"})
-
-    @app.exception_handler(NoNodeForLive)
-    async def no_node(request: Request, err: NoNodeForLive) -> JSONResponse:
-        retry = str(max(1, math.ceil(err.retry_after_s)))
-        return problem_response(503, str(err), instance=request.url.path, headers={"Retry-After": retry})
+    @app.exception_handler(Refusal)
+    async def refused(request: Request, err: Refusal) -> JSONResponse:
+        retry = {} if err.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(err.retry_after_s)))}
+        return _refused(request, err, retry)
 
     async def maybe_outage(request: Request, err: Exception) -> JSONResponse:
         """A service beneath is down for now (restarting, failing over): 503, and the client tries again. Handled
@@ -112,15 +128,9 @@ def install(app: FastAPI) -> None:
         log.exception("unexpected error", error=str(err))
         return problem_response(500, "an unexpected error; it is logged on the server", instance=request.url.path)
 
-    def public_schema() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            routes = [
-                route for route in iter_route_contexts(app.routes) if not (route.path or "").startswith(OPS_PREFIX)
-            ]
-            app.openapi_schema = schema_for(app, routes)
-        return app.openapi_schema
 
-    app.openapi = public_schema  # type: ignore[method-assign]
+def _refused(request: Request, err: Refusal, headers: Mapping[str, str]) -> JSONResponse:
+    return problem_response(err.status, str(err), code=err.code, instance=request.url.path, headers=headers)
 
 
 def _caller_tenant(request: Request) -> str:
@@ -128,30 +138,3 @@ def _caller_tenant(request: Request) -> str:
     routes name it."""
     principal = getattr(request.state, "principal", None)
     return (principal.tenant if principal is not None else None) or "local"
-
-
-def schema_for(app: FastAPI, routes: Sequence[BaseRoute | RouteContext], *, title: str | None = None) -> dict[str, Any]:
-    """The OpenAPI schema of `routes`, every error response a Problem under application/problem+json."""
-    schema = get_openapi(
-        title=title or app.title, version=app.version, description=app.description, routes=list(routes)
-    )
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-    for model in ("HTTPValidationError", "ValidationError"):
-        components.pop(model, None)
-    problem = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
-    for path, operations in schema.get("paths", {}).items():
-        for operation in operations.values():
-            responses = operation.setdefault("responses", {})
-            for code, response in responses.items():
-                if code == "default" or int(code) >= 400:
-                    response["content"] = problem
-            if path.startswith("/v1/") and "401" not in responses:
-                responses["401"] = {"description": "No valid API key.", "content": problem}
-            responses.setdefault("default", {"description": "An error (problem details).", "content": problem})
-    return schema
-
-
-def ops_routes(app: FastAPI) -> list[RouteContext]:
-    """The operator's JSON routes (`/ops/api`), for their own schema."""
-    return [route for route in iter_route_contexts(app.routes) if (route.path or "").startswith(f"{OPS_PREFIX}/api")]

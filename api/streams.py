@@ -20,13 +20,10 @@ from starlette.types import Receive, Scope, Send
 from monologue.db import ApiKeyRow
 
 from .deps import Services
+from .errors import TooManyStreams
 
 REVOKED = "the API key was revoked, so its open streams are closed; use another key (`monologue keys create`)"
 _REGISTRY_LOCK = threading.Lock()
-
-
-class TooManyStreams(Exception):
-    """The key already holds as many open streams as it may (→ 429, or close 4429 on a socket)."""
 
 
 class StreamSlots:

@@ -20,7 +20,18 @@ from .origin import public_base, public_ws_base
 
 
 def find(db: Session, session_id: str, principal: Principal) -> SessionRow:
-    """The session if the caller's tenant owns it; 404 otherwise (not 403: ids of others do not leak)."""
+    """The session if the caller's tenant owns it; 404 otherwise (not 403: ids of others do not leak), 410 if it was
+    deleted."""
+    row = owned(db, session_id, principal)
+    if row.deleted_at is not None:
+        raise HTTPException(
+            410, f"render {session_id!r} was deleted at {row.deleted_at.isoformat()}: its files and options are gone"
+        )
+    return row
+
+
+def owned(db: Session, session_id: str, principal: Principal) -> SessionRow:
+    """The session if the caller's tenant owns it, deleted or not; 404 otherwise."""
     row = repo.get_session(db, session_id=session_id)
     if row is None or (principal.tenant is not None and row.tenant != principal.tenant):
         raise HTTPException(404, f"render {session_id!r} not found")
@@ -56,7 +67,6 @@ def public(
         width=row.width,
         height=row.height,
         audio_seconds=row.audio_seconds,
-        node_id=row.node_id,
         ttff_ms=row.ttff_ms,
         latency=Latency.model_validate(row.latency) if row.latency else None,
         sinks=[

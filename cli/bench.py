@@ -36,7 +36,7 @@ def bench() -> None:
 def bench_pipeline_command(
     minutes: float, resolution: str, preview: bool, family: str, lip_sync: str, as_json: bool
 ) -> None:
-    """Render MINUTES of real speech through the pipeline and encoder; print fps, realtime factor,
+    """Render MINUTES of real speech through the pipeline and encoder; print fps, realtime ratio,
     per-stage ms per chunk (p50/p95) and per second of audio, encode share and peak RSS."""
     from gpu_worker.bench import bench_pipeline, report_json
 

@@ -13,10 +13,11 @@ import click
 
 from cli.bench import bench
 from cli.options import given_options, model_options
-from cli.renders import api_target, renders
+from cli.renders import Input, api_target, input_argument, render_to_file, renders
 from cli.temporal import temporal
 from cli.webhooks import webhooks
 from monologue import SAMPLES, __version__, options as options_
+from monologue.client import Layout
 from monologue.contracts import SessionStatus
 from monologue.exit import exit_when_done
 from monologue.settings import Settings, describe_settings, get_settings
@@ -110,8 +111,8 @@ def migrate() -> None:
 
 
 @main.command()
-@click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("portrait", callback=input_argument)
+@click.argument("audio", callback=input_argument)
 @click.option(
     "-o",
     "--output",
@@ -123,15 +124,30 @@ def migrate() -> None:
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
 @click.option(
     "--layout",
-    type=click.Choice(["fragmented", "progressive"]),
-    default="fragmented",
+    type=click.Choice([layout.value for layout in Layout]),
+    default=Layout.FRAGMENTED.value,
     show_default=True,
     help="progressive: the MP4's index first (for editors).",
 )
+@click.option("--no-wait", is_flag=True, help="Return once the render is made (follow it: `renders watch ID`).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the session as JSON (as made with --no-wait, else as it ended)."
+)
 @model_options(SESSION_OPTIONS)
-def render(portrait: Path, audio: Path, output: Path, api_url: str | None, layout: str, **options: Any) -> None:
-    """Render PORTRAIT speaking AUDIO through the API and download the MP4."""
-    _render(api_url, portrait, audio, output, given_options(options, SESSION_OPTIONS), layout)
+def render(
+    portrait: Input,
+    audio: Input,
+    output: Path,
+    api_url: str | None,
+    layout: str,
+    no_wait: bool,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Render PORTRAIT speaking AUDIO through the API and download the MP4. Each is a file or a URL for the API
+    to fetch (https://…, s3://bucket/key)."""
+    given = given_options(options, SESSION_OPTIONS)
+    render_to_file(api_url, portrait, audio, output, given, layout=Layout(layout), wait=not no_wait, as_json=as_json)
 
 
 @main.command()
@@ -203,7 +219,7 @@ def demo(output: Path | None, keep_running: bool | None) -> None:
         stack = Stack(settings)
         stack.start()
     try:
-        _render(api_url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", output, {})
+        render_to_file(api_url, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", output, {})
         click.echo(f"\nvideo:       {output.resolve()}  ({time.monotonic() - started:.1f} s in all)")
         _print_urls(settings)
         if stack is not None and (keep_running if keep_running is not None else sys.stdout.isatty()):
@@ -212,49 +228,6 @@ def demo(output: Path | None, keep_running: bool | None) -> None:
     finally:
         if stack is not None:
             stack.stop()
-
-
-def _render(
-    api_url: str | None,
-    portrait: Path,
-    audio: Path,
-    output: Path,
-    options: dict[str, Any],
-    layout: str = "fragmented",
-) -> None:
-    from monologue.client import Client, ClientError, Layout
-    from monologue.schemas import RenderPublic
-
-    api_url, key = api_target(api_url)
-    try:
-        with Client(api_url, api_key=key) as client:
-            created = client.create_render(portrait=portrait, audio=audio, options=options)
-            click.echo(f"render {created.id} started ({created.audio_seconds or 0:.1f} s of audio)")
-            bar: Any = None
-            state = {"done": 0}
-
-            def on_progress(render: RenderPublic) -> None:
-                nonlocal bar
-                total, done = render.progress.chunks_total, render.progress.chunks_done
-                if bar is None and total:
-                    bar = click.progressbar(length=total, label="chunks", show_pos=True, file=sys.stderr)
-                    bar.__enter__()
-                if bar is not None:
-                    bar.update(done - state["done"])
-                    state["done"] = done
-
-            try:
-                render = client.wait(created.id, on_progress=on_progress)
-            finally:
-                if bar is not None:
-                    bar.__exit__(None, None, None)
-            size = client.download(created.id, output, layout=Layout(layout))
-    except ClientError as err:
-        raise click.ClickException(str(err)) from err
-    click.echo(
-        f"wrote {output} ({size / 1e6:.1f} MB, {render.progress.frames_total} frames,"
-        f" first frame after {render.ttff_ms or 0:.0f} ms)"
-    )
 
 
 @main.command(

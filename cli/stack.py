@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
@@ -25,6 +27,8 @@ from monologue import contracts as c
 from monologue.db import migrate
 from monologue.localfs import PRIVATE_UMASK, private_dir
 from monologue.settings import Settings, to_env
+
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -101,6 +105,7 @@ class Stack:
         private_dir(self.log_dir)
         try:
             self._start_temporal(timeout_s)
+            _run_async(ensure_temporal_schedules(self.settings))
             migrate(self.settings.db_url)
             self.api_key = self._local_key()
             api = self.settings.api
@@ -276,6 +281,25 @@ def http_ok(url: str) -> bool:
         return False
 
 
+async def ensure_temporal_schedules(settings: Settings) -> list[str]:
+    """The embedded stack's schedules (retention), as `monologue temporal setup` makes them for a cluster."""
+    from cli.schedules import ensure_schedules
+    from monologue.temporal_client import connect
+
+    return await ensure_schedules(await connect(settings.temporal), settings)
+
+
+def _run_async(work: Coroutine[Any, Any, Result]) -> Result:
+    """Run `work` on a loop of its own. Not asyncio.run: its SIGINT handler turns Ctrl-C into a cancellation, which
+    the Temporal client may turn into an ordinary error that `except Exception` swallows, so a Ctrl-C during
+    start-up was lost. A plain loop lets KeyboardInterrupt out."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(work)
+    finally:
+        loop.close()
+
+
 def _has_poller(settings: Settings) -> bool:
     """True once a node polls its own queue (so a submitted render will be picked up)."""
     from temporalio.api.enums.v1 import TaskQueueType
@@ -295,16 +319,10 @@ def _has_poller(settings: Settings) -> bool:
         )
         return len(response.pollers) > 0
 
-    # Not asyncio.run: its SIGINT handler turns Ctrl-C into a cancellation, which the Temporal client may turn
-    # into an ordinary error that `except Exception` swallows, so a Ctrl-C during start-up was lost. A plain
-    # loop lets KeyboardInterrupt out.
-    loop = asyncio.new_event_loop()
     try:
-        return loop.run_until_complete(check())
+        return _run_async(check())
     except Exception:
         return False
-    finally:
-        loop.close()
 
 
 def _tail(path: Path, lines: int = 30) -> str:

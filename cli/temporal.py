@@ -1,6 +1,7 @@
 """`monologue temporal check|setup`: reach the Temporal cluster exactly as the API and the nodes do (TLS, mTLS,
 API key, an envconfig profile: `monologue/temporal_client.py`), and register Monologue's search attributes
-there (the deployment's setup Job runs `setup` after the migrations)."""
+there with its Temporal Schedules (`cli/schedules.py`: retention); the deployment's setup Job runs `setup` after
+the migrations."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import click
 
+from cli.schedules import ensure_schedules
 from monologue import contracts as c
 from monologue.exit import exit_when_done
 from monologue.settings import get_settings
@@ -43,12 +45,14 @@ def _report(report: dict[str, Any]) -> None:
 
 @temporal.command("setup")
 def setup_command() -> None:
-    """Register Monologue's search attributes on the namespace (idempotent)."""
-    exit_when_done(lambda: _report_added(asyncio.run(_setup())))
+    """Register Monologue's search attributes on the namespace and create or update its schedules (retention, from
+    MONOLOGUE_RETENTION__*): idempotent, and the way to apply changed retention settings."""
+    exit_when_done(lambda: _report_added(*asyncio.run(_setup())))
 
 
-def _report_added(added: list[str]) -> None:
+def _report_added(added: list[str], schedules: list[str]) -> None:
     click.echo(f"search attributes: {', '.join(added) or 'all registered already'}")
+    click.echo(f"schedules: {', '.join(schedules)}")
 
 
 async def _check() -> dict[str, Any]:
@@ -72,13 +76,14 @@ async def _check() -> dict[str, Any]:
     }
 
 
-async def _setup() -> list[str]:
+async def _setup() -> tuple[list[str], list[str]]:
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 
     from monologue.temporal_client import connect
 
-    client = await connect(get_settings().temporal)
+    settings = get_settings()
+    client = await connect(settings.temporal)
     listed = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=client.namespace)
     )
@@ -90,4 +95,4 @@ async def _setup() -> list[str]:
                 search_attributes={name: IndexedValueType.Value(_indexed_type(kind)) for name, kind in missing.items()},
             )
         )
-    return sorted(missing)
+    return sorted(missing), await ensure_schedules(client, settings)

@@ -1,7 +1,7 @@
 """`monologue bench pipeline`: render minutes of real speech through the Pipeline and the segment
 encoder on this machine, with no Temporal and no storage in the way, and print what it cost.
 
-A benchmark, not a test: it prints figures (frames/s, realtime factor, per-stage ms per chunk,
+A benchmark, not a test: it prints figures (frames/s, realtime ratio, per-stage ms per chunk,
 encode share, peak RSS) and asserts nothing about speed.
 """
 
@@ -53,7 +53,7 @@ class BenchReport:
     chunks: int
     wall_s: float
     frames_per_s: float
-    realtime_factor: float  # video seconds per wall second
+    realtime_ratio: float  # video seconds per wall second
     encode_share: float  # fraction of the wall time spent in the H.264/AAC encoder
     stage_ms_p50: dict[str, float]
     stage_ms_p95: dict[str, float]
@@ -70,7 +70,7 @@ class BenchReport:
             f"{self.family} ({self.lip_sync}) {self.width}x{self.height}@{self.fps}: {self.frames} frames in"
             f" {self.chunks} chunks, {self.wall_s:.1f} s",
             f"  frames/s          {self.frames_per_s:8.1f}",
-            f"  realtime factor   {self.realtime_factor:8.2f}  (video seconds per wall second)",
+            f"  realtime ratio    {self.realtime_ratio:8.2f}  (video seconds per wall second)",
             f"  video s per CPU s {self.video_s_per_cpu_s:8.2f}  ({self.cpu_s:.1f} CPU s, all threads)",
             f"  phone recognition {self.recognition_cpu_ms_per_audio_s:8.1f}  CPU ms per second of speech",
             f"  encode share      {100 * self.encode_share:7.1f} %",
@@ -134,7 +134,7 @@ def bench_pipeline(
         chunks=len(plan),
         wall_s=wall,
         frames_per_s=frames / wall,
-        realtime_factor=frames / fps / wall,
+        realtime_ratio=frames / fps / wall,
         encode_share=encode_seconds / wall,
         stage_ms_p50={name: float(np.percentile(v, 50)) for name, v in per_stage.items()},
         stage_ms_p95={name: float(np.percentile(v, 95)) for name, v in per_stage.items()},

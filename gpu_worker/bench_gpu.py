@@ -4,7 +4,7 @@ Prints, for a stated configuration (preset, resolution, weight dtype, residency,
 - load time, then time to first frame twice: *cold* (the first session after loading: reference encode +
   first chunk, including compiles and first-use allocations) and *warm* (a second session, after a warm-up
   session of N0 N1 I0 has run every chunk shape once);
-- frames/s and realtime factor over the warm session's chunks only, and per-stage ms (p50 per chunk kind),
+- frames/s and realtime ratio over the warm session's chunks only, and per-stage ms (p50 per chunk kind),
   each stage ended by a device sync so its time is its own (bench_gpu_parts.py says why);
 - peak accelerator memory after the warm-up, after 10 and after all warm chunks (equal when memory is
   flat), and memory still allocated at those points (a leak shows there);
@@ -87,7 +87,7 @@ class GpuReport:
     chunks: int = 0  # of the warm session, over which the figures below are taken
     frames: int = 0
     frames_per_s: float = 0.0
-    realtime_factor: float = 0.0
+    realtime_ratio: float = 0.0
     chunk_ms_p50: dict[str, float] = field(default_factory=dict)  # by chunk kind
     stage_ms_p50: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> stage -> ms
     switch_in_render_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> p50/max
@@ -270,7 +270,7 @@ def _summarise(report: GpuReport, rendered: Rendered) -> None:
     report.chunks = sum(len(times) for times in rendered.chunk_s.values())
     report.frames = rendered.frames
     report.frames_per_s = rendered.frames / wall if wall else 0.0
-    report.realtime_factor = report.frames_per_s / report.fps
+    report.realtime_ratio = report.frames_per_s / report.fps
     report.warm_ttff_ms = rendered.ttff_s * 1000
     report.chunk_ms_p50 = {kind: round(statistics.median(s) * 1000, 2) for kind, s in rendered.chunk_s.items()}
     report.stage_ms_p50 = {
@@ -306,7 +306,7 @@ def describe(report: GpuReport) -> str:
         f"TTFF cold    {report.cold_ttff_ms:.0f} ms (first session after load: compiles included);"
         f" warm-up session of {report.warmup_chunks} chunks {report.warmup_s:.1f} s",
         f"TTFF warm    {report.warm_ttff_ms:.0f} ms (reference encode + first chunk, after the warm-up)",
-        f"throughput   {report.frames_per_s:.1f} frames/s, realtime factor {report.realtime_factor:.2f}"
+        f"throughput   {report.frames_per_s:.1f} frames/s, realtime ratio {report.realtime_ratio:.2f}"
         f" ({report.frames} frames in {report.chunks} warm chunks)",
         "chunk p50    " + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in sorted(report.chunk_ms_p50.items())),
     ]

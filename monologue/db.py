@@ -83,7 +83,8 @@ class Base(DeclarativeBase):
 
 
 class SessionRow(Base):
-    """One render request. Activities move it through queued → running → completed | failed."""
+    """One session (a render or a live one). Its workflow moves it through queued → running → completed | failed |
+    cancelled; a DELETE leaves a tombstone of it (`deleted_at`)."""
 
     __tablename__ = "sessions"
 
@@ -118,6 +119,12 @@ class SessionRow(Base):
     yield_for: Mapped[str | None] = mapped_column(String(64))  # the waiting session it was asked for
     # The newest node lease that claimed the session: a node's write under an older one is refused (repo/fence.py).
     lease: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Data lifecycle (monologue/lifecycle.py): when the session's inputs (portrait, speech and what is derived from
+    # them) and its outputs (stream, video) were removed, by retention or a DELETE; and when a DELETE made the row a
+    # tombstone (the API answers 410 Gone for it).
+    inputs_removed_at: Mapped[datetime | None]
+    outputs_removed_at: Mapped[datetime | None]
+    deleted_at: Mapped[datetime | None]
 
 
 class ChunkRow(Base):

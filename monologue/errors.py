@@ -8,7 +8,8 @@
     │   └── InputTooLarge   a URL input is larger than the upload limit (HTTP 413)
     ├── NotFound          no such session or object (HTTP 404)
     ├── TransientError    a dependency hiccuped; retrying may help
-    │   └── StorageUnavailable  object storage kept failing for as long as the caller may wait (HTTP 503)
+    │   ├── StorageUnavailable  object storage kept failing for as long as the caller may wait (HTTP 503)
+    │   └── SinkObjectsKept     a delete could not remove what a session's S3 sink wrote (HTTP 503; DELETE again)
     ├── LeaseFenced       a node's write under a lease older than the session's newest (it was cut off and came back)
     └── ClientError       what `monologue.client` raises
         ├── ApiError      the API refused a request: its status and problem details
@@ -55,6 +56,11 @@ class StorageUnavailable(TransientError):
     (MONOLOGUE_STORAGE__RETRY_FOR_S); a later call may pass."""
 
 
+class SinkObjectsKept(TransientError):
+    """A session being deleted has objects in an S3 sink's bucket that the bucket would not delete (credentials
+    without s3:DeleteObject, the bucket unreachable); the message names the sink, the place and why."""
+
+
 class LeaseFenced(MonologueError):
     """A node wrote for a session under a lease older than the one that holds the session now: the node was cut off
     long enough for its lease to time out and the session to move, and came back. The write is refused whole."""
@@ -69,8 +75,9 @@ class ClientError(MonologueError):
 
 
 class ApiError(ClientError):
-    """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them, and
-    for a refusal that may pass (429, 503) how long to wait before trying again (`retry_after_s`, from Retry-After)."""
+    """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them, its
+    machine-readable `code` (a `monologue.schemas.ProblemCode` value, e.g. "too-many-sessions"), and for a refusal
+    that may pass (429, 503) how long to wait before trying again (`retry_after_s`, from Retry-After)."""
 
     def __init__(
         self, message: str, *, status: int, problem: dict[str, Any] | None = None, retry_after_s: float | None = None
@@ -78,6 +85,7 @@ class ApiError(ClientError):
         super().__init__(message)
         self.status = status
         self.problem = problem or {}
+        self.code: str | None = self.problem.get("code")
         self.retry_after_s = retry_after_s
 
 

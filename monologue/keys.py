@@ -4,6 +4,9 @@ layout in docs/architecture.md stays true."""
 from __future__ import annotations
 
 import re
+import secrets
+
+from monologue.contracts.retention import DataPart
 
 # What the API may serve from a session's out/ folder (everything else there is internal). Use `fullmatch`:
 # `match` with `$` also accepts a name followed by a newline.
@@ -12,6 +15,17 @@ PUBLIC_OUTPUT = re.compile(r"init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s")
 
 def session_prefix(session_id: str) -> str:
     return f"sessions/{session_id}/"
+
+
+def part_prefixes(session_id: str, part: DataPart) -> tuple[str, ...]:
+    """Where one part of a session's data lives (retention removes each on its own clock). Inputs: the uploads as
+    received, their normalised forms and live audio (`input/`), and what is derived from the portrait and the speech
+    only to resume a session: the reference conditioning and the checkpoints. Outputs: the stream, the videos, the
+    frame hashes (`out/`). Together they are everything under `session_prefix`."""
+    base = session_prefix(session_id)
+    if part is DataPart.INPUTS:
+        return (f"{base}upload/", f"{base}input/", f"{base}ref/", f"{base}ckpt/")
+    return (f"{base}out/",)
 
 
 def portrait(session_id: str) -> str:
@@ -93,3 +107,27 @@ def live_audio_piece(session_id: str, number: int) -> str:
 def live_audio_end(session_id: str) -> str:
     """Written once when a live session's audio ends: its total sample count."""
     return f"sessions/{session_id}/input/live/end.json"
+
+
+ASSETS = "assets/"  # every tenant's uploaded assets, under assets/<tenant>/<asset id>/
+ASSET_TIME_HEX = 12  # an asset id's first 12 hex digits: its upload time in Unix milliseconds (48 bits)
+
+
+def new_asset_id(now_s: float) -> str:
+    """32 hex digits: the upload time (so retention can age assets without a database row) and 80 random bits."""
+    return f"{int(now_s * 1000):0{ASSET_TIME_HEX}x}{secrets.token_hex(10)}"
+
+
+def asset_uploaded_s(asset_id: str) -> float:
+    """The upload time (Unix seconds) that `new_asset_id` put in the id."""
+    return int(asset_id[:ASSET_TIME_HEX], 16) / 1000
+
+
+def asset_prefix(tenant: str, asset_id: str) -> str:
+    """A tenant's uploaded asset (`POST /v1/assets`): under the tenant, so another tenant's id finds nothing."""
+    return f"assets/{tenant}/{asset_id}/"
+
+
+def asset(tenant: str, asset_id: str, kind: str) -> str:
+    """The asset's bytes, as uploaded; the last part says its kind (portrait or audio)."""
+    return f"{asset_prefix(tenant, asset_id)}{kind}"

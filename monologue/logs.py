@@ -1,6 +1,7 @@
 """structlog setup: JSON lines when not on a TTY (services, CI), readable console output on a TTY.
 Bind session, workflow, chunk and node ids with `structlog.contextvars.bound_contextvars` at every
-boundary so every line carries them. Never used inside workflow code (that uses `workflow.logger`)."""
+boundary so every line carries them; with tracing on, a line logged under a span carries its `trace_id` and
+`span_id` too, so a log line finds its trace. Never used inside workflow code (that uses `workflow.logger`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from monologue import tracing
+
 
 def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "info") -> None:
     """Configure structlog and the standard library's root logger for this process."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -42,6 +46,16 @@ def configure_logging(fmt: Literal["auto", "json", "console"] = "auto", level: s
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def add_trace_ids(_logger: object, _method: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+    """`trace_id` and `span_id` (hex, as OpenTelemetry and trace backends print them) of the span current where the
+    line is logged; nothing without one (or with tracing off)."""
+    ids = tracing.current_ids()
+    if ids is not None:
+        event.setdefault("trace_id", ids[0])
+        event.setdefault("span_id", ids[1])
+    return event
 
 
 class QueryStringFilter(logging.Filter):

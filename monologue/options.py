@@ -7,6 +7,7 @@ again by hand:
   limits), returning the dataclass from `.to_options()`;
 - `form_model(cls)`: the same, every field optional (left out: the server's default) and the sinks as a JSON
   string, for multipart form fields;
+- `partial_model(cls)`: every field optional with its own type (sinks a list), for JSON create bodies;
 - `defaults_model(cls)`: the settings' per-render defaults (`MONOLOGUE_RENDER__*`);
 - `cli_options(cls)`: the `monologue render` options.
 Each takes the class, so a test can pass a copy with one more field and see it everywhere.
@@ -127,6 +128,18 @@ def form_model(cls: Any = RenderOptions) -> type[BaseModel]:
         limits = _limits(bounds, lengths=name != SINKS)  # a JSON string's length is not the list's
         fields[name] = (kind | None, Field(None, description=description or None, **limits))
     model: type[BaseModel] = create_model(f"{cls.__name__}Form", __config__=ConfigDict(extra="forbid"), **fields)
+    return model
+
+
+@functools.cache
+def partial_model(cls: Any = RenderOptions) -> type[BaseModel]:
+    """The options as a JSON body's fields: every one optional (left out or null: the server's default), with
+    `request_model`'s types and limits. `given(body)` is what the client sent."""
+    fields: dict[str, Any] = {
+        name: (_pydantic_type(base) | None, Field(None, description=bounds.doc or None, **_limits(bounds)))
+        for name, base, bounds, _default in option_fields(cls)
+    }
+    model: type[BaseModel] = create_model(f"{cls.__name__}Fields", __config__=ConfigDict(extra="forbid"), **fields)
     return model
 
 

@@ -22,6 +22,12 @@ def s3_client(*, endpoint_url: str | None, region: str | None) -> Any:
     return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
+def sink_base_key(prefix: str, session_id: str) -> str:
+    """Where an S3 sink puts a session's objects: `<prefix>/<session id>/` (`<session id>/` without a prefix)."""
+    bare = prefix.strip("/")
+    return f"{bare}/{session_id}/" if bare else f"{session_id}/"
+
+
 def presigned_playlist(client: Any, *, bucket: str, base_key: str, playlist_text: str, expires_s: int) -> str:
     """A sink's playlist with every URI (the init segment and each segment) replaced by a presigned URL:
     a presigned playlist alone does not play from a private bucket, as its relative segment links carry no

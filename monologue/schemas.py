@@ -6,11 +6,12 @@ Pydantic only (no FastAPI): the client installs without the `api` extra."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
 
 from monologue import options as options_
 from monologue.contracts import QueueClass, SessionKind, SessionStatus, SinkType
@@ -135,7 +136,6 @@ class RenderPublic(BaseModel):
     width: int | None
     height: int | None
     audio_seconds: float | None
-    node_id: str | None
     ttff_ms: float | None = Field(
         description="Time to first frame in ms: renders, submit to first chunk encoded; live sessions, first audio"
         " stored to first segment published."
@@ -153,11 +153,86 @@ class RenderPublic(BaseModel):
     )
 
 
-class Problem(BaseModel):
-    """An error, as RFC 9457 problem details (`application/problem+json`). `detail` says what went wrong and what
-    to do; a request FastAPI itself rejects (a missing field, a wrong type) lists each problem in `errors`."""
+class ProblemCode(StrEnum):
+    """What went wrong, machine-readable: every problem's `code`, and the last segment of its `type` URI. Stable: a
+    code is never renamed nor given another meaning (new ones may come); `PROBLEMS` says what each means."""
 
-    type: str = Field(default="about:blank", description="about:blank: the status code says it all")
+    BAD_REQUEST = "bad-request"
+    HOST_NOT_ALLOWED = "host-not-allowed"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    CROSS_SITE_REQUEST = "cross-site-request"
+    NOT_FOUND = "not-found"
+    METHOD_NOT_ALLOWED = "method-not-allowed"
+    CONFLICT = "conflict"
+    GONE = "gone"
+    TOO_LARGE = "too-large"
+    INVALID_REQUEST = "invalid-request"
+    IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"
+    TOO_MANY_SESSIONS = "too-many-sessions"
+    TOO_MANY_STREAMS = "too-many-streams"
+    INTERNAL_ERROR = "internal-error"
+    SERVICE_UNAVAILABLE = "service-unavailable"
+    NO_NODE_AVAILABLE = "no-node-available"
+
+
+# Problem types are `PROBLEM_TYPE_BASE + code`: an identifier that stays the same whatever the deployment's own URL
+# (so clients may compare it); the API also serves each code's page at `/problems/<code>`.
+PROBLEM_TYPE_BASE = "https://monologue.dev/problems/"
+
+
+def problem_type(code: ProblemCode) -> str:
+    return f"{PROBLEM_TYPE_BASE}{code.value}"
+
+
+@dataclass(frozen=True)
+class ProblemKind:
+    status: int
+    summary: str
+
+
+PROBLEMS: dict[ProblemCode, ProblemKind] = {
+    ProblemCode.BAD_REQUEST: ProblemKind(
+        400, "The request is malformed (a body that does not parse, a NUL in the URL)."
+    ),
+    ProblemCode.HOST_NOT_ALLOWED: ProblemKind(400, "The Host header names no host this API answers to."),
+    ProblemCode.UNAUTHORIZED: ProblemKind(401, "No valid API key: send `Authorization: Bearer <key>`."),
+    ProblemCode.FORBIDDEN: ProblemKind(
+        403, "The key may not do this (a scope it lacks), or the playback link is not valid or has expired."
+    ),
+    ProblemCode.CROSS_SITE_REQUEST: ProblemKind(403, "A page of another site may not change anything here."),
+    ProblemCode.NOT_FOUND: ProblemKind(404, "No such thing for this key's tenant (another tenant's ids do not leak)."),
+    ProblemCode.METHOD_NOT_ALLOWED: ProblemKind(405, "The path does not take this method."),
+    ProblemCode.CONFLICT: ProblemKind(409, "Not possible in the session's status (the detail says why)."),
+    ProblemCode.GONE: ProblemKind(
+        410, "The session, or the files asked for, were deleted (by a DELETE, or by the operator's retention)."
+    ),
+    ProblemCode.TOO_LARGE: ProblemKind(413, "An upload or the request is larger than the operator's limit."),
+    ProblemCode.INVALID_REQUEST: ProblemKind(
+        422, "A field is missing or wrong; `detail` names each, and `errors` lists them when the schema caught them."
+    ),
+    ProblemCode.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "The Idempotency-Key was used with another request."),
+    ProblemCode.TOO_MANY_SESSIONS: ProblemKind(
+        429, "The tenant has its limit of sessions queued or running; retry after Retry-After."
+    ),
+    ProblemCode.TOO_MANY_STREAMS: ProblemKind(
+        429, "The key (or the playback link's session) holds its limit of open streams; close one."
+    ),
+    ProblemCode.INTERNAL_ERROR: ProblemKind(500, "An unexpected error; it is logged on the server."),
+    ProblemCode.SERVICE_UNAVAILABLE: ProblemKind(
+        503, "A service beneath the API (Temporal, the database, storage) is down for now."
+    ),
+    ProblemCode.NO_NODE_AVAILABLE: ProblemKind(503, "No node checked the inputs or took the live session in time."),
+}
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 problem details (`application/problem+json`). `code` (and `type`, a URI ending in it)
+    says what went wrong for programs; `detail` says it, and what to do, for people; a request FastAPI itself
+    rejects (a missing field, a wrong type) lists each problem in `errors`."""
+
+    type: str = Field(description=f"{PROBLEM_TYPE_BASE}<code>: stable, one per `code`.")
+    code: ProblemCode = Field(description=ProblemCode.__doc__)
     title: str = Field(description="The HTTP status phrase.")
     status: int
     detail: str
@@ -237,3 +312,81 @@ class WebhookDelivery(BaseModel):
 
 class WebhookDeliveryList(BaseModel):
     items: list[WebhookDelivery]
+
+
+class WebhookLinks(BaseModel):
+    self: str
+    video: str
+
+
+class WebhookSession(BaseModel):
+    """The session a webhook message is about, as of its event."""
+
+    id: str
+    kind: SessionKind
+    status: SessionStatus = Field(description="As of the event (a started message may go out once it has ended).")
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    frames: int | None
+    audio_seconds: float | None
+    links: WebhookLinks
+
+
+class WebhookMessage(BaseModel):
+    """A webhook's body: Standard Webhooks' envelope (`type`, `timestamp`, `data`) around the session's summary."""
+
+    type: WebhookEvent
+    timestamp: datetime
+    data: WebhookSession
+
+
+class AssetKind(StrEnum):
+    """What an uploaded asset is for: a portrait image or speech (named like the create's input fields)."""
+
+    PORTRAIT = "portrait"
+    AUDIO = "audio"
+
+
+class AssetPublic(BaseModel):
+    """A file uploaded for later creates (`{"asset_id": …}` in a JSON create body); checked when a create uses it."""
+
+    id: str
+    kind: AssetKind
+    bytes: int
+    sha256: str
+
+
+class InputRef(BaseModel):
+    """One input of a JSON create: by URL (the API fetches it: https://… or s3://bucket/key) or by the id of an asset
+    uploaded earlier (`POST /v1/assets`), exactly one of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(default=None, min_length=1, max_length=2000, description="https://… or s3://bucket/key")
+    asset_id: str | None = Field(default=None, min_length=1, max_length=64, description="From `POST /v1/assets`.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> InputRef:
+        if self.url is not None and self.asset_id is not None:
+            raise ValueError("give its url or its asset_id, not both")
+        if self.url is None and self.asset_id is None:
+            raise ValueError('give its url or its asset_id, e.g. {"url": "https://…"}')
+        return self
+
+
+# JSON create bodies: the inputs as InputRefs beside the same option fields as the multipart form (derived from
+# `contracts.RenderOptions`: every one optional, left out or null for the server's default).
+RenderCreate = create_model(
+    "RenderCreate",
+    __base__=options_.partial_model(),
+    __doc__="A render from inputs by URL or uploaded assets, and its options.",
+    portrait=(InputRef, Field(description="The portrait image.")),
+    audio=(InputRef, Field(description="The speech.")),
+)
+LiveSessionCreate = create_model(
+    "LiveSessionCreate",
+    __base__=options_.partial_model(),
+    __doc__="A live session from a portrait by URL or an uploaded asset, and its options.",
+    portrait=(InputRef, Field(description="The portrait image.")),
+)

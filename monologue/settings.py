@@ -340,6 +340,26 @@ class InputSettings(BaseModel):
     max_redirects: int = Field(default=5, ge=0, le=20)
 
 
+class RetentionSettings(BaseModel):
+    """How long a session's data is kept after it ended (portraits and voices are personal data). The scheduled
+    RetentionWorkflow applies these; `monologue temporal setup` (and the embedded stack at start) writes them into
+    its Temporal Schedule, so run it again after changing them. Unset: kept until the session is deleted."""
+
+    inputs_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="remove the portrait, the speech and what is derived from them (the reference, the checkpoints:"
+        " a session can no longer resume) this many days after the session ended; unset: keep",
+    )
+    outputs_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="remove the stream and the video this many days after the session ended; unset: keep",
+    )
+    every_s: float = Field(default=3600.0, ge=60, description="how often the retention workflow runs")
+    batch: int = Field(default=100, ge=1, le=1000, description="sessions one activity call clears (heartbeating)")
+
+
 class RenderDefaults(defaults_model()):  # type: ignore[misc]
     """Per-session defaults (`MONOLOGUE_RENDER__<OPTION>`): every field of `contracts.RenderOptions`, derived, so a
     new option has a setting too; and how sessions are orchestrated."""
@@ -376,6 +396,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = WebhookSettings()
     outbound: OutboundSettings = OutboundSettings()
     inputs: InputSettings = InputSettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

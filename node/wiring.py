@@ -18,6 +18,7 @@ from activities.disks import NodeDisks, watch
 from activities.fault_injection import Faults
 from activities.lease import NodeLease
 from activities.node import NodeActivities
+from activities.retention import RetentionActivities
 from activities.sched import SchedActivities
 from activities.session import SessionActivities
 from activities.sinks import SinkActivities
@@ -28,6 +29,7 @@ from monologue.settings import Settings
 from monologue.storage import ObjectStore
 from node.lease_gate import lease_tuner
 from workflows.render import RenderWorkflow
+from workflows.retention import RetentionWorkflow
 from workflows.validate import ValidateInputsWorkflow
 from workflows.webhook import WebhookDeliveryWorkflow
 
@@ -47,6 +49,7 @@ class NodeParts:
     validate: ValidateActivities
     sinks: SinkActivities
     hooks: WebhookActivities
+    retention: RetentionActivities
     pinned: NodeActivities
     lease: NodeLease
     disks: NodeDisks  # where it writes; whether it has room to take a session
@@ -77,6 +80,7 @@ def build_parts(
         validate=ValidateActivities(store=store),
         sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks, scratch_dir=disks.scratch),
         hooks=WebhookActivities(sessions=sessions, settings=settings),
+        retention=RetentionActivities(store=store, sessions=sessions),
         pinned=node_activities(
             store=store, sessions=sessions, node_id=node.id, faults=faults, scratch_dir=disks.scratch
         ),
@@ -133,12 +137,13 @@ def queues(settings: Settings) -> list[str]:
 def _shared_worker(
     client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta, identity: str
 ) -> Worker:
-    """RenderWorkflow and ValidateInputsWorkflow, and the activities any node may run for any session."""
+    """RenderWorkflow, ValidateInputsWorkflow and RetentionWorkflow, and the activities any node may run for any
+    session."""
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
         identity=identity,
-        workflows=[RenderWorkflow, ValidateInputsWorkflow],
+        workflows=[RenderWorkflow, ValidateInputsWorkflow, RetentionWorkflow],
         activities=[
             parts.shared.prepare,
             parts.shared.publish,
@@ -148,6 +153,8 @@ def _shared_worker(
             parts.sched.record_yield,
             parts.validate.validate_inputs,
             parts.hooks.notify_session_ended,
+            parts.retention.apply_retention,
+            parts.retention.expire_assets,
         ],
         activity_executor=executor,
         max_concurrent_activities=4,

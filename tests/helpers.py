@@ -149,6 +149,16 @@ def postgres_database() -> Iterator[str]:
         yield url
 
 
+def node_of(api_url: str, session_id: str, *, api_key: str | None = None) -> str | None:
+    """The node that holds (or last held) a session, from the operator's view (`/ops/api`, the key needs the `ops`
+    scope): a tenant's answers do not say."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else api_headers(api_url)
+    answer = httpx.get(f"{api_url}/ops/api/sessions/{session_id}", headers=headers, timeout=10)
+    answer.raise_for_status()
+    node: str | None = answer.json()["session"]["node_id"]
+    return node
+
+
 def poll(
     api_url: str, session_id: str, until: Any, *, timeout_s: float = 60, api_key: str | None = None
 ) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """Render a kustomize overlay the way `kubectl kustomize` does, for the subset infra/k8s uses: `resources` (files
 and folders with a kustomization.yaml), `namespace`, `images` and strategic-merge `patches` (by path). kustomize
-itself is no PyPI or Debian package here, so the tests render with this; any other kustomization key is refused,
-so the manifests cannot drift into features this does not render."""
+itself is no PyPI package, so where kubectl is not installed the tests render with this (`rendered` uses kubectl
+where it is, and tests/test_deployment_processes.py checks the two agree there); any other kustomization key is
+refused, so the manifests cannot drift into features this does not render."""
 
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ MERGE_KEYS = {
     "volumeMounts": "mountPath",
     "ports": "containerPort",
 }
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass", "PriorityClass"}
 
 
 class KustomizeError(ValueError):
@@ -56,6 +59,18 @@ def render(folder: Path) -> list[dict[str, Any]]:
     for image in kustomization.get("images", []):
         _set_image(resources, image)
     return resources
+
+
+def rendered(folder: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The overlay's resources by (kind, name), rendered by `kubectl kustomize` where kubectl is installed, else by
+    `render`."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        documents = render(folder)
+    else:
+        done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, check=True)
+        documents = [document for document in yaml.safe_load_all(done.stdout) if document]
+    return {(document["kind"], document["metadata"]["name"]): document for document in documents}
 
 
 def _identity(resource: dict[str, Any]) -> tuple[str, str, str]:

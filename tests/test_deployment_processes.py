@@ -14,26 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from monologue.orchestration import orchestration_config
 from monologue.settings import Settings
 from node.worker import SHUTDOWN_MARGIN_S
-from tests.kustomize import render
+from tests.kustomize import render, rendered
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = sorted(path.parent for path in (ROOT / "infra" / "k8s" / "overlays").glob("*/kustomization.yaml"))
 KUBECTL = shutil.which("kubectl")
-Resources = dict[tuple[str, str], dict[str, Any]]
-
-
-def _rendered(overlay: Path) -> Resources:
-    if KUBECTL is None:
-        documents = render(overlay)
-    else:
-        done = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, check=True)
-        documents = [document for document in yaml.safe_load_all(done.stdout) if document]
-    return {(document["kind"], document["metadata"]["name"]): document for document in documents}
 
 
 def _pod_env(deployment: dict[str, Any]) -> dict[str, str]:
@@ -77,7 +66,7 @@ def test_the_settings_the_workflows_carry_are_read_off_the_code() -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda path: path.name)
 def test_settings_the_api_reads_for_the_nodes_are_set_for_both_in_the_shared_config_map(overlay: Path) -> None:
-    resources = _rendered(overlay)
+    resources = rendered(overlay)
     shared = resources[("ConfigMap", "monologue-config")]["data"]
     for deployment in ("monologue-api", "monologue-node"):
         own = _pod_env(resources[("Deployment", deployment)])
@@ -86,7 +75,7 @@ def test_settings_the_api_reads_for_the_nodes_are_set_for_both_in_the_shared_con
 
 
 def test_torchrun_waits_for_the_node_to_drain_before_it_kills_its_ranks() -> None:
-    node = _rendered(ROOT / "infra" / "k8s" / "overlays" / "gpu")[("Deployment", "monologue-node")]
+    node = rendered(ROOT / "infra" / "k8s" / "overlays" / "gpu")[("Deployment", "monologue-node")]
     pod = node["spec"]["template"]["spec"]
     [container] = pod["containers"]
     args = container["args"]
@@ -98,7 +87,7 @@ def test_torchrun_waits_for_the_node_to_drain_before_it_kills_its_ranks() -> Non
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda path: path.name)
 def test_no_autoscaled_deployment_fixes_its_replicas(overlay: Path) -> None:
-    resources = _rendered(overlay)
+    resources = rendered(overlay)
     targets = {
         resource["spec"]["scaleTargetRef"]["name"]
         for (kind, _), resource in resources.items()
@@ -116,7 +105,7 @@ def test_the_test_renderer_renders_what_kubectl_renders(overlay: Path) -> None:
     """The same resources, field by field; lists merged by name (env, volumes, mounts) in any order (kubectl puts a
     patch's new items first)."""
     ours = {(document["kind"], document["metadata"]["name"]): document for document in render(overlay)}
-    assert _by_name(ours) == _by_name(_rendered(overlay))
+    assert _by_name(ours) == _by_name(rendered(overlay))
 
 
 def _by_name(value: Any) -> Any:
@@ -149,7 +138,7 @@ def test_the_gpu_image_has_a_compiler_and_its_compile_caches_are_writable_in_the
     runtime = (ROOT / "infra" / "images" / "gpu.Dockerfile").read_text().rsplit("\nFROM ", 1)[1]
     installs = " ".join(re.findall(r"apt-get install ([^&]+)", runtime))
     assert "gcc" in installs.split() and "libc6-dev" in installs.split()
-    node = _rendered(ROOT / "infra" / "k8s" / "overlays" / "gpu")[("Deployment", "monologue-node")]
+    node = rendered(ROOT / "infra" / "k8s" / "overlays" / "gpu")[("Deployment", "monologue-node")]
     [container] = node["spec"]["template"]["spec"]["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     writable = [mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")]

@@ -18,7 +18,7 @@ from infra.make_sample import SENTENCES
 from monologue.media import AUDIO_RATE, decode_png, decode_wav, normalise_audio, normalise_portrait
 from monologue.plan import plan_chunks, timeline_order
 from tests.browser import play_video
-from tests.helpers import api_headers, decode_video, ffmpeg_options, get, submit, wait_done, wav_bytes
+from tests.helpers import api_headers, decode_video, ffmpeg_options, get, node_of, submit, wait_done, wav_bytes
 
 pytestmark = pytest.mark.slow
 FPS = 25
@@ -128,13 +128,13 @@ def test_pixels_away_from_the_head_stay_the_portrait(rendered: Rendered) -> None
     assert np.abs(np.diff(rendered.frames[:, still].astype(np.int16), axis=0)).mean() < 0.5  # no shimmer
 
 
-def test_progress_timings_and_manifest_are_recorded(rendered: Rendered, stack: Stack) -> None:
+def test_progress_timings_and_manifest_are_recorded(rendered: Rendered, stack: Stack, api_url: str) -> None:
     render = rendered.render
     frames = render["progress"]["frames_total"]
     assert frames == len(rendered.frames)
     chunks = len(plan_chunks(frames, n_frames=40, i_frames=4))
     assert render["progress"]["chunks_done"] == render["progress"]["chunks_total"] == chunks
-    assert render["node_id"] == "test-node"
+    assert node_of(api_url, render["id"]) == "test-node" and "node_id" not in render  # the operator's only
     assert render["ttff_ms"] > 0 and render["finished_at"] >= render["started_at"]
     lines = (_session_dir(stack, render["id"]) / "out" / "frames.jsonl").read_text().splitlines()
     assert [json.loads(line)["frame"] for line in lines] == list(range(frames))

@@ -20,6 +20,7 @@ from cli.benches.cluster import speech as speech_clip
 from cli.live_stream import stream_live
 from cli.prometheus_server import prometheus
 from cli.stack import Stack, free_port
+from monologue.contracts import TERMINAL, SessionKind, SessionStatus
 from monologue.plan import plan_chunks
 from monologue.settings import Settings, TemporalSettings
 from node import http_port as node_http
@@ -45,7 +46,8 @@ def test_prometheus_scrapes_the_stack_during_a_render(
         up = server.wait_for('sum(up{job=~"api|node|temporal-sdk"})', lambda v: v == 4)
         assert up == 4, server.query("up")
         before = server.value('sum(monologue_chunks_total{family="warp"})') or 0.0
-        completed_before = server.value('sum(monologue_sessions{status="completed"})') or 0.0
+        finished = 'sum(monologue_sessions_finished_total{kind="render",status="completed"})'
+        completed_before = server.value(finished) or 0.0
         render = wait_done(
             api_url, submit(api_url, sample_portrait, sample_speech, resolution="512", preview="true").json()["id"]
         )
@@ -54,16 +56,19 @@ def test_prometheus_scrapes_the_stack_during_a_render(
         # Counts are exact: the stack's one node made this render's chunks and nothing else ran meanwhile.
         after = server.wait_for('sum(monologue_chunks_total{family="warp"})', lambda v: (v or 0) >= before + chunks)
         assert after == before + chunks
-        completed = server.wait_for(
-            'sum(monologue_sessions{status="completed"})', lambda v: (v or 0) > completed_before
-        )
+        completed = server.wait_for(finished, lambda v: (v or 0) > completed_before)
         assert completed == completed_before + 1
+        # The sessions still going, from the API (its one replica holds the exporter lock): every kind and status.
+        going = len(SessionKind) * len(frozenset(SessionStatus) - TERMINAL)
+        assert len(server.query('monologue_sessions{job="api"}')) == going, server.query("monologue_sessions")
+        created = 'sum(monologue_http_requests_total{job="api",method="POST",route="/v1/renders",status="201"})'
+        assert (server.wait_for(created, lambda v: (v or 0) >= 1) or 0) >= 1
         for family in (
             'monologue_chunk_stage_seconds_count{stage="encode"}',
             'monologue_chunk_stage_seconds_count{stage="checkpoint"}',
             "monologue_checkpoint_write_seconds_count",
             'monologue_ttff_seconds_count{kind="render"}',
-            "monologue_realtime_factor_count",
+            "monologue_realtime_ratio_count",
             "monologue_queue_wait_seconds_count",
         ):
             assert (server.value(f"sum({family})") or 0) >= 1, family

@@ -35,6 +35,7 @@ from tests.helpers import (
     api_key,
     decode_video,
     get,
+    node_of,
     post,
     postgres_database,
     register_api,
@@ -102,7 +103,7 @@ def test_render_on_postgres_and_s3_gives_the_same_frames(
     prod_url = str(production_stack.settings.api.public_url)
     render = wait_done(prod_url, submit(prod_url, sample_portrait, sample_speech).json()["id"])
     assert render["status"] == "completed", render["error"]
-    assert render["node_id"] == "prod-node"
+    assert node_of(prod_url, render["id"]) == "prod-node"
     video = get(render["links"]["video"], timeout=60)
     assert video.status_code == 200 and int(video.headers["content-length"]) == len(video.content)
     frames, video_seconds, audio_seconds = decode_video(video.content)

@@ -96,7 +96,11 @@ def test_a_live_session_with_no_node_in_time_is_refused_and_leaves_nothing(
             objects_before = _stored_sessions(stack)
             quick = SchedSettings(preempt_after_s=0.01, live_start_timeout_s=2.0)
             key = {"Authorization": f"Bearer {api_key(api_url)}"}
-            with serve_api(stack.settings, sched=quick) as (url, _), Client(url, api_key=api_key(api_url)) as other:
+            # create_attempts=1: the refusal itself (the client would otherwise wait Retry-After and try again).
+            with (
+                serve_api(stack.settings, sched=quick) as (url, _),
+                Client(url, api_key=api_key(api_url), create_attempts=1) as other,
+            ):
                 portrait = {"portrait": ("p.jpg", sample_portrait)}
                 refused = post(f"{url}/v1/sessions", files=portrait, headers=key, timeout=60)
                 with pytest.raises(ApiError) as refusal:  # the client says how long to wait

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import get_current_span
 
 from api.app import create_app
 from monologue import tracing
@@ -80,6 +81,7 @@ async def test_one_trace_runs_from_the_request_through_the_workflow_to_every_chu
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "_provider", provider)  # as tracing.configure does, undone after the test
+    monkeypatch.setattr(tracing, "_current_span", get_current_span)  # log lines name their spans
     temporal = TemporalSettings(address=stack_settings.temporal.address, task_queue="traced")
     settings = Settings(home=tmp_path, log_format="json", temporal=temporal, node=NodeSettings(id="traced-node"))
     migrate(settings.db_url)

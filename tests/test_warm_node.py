@@ -30,7 +30,7 @@ from monologue import contracts as c
 from monologue.db import migrate
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from node.worker import run_node
-from tests.helpers import register_api, submit, wait_done
+from tests.helpers import node_of, register_api, submit, wait_done
 from tests.test_hung_node import activity_pollers, heartbeat_timeouts_and_moves
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -74,7 +74,7 @@ async def test_a_session_whose_load_stalls_inside_a_known_long_step_stays_on_its
     assert "loading the session slowly on purpose" in log  # the stall happened
     timed_out, node_changes = await heartbeat_timeouts_and_moves(slow_load_stack, session_id)
     assert (timed_out, node_changes) == ([], 0)
-    assert render["node_id"] == NODE
+    assert node_of(url, session_id) == NODE
 
 
 async def test_a_node_takes_no_lease_and_is_not_ready_until_it_is_warm(slow_load_stack: Stack, tmp_path: Path) -> None:

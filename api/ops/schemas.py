@@ -32,7 +32,7 @@ class OpsSession(BaseModel):
     finished_at: datetime | None
     age_s: float = Field(description="Seconds since the session was submitted.")
     progress: OpsProgress
-    realtime_factor: float | None = Field(
+    realtime_ratio: float | None = Field(
         description="Seconds of video made per second of wall time since the render started (>1: faster than real"
         " time); until it ended, for an ended session."
     )

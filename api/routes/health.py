@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from monologue.db import schema_problem
 
+from .. import outages
 from ..deps import ServicesDep
 from .renders import operation_id
 
@@ -55,14 +56,16 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     ready = checks["database"] and checks["schema"]
     status = "ready" if not problems else "ready, without Temporal" if ready else "not ready"
     body = {"status": status, "checks": checks, "problems": problems}
-    return JSONResponse(body, status_code=200 if ready else 503)
+    if ready:
+        return JSONResponse(body)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(outages.RETRY_AFTER_S)})
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)  # Prometheus text, not an API
 def prometheus_metrics(request: Request) -> Response:
-    """This process's metrics, and the sessions by kind and status from the database."""
-    sessions: CollectorRegistry = request.app.state.metrics_registry
-    return Response(generate_latest(REGISTRY) + generate_latest(sessions), media_type=CONTENT_TYPE_LATEST)
+    """This process's metrics, its HTTP requests, and (from one replica per cluster) the sessions still going."""
+    app_metrics: CollectorRegistry = request.app.state.metrics_registry
+    return Response(generate_latest(REGISTRY) + generate_latest(app_metrics), media_type=CONTENT_TYPE_LATEST)
 
 
 def _first_line(err: BaseException) -> str:

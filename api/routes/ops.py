@@ -29,7 +29,7 @@ from monologue.repo.nodes import aware
 from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import VideoLayout, WebhookDeliveryList
 
-from .. import problems, queue, streams
+from .. import openapi, queue, streams
 from ..deps import DbDep, OpsAccess, ServicesDep, with_db
 from ..events import progress_events
 from ..files import stream_file, video_file
@@ -119,7 +119,7 @@ def static_file(path: str) -> FileResponse:
 @router.get("/api/openapi.json", include_in_schema=False)
 def ops_schema(request: Request, access: OpsAccess) -> dict[str, Any]:
     """The schema of `/ops/api` (the public one, `/openapi.json`, leaves the operator's routes out)."""
-    return problems.schema_for(request.app, problems.ops_routes(request.app), title="Monologue ops")
+    return openapi.schema_for(request.app, openapi.ops_routes(request.app), title="Monologue ops")
 
 
 @router.get("/api/sessions", response_model=OpsSessionPage, responses={422: {}})
@@ -136,7 +136,7 @@ def list_sessions(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, le=renders.MAX_OFFSET)] = 0,
 ) -> OpsSessionPage:
-    """Sessions, newest first, with progress, realtime factor and time to first frame."""
+    """Sessions, newest first, with progress, realtime ratio and time to first frame."""
     where = repo_ops.SessionFilter(
         status=enum_filter(SessionStatus, status, "status"),
         tenant=tenant or None,
@@ -218,7 +218,8 @@ async def resume_session(session_id: str, services: ServicesDep, access: OpsAcce
     responses={200: {"content": {"text/event-stream": {}}}, 404: {}},
 )
 async def session_events(session_id: str, request: Request, services: ServicesDep, access: OpsAccess) -> Response:
-    """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it) until it ends."""
+    """Server-sent `progress` events (the session as `GET /v1/renders/{id}` shows it, and its `node_id`) until it
+    ends."""
     await with_db(services, _find, session_id)  # the stream itself polls in short sessions of its own
     slot = renders.key_slot(request, services, access)
     watch = streams.KeyWatch(services, access.key_id)
@@ -226,7 +227,7 @@ async def session_events(session_id: str, request: Request, services: ServicesDe
     async def stop() -> str | None:
         return streams.REVOKED if await watch.revoked() else None
 
-    return await progress_events(request, services, session_id, slot, stop)
+    return await progress_events(request, services, session_id, slot, stop, for_operator=True)
 
 
 @router.get(
@@ -322,14 +323,14 @@ def _session(row: SessionRow, totals: repo_ops.ChunkTotals, now: datetime) -> Op
             frames_total=row.frames,
             preemptions=row.preemptions,
         ),
-        realtime_factor=_realtime_factor(row, totals.frames_done, now),
+        realtime_ratio=_realtime_ratio(row, totals.frames_done, now),
         ttff_ms=row.ttff_ms,
         audio_seconds=row.audio_seconds,
         error=row.error,
     )
 
 
-def _realtime_factor(row: SessionRow, frames_done: int, now: datetime) -> float | None:
+def _realtime_ratio(row: SessionRow, frames_done: int, now: datetime) -> float | None:
     fps = row.options.get("fps")
     if row.started_at is None or not fps or frames_done == 0:
         return None

@@ -17,9 +17,10 @@ from monologue.schemas import VideoLayout
 
 from .. import links, streams
 from ..deps import DbDep, Services, ServicesDep, with_db
+from ..errors import TooManyStreams
 from ..events import progress_events
 from ..files import stream_file, video_file
-from .renders import NOT_FOUND, Responses, answers, operation_id
+from .renders import NOT_FOUND, TOO_MANY_STREAMS, Responses, answers, operation_id
 
 router = APIRouter(prefix=links.PLAY_PREFIX, tags=["playback links"], generate_unique_id_function=operation_id)
 REFUSED: Responses = {403: {"description": "Not a valid playback link, or it has expired."}}
@@ -43,7 +44,10 @@ def _session(db: Session, services: Services, token: str) -> SessionRow:
     "/{token}/events",
     response_class=StreamingResponse,
     responses=answers(
-        {200: {"content": {"text/event-stream": {}}}, 204: {"description": "Ended, nothing new."}}, REFUSED, NOT_FOUND
+        {200: {"content": {"text/event-stream": {}}}, 204: {"description": "Ended, nothing new."}},
+        REFUSED,
+        NOT_FOUND,
+        TOO_MANY_STREAMS,
     ),
 )
 async def playback_events(
@@ -59,9 +63,9 @@ async def playback_events(
         slot = streams.stream_slots(request.app.state).take(
             f"link:{row.id}", services.settings.links.max_streams_per_session
         )
-    except streams.TooManyStreams:
-        raise HTTPException(
-            429, f"session {row.id} has its limit of open event streams (MONOLOGUE_LINKS__MAX_STREAMS_PER_SESSION)"
+    except TooManyStreams:
+        raise TooManyStreams(
+            f"session {row.id} has its limit of open event streams (MONOLOGUE_LINKS__MAX_STREAMS_PER_SESSION)"
         ) from None
 
     async def stop() -> str | None:

@@ -16,14 +16,16 @@ from monologue import contracts as c, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.repo import queue as repo_queue
 from monologue.s3_presign import presigned_playlist, s3_client
-from monologue.schemas import RenderList, RenderPublic, VideoLayout
+from monologue.schemas import RenderCreate, RenderList, RenderPublic, VideoLayout
 
 from .. import queue, streams
 from ..create import Created, create, read_inputs
+from ..create_json import json_create
 from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
 from ..files import stream_file, video_file
 from ..inputs import OptionFields, validated_options
+from ..openapi import json_body
 from ..submit import TERMINAL, cancel_workflow, resume_workflow
 from ..views import find, public, shown
 
@@ -35,8 +37,6 @@ def operation_id(route: APIRoute) -> str:
 
 router = APIRouter(prefix="/v1/renders", tags=["renders"], generate_unique_id_function=operation_id)
 PRESIGN_EXPIRES_S = 3600  # presigned sink playback links last an hour (players refetch the playlist)
-# A key's stream frees when its client closes it, which nothing here can foresee: a short wait, then ask again.
-STREAM_RETRY_AFTER_S = 10
 MAX_OFFSET = 2**63 - 1  # SQL's BIGINT: a larger OFFSET fails in the database driver (a 500, not a 422)
 Responses = dict[int | str, dict[str, Any]]  # a route's documented answers besides its success
 
@@ -50,19 +50,14 @@ def answers(*groups: Responses) -> Responses:
 
 
 NOT_FOUND: Responses = {404: {"description": "No such session for this key's tenant."}}
-RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.", "schema": {"type": "integer"}}}
 CREATE_REFUSALS: Responses = {
     403: {"description": "priority=high asked by a key without the `priority` scope."},
     413: {},
     422: {},
-    429: {
-        "description": "The tenant has its limit of sessions queued or running; Retry-After: when one likely ends.",
-        "headers": RETRY_AFTER,
-    },
+    429: {"description": "The tenant has its limit of sessions queued or running; Retry-After: when one likely ends."},
+    503: {"description": "No node checked the inputs (or took the live session) in time, or a service is down."},
 }
-TOO_MANY_STREAMS: Responses = {
-    429: {"description": "The key holds its limit of open streams; close one.", "headers": RETRY_AFTER}
-}
+TOO_MANY_STREAMS: Responses = {429: {"description": "The key holds its limit of open streams; close one."}}
 CONFLICT: Responses = {409: {"description": "Not possible in the session's status (the message says why)."}}
 IdempotencyKey = Annotated[
     str | None,
@@ -77,8 +72,15 @@ PortraitUrl = Annotated[
 AudioUrl = Annotated[str | None, Form(description="The speech by URL instead of a file: https://… or s3://bucket/key.")]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses=CREATE_REFUSALS)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RenderPublic,
+    responses=CREATE_REFUSALS,
+    openapi_extra=json_body(RenderCreate),
+)
 async def create_render(
+    request: Request,
     response: Response,
     services: ServicesDep,
     principal: TenantDep,
@@ -91,12 +93,19 @@ async def create_render(
 ) -> RenderPublic:
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
 
-    Each input is a file or a URL (`portrait_url`, `audio_url`). Options left out take the server's defaults
-    (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one made."""
+    Multipart: each input is a file or a URL (`portrait_url`, `audio_url`). JSON: each input is `{"url": …}` or
+    `{"asset_id": …}` (from `POST /v1/assets`), beside the same option fields. Options left out take the server's
+    defaults (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one
+    made."""
     tenant = principal.tenant or "local"
+    body = await json_create(request, RenderCreate)
+    fields = body.fields if body is not None else fields
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
-    given = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
-    inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
+    if body is not None:
+        inputs = await body.inputs(services, tenant=tenant)
+    else:
+        given = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
+        inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
     created = await create(
         services,
         kind=c.SessionKind.RENDER,
@@ -193,13 +202,8 @@ async def render_events(
 
 
 def key_slot(request: Request, services: ServicesDep, principal: Principal) -> streams.StreamSlot:
-    """A place among the key's open streams; 429 when it holds its limit already."""
-    try:
-        return streams.stream_slots(request.app.state).take(
-            principal.key_id, services.settings.limits.max_streams_per_key
-        )
-    except streams.TooManyStreams as err:
-        raise HTTPException(429, str(err), headers={"Retry-After": str(STREAM_RETRY_AFTER_S)}) from None
+    """A place among the key's open streams; TooManyStreams (429) when it holds its limit already."""
+    return streams.stream_slots(request.app.state).take(principal.key_id, services.settings.limits.max_streams_per_key)
 
 
 # cancel and resume (below) are these routes' bodies, shared with /ops (api/routes/ops.py), whose routes find the
@@ -221,6 +225,8 @@ async def resume(services: ServicesDep, row: SessionRow) -> None:
     allowed."""
     if row.status not in c.RESUMABLE:
         raise HTTPException(409, f"render {row.id} is {row.status}; only failed or cancelled renders resume")
+    if row.inputs_removed_at is not None:
+        raise HTTPException(409, f"render {row.id} cannot resume: its inputs were removed (retention)")
     try:
         await resume_workflow(services, row)
     except sink_policy.SinkRefused as err:

@@ -30,16 +30,18 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import quote
 
-from fastapi import APIRouter, File, HTTPException, Response, UploadFile, WebSocket, status
+from fastapi import APIRouter, File, HTTPException, Request, Response, UploadFile, WebSocket, status
 from fastapi.concurrency import run_in_threadpool
 
 from monologue import audio_tickets, contracts as c
-from monologue.schemas import AudioTicket, RenderPublic
+from monologue.schemas import AudioTicket, LiveSessionCreate, RenderPublic
 
 from ..create import create, read_inputs
+from ..create_json import json_create
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..inputs import OptionFields, validated_options
 from ..live_socket import CLOSE_UNAUTHORIZED, AudioRefused, serve
+from ..openapi import json_body
 from ..origin import public_ws_base
 from ..submit import TERMINAL
 from ..views import find, shown
@@ -57,8 +59,15 @@ from .renders import (
 router = APIRouter(prefix="/v1/sessions", tags=["live sessions"], generate_unique_id_function=operation_id)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=RenderPublic, responses=CREATE_REFUSALS)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RenderPublic,
+    responses=CREATE_REFUSALS,
+    openapi_extra=json_body(LiveSessionCreate),
+)
 async def create_session(
+    request: Request,
     response: Response,
     services: ServicesDep,
     principal: TenantDep,
@@ -71,8 +80,10 @@ async def create_session(
     `links.stream` (or hand `links.playback.stream` to viewers).
 
     Everything else about the session (progress, events, cancel, resume, the final video) is under
-    `/v1/renders/{id}`, as for a render."""
+    `/v1/renders/{id}`, as for a render. The portrait comes as for a render: a file, `portrait_url`, or JSON."""
     tenant = principal.tenant or "local"
+    body = await json_create(request, LiveSessionCreate)
+    fields = body.fields if body is not None else fields
     # A live session's first chunk waits for its own audio: keep it short (a setting) unless told, on the grid of
     # the session's family (16 frames become 17 for infinitetalk's Wan VAE); 0 ("derived") is valid for any family.
     if "first_chunk_frames" not in fields:
@@ -82,8 +93,11 @@ async def create_session(
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
     if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
         raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")
-    limit = services.settings.limits.max_upload_bytes
-    inputs = await read_inputs({"portrait": (portrait, portrait_url)}, limit=limit)
+    if body is not None:
+        inputs = await body.inputs(services, tenant=tenant)
+    else:
+        limit = services.settings.limits.max_upload_bytes
+        inputs = await read_inputs({"portrait": (portrait, portrait_url)}, limit=limit)
     created = await create(
         services,
         kind=c.SessionKind.LIVE,

@@ -31,11 +31,11 @@ QUERIES = {
     "queue wait p95 (s)": _quantile(0.95, "monologue_queue_wait_seconds"),
     "encode p95 (s)": _quantile(0.95, "monologue_chunk_stage_seconds", 'stage="encode"'),
     "checkpoint write p95 (s)": _quantile(0.95, "monologue_checkpoint_write_seconds"),
-    "realtime factor p50": _quantile(0.5, "monologue_realtime_factor"),
+    "realtime ratio p50": _quantile(0.5, "monologue_realtime_ratio"),
     "ttff render p50 (s)": _quantile(0.5, "monologue_ttff_seconds", 'kind="render"'),
     "ttff live p50 (s)": _quantile(0.5, "monologue_ttff_seconds", 'kind="live"'),
     "live latency p95 (s)": _quantile(0.95, "monologue_live_latency_seconds"),
-    "sessions completed": 'max(sum by (instance) (monologue_sessions{status="completed"}))',
+    "sessions completed": f'sum(increase(monologue_sessions_finished_total{{status="completed"}}{WINDOW}))',
     "node RSS max (MB)": 'max(max_over_time(process_resident_memory_bytes{job="node"}' + WINDOW + ")) / 1e6",
 }
 

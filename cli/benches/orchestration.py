@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from cli.stack import Stack, free_port
 from monologue import SAMPLES
-from monologue.client import Client
+from monologue.client import Client, auth
 from monologue.contracts import SessionStatus
 from monologue.media import decode_wav, encode_wav, normalise_audio
+from monologue.schemas import RenderPublic
 from monologue.settings import ApiSettings, NodeSettings, RenderDefaults, Settings, TemporalSettings
 
 
@@ -72,12 +74,17 @@ def _submit(api: str, audio: Path) -> str:
 
 
 def _wait(api: str, session_id: str, until: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    """Poll the session (as JSON) every 20 ms until `until` holds."""
+    """Poll the session (as JSON, with its `node_id` from the operator's view: a tenant's answer does not name
+    nodes) every 20 ms until `until` holds."""
+
+    def seen(render: RenderPublic) -> dict[str, Any]:
+        answer = httpx.get(f"{api}/ops/api/sessions/{session_id}", headers=auth(_KEY.get(api)), timeout=10)
+        answer.raise_for_status()  # the stack's own key has the ops scope
+        return render.model_dump(mode="json") | {"node_id": answer.json()["session"]["node_id"]}
+
     with Client(api, api_key=_KEY.get(api)) as client:
-        found = client.poll(
-            session_id, lambda render: bool(until(render.model_dump(mode="json"))), poll_s=0.02, timeout_s=1800
-        )
-    return found.model_dump(mode="json")
+        found = client.poll(session_id, lambda render: bool(until(seen(render))), poll_s=0.02, timeout_s=1800)
+    return seen(found)
 
 
 async def _round_trip_ms(address: str, count: int = 50) -> float:

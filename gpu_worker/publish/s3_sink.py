@@ -20,7 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpu_worker.publish.playlist import playlist as hls_playlist
 from gpu_worker.publish.sinks import Sink, SinkError
-from monologue.s3_presign import s3_client
+from monologue.s3_presign import s3_client, sink_base_key
 
 MULTIPART_THRESHOLD = 8 * 1024 * 1024
 
@@ -45,7 +45,7 @@ class S3Sink(Sink):
         self.name = name
         self._client = client or s3_client(endpoint_url=endpoint_url, region=region)
         self._bucket = bucket
-        self._base = f"{prefix.strip('/')}/{session_id}/" if prefix.strip("/") else f"{session_id}/"
+        self._base = sink_base_key(prefix, session_id)
         self._target_duration = target_duration
         self._next = 0
         self.written = 0  # objects this sink created (412: already there, not counted)

@@ -23,7 +23,9 @@ compile() {  # compile EXTRA [uv options...]
 compile api
 compile gpu  # torch from PyPI: the CUDA build, with its nvidia-* and triton runtime wheels
 # The CPU node installs torch's CPU build from PyTorch's own index (node.Dockerfile): none of the CUDA wheels.
-cuda_only=$(grep -oE '^(nvidia-[a-z0-9-]+|triton|cuda-[a-z0-9-]+)==' infra/images/requirements-gpu.txt | tr -d '=')
+# (nvidia-ml-py is not one: NVML's Python binding, which a CPU node imports and finds no GPU with.)
+cuda_only=$(grep -oE '^(nvidia-[a-z0-9-]+|triton|cuda-[a-z0-9-]+)==' infra/images/requirements-gpu.txt | tr -d '=' |
+  grep -vx nvidia-ml-py)
 # shellcheck disable=SC2046
 compile node --no-emit-package torch $(printf -- '--no-emit-package %s ' $cuda_only)
 for extra in api node gpu; do echo "infra/images/requirements-$extra.txt: $(grep -c '==' "infra/images/requirements-$extra.txt") packages"; done

@@ -9,8 +9,12 @@
 
 Answers are the API's own models (`monologue.schemas`: `RenderPublic`, …). Refusals raise `ApiError` (its
 `status` and RFC 9457 `problem`); a session waited on that fails or is cancelled raises `SessionEnded`. Creates
-carry an Idempotency-Key (one is made unless given) and are retried after network errors with it, so a retry never
-starts a second session. `stream_audio` streams a live session's speech and reconnects after a drop."""
+carry an Idempotency-Key (one is made unless given) and are retried with it (tenacity) after a lost connection or a
+429/503 (waiting as Retry-After says), so a retry never starts a second session.
+`stream_audio` streams a live session's speech and reconnects after a drop.
+
+Installed alone by clients/python (`monologue-client`): this package and the modules it imports must never import
+the server's (settings, the database, storage, Temporal), directly or not; tests/test_client_dist.py checks it."""
 
 from monologue.errors import ApiError, ClientError, SessionEnded
 

@@ -11,16 +11,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import tenacity
 from pydantic import BaseModel
 
 from monologue.contracts import TERMINAL, SessionStatus
 from monologue.errors import ApiError, SessionEnded
-from monologue.schemas import RenderPublic, VideoLayout
+from monologue.schemas import AssetKind, AssetPublic, RenderPublic, VideoLayout
 
 Model = TypeVar("Model", bound=BaseModel)
-Input = Path | bytes | None  # a file to upload (a path, or its bytes); its URL goes in the *_url argument
+# A file to upload (a path, or its bytes), or an asset uploaded before (`upload_asset`); a URL goes in *_url.
+Input = Path | bytes | AssetPublic | None
 Progress = Callable[[RenderPublic], None]
-RETRIES = 3  # tries of a create that hit a network error (the same Idempotency-Key: one session whatever happens)
+DownloadProgress = Callable[[int, int | None], None]  # bytes written so far, of the total (None: not known)
+# A create is sent again (tenacity, with the same Idempotency-Key: one session whatever happens) after a lost
+# connection or a refusal for now, up to this many times in all; every request's connection that failed to open is
+# opened again by httpx's transport (nothing was sent, so any request may be).
+CREATE_ATTEMPTS = 4
+CONNECT_RETRIES = 2
+RETRY_STATUSES = frozenset({429, 503})  # refusals for now: the API says when to come back (Retry-After)
+# A refusal that asks for a longer wait is raised at once (ApiError.retry_after_s): the caller decides whether to.
+LONGEST_RETRY_AFTER_S = 30.0
 # An event stream sends a keep-alive at least every MONOLOGUE_API__EVENTS_KEEPALIVE_S (15 s): silence this long means
 # the connection is gone, and the client reconnects.
 STREAM_TIMEOUT = httpx.Timeout(30.0, read=60.0)
@@ -62,19 +72,86 @@ def create_call(
     idempotency_key: str | None,
 ) -> Call:
     """A create (render or live session): each input as a file or as its URL, the options as form fields, and an
-    Idempotency-Key (made here when none is given) so that a retry after a network error makes no second session."""
+    Idempotency-Key (made here when none is given) so that a retry after a network error makes no second session.
+    With an uploaded asset among the inputs it is a JSON body instead (`json_create_call`)."""
     call = Call("POST", path, headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
     for name, (given, url) in inputs.items():
         if given is not None and url is not None:
             raise ValueError(f"{name}: give the file or {name}_url, not both")
+    if any(isinstance(given, AssetPublic) for given, _url in inputs.values()):
+        return json_create_call(call, inputs, options)
+    for name, (given, url) in inputs.items():
         if url is not None:
             call.data[f"{name}_url"] = url
         elif isinstance(given, Path):
             call.files[name] = (given.name, given.read_bytes())
-        elif given is not None:
+        elif isinstance(given, bytes):
             call.files[name] = (name, given)
     call.data |= {name: form_value(value) for name, value in (options or {}).items() if value is not None}
     return call
+
+
+def json_create_call(
+    call: Call, inputs: Mapping[str, tuple[Input, str | None]], options: Mapping[str, Any] | None
+) -> Call:
+    """The create as JSON: each input `{"asset_id": …}` or `{"url": …}` beside the options (a file cannot ride in
+    JSON: upload it first with `upload_asset`)."""
+    body: dict[str, Any] = {name: value for name, value in (options or {}).items() if value is not None}
+    for name, (given, url) in inputs.items():
+        if isinstance(given, AssetPublic):
+            body[name] = {"asset_id": given.id}
+        elif url is not None:
+            body[name] = {"url": url}
+        elif given is not None:
+            raise ValueError(
+                f"{name}: with an asset among the inputs, upload this file too (upload_asset) or give its URL"
+            )
+    call.json = body
+    return call
+
+
+def asset_call(file: Path | bytes, kind: AssetKind) -> Call:
+    """An asset upload: the file and its kind (portrait or audio)."""
+    name, data = (file.name, file.read_bytes()) if isinstance(file, Path) else (kind.value, file)
+    return Call("POST", "/v1/assets", data={"kind": kind.value}, files={"file": (name, data)})
+
+
+def retried(error: BaseException) -> bool:
+    """Whether a create that failed with `error` may be sent again: the connection was lost or timed out (the
+    request may have arrived: the Idempotency-Key makes that safe), or the API refused it for now (429, 503) and
+    asked for a wait of at most LONGEST_RETRY_AFTER_S."""
+    if isinstance(error, httpx.NetworkError | httpx.TimeoutException | httpx.RemoteProtocolError):
+        return True
+    return (
+        isinstance(error, ApiError)
+        and error.status in RETRY_STATUSES
+        and (error.retry_after_s or 0.0) <= LONGEST_RETRY_AFTER_S
+    )
+
+
+_backoff = tenacity.wait_random_exponential(multiplier=0.5, max=8.0)  # "full jitter": clients spread out
+
+
+def _retry_wait(state: tenacity.RetryCallState) -> float:
+    """The wait the API asked for (Retry-After), else exponential back-off with full jitter."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(error, ApiError) and error.retry_after_s is not None:
+        return error.retry_after_s
+    return _backoff(state)
+
+
+def create_retries(attempts: int) -> dict[str, Any]:
+    """tenacity's arguments for a create, for `Retrying` (Client) and `AsyncRetrying` (AsyncClient): up to
+    `attempts` in all, the last error raised as it was (an ApiError or an httpx error, never tenacity's
+    RetryError)."""
+    if attempts < 1:
+        raise ValueError(f"create_attempts={attempts}: a create is sent at least once")
+    return {
+        "retry": tenacity.retry_if_exception(retried),
+        "wait": _retry_wait,
+        "stop": tenacity.stop_after_attempt(attempts),
+        "reraise": True,
+    }
 
 
 def form_value(value: Any) -> str:
@@ -103,6 +180,15 @@ def raise_for(response: httpx.Response) -> None:
             problem=problem,
             retry_after_s=_retry_after(response),
         )
+
+
+def content_length(response: httpx.Response) -> int | None:
+    """The body's size as the answer states it; None when it does not (a chunked answer) or it is compressed (the
+    blocks read are then not the bytes counted)."""
+    value = response.headers.get("Content-Length")
+    if value is None or not value.isdigit() or response.headers.get("Content-Encoding"):
+        return None
+    return int(value)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tenacity
 
 from monologue.errors import ClientError
 from monologue.schemas import (
+    AssetKind,
+    AssetPublic,
     AudioTicket,
     RenderList,
     RenderPublic,
@@ -22,15 +25,20 @@ from monologue.schemas import (
 )
 
 from ._common import (
-    RETRIES,
+    CONNECT_RETRIES,
+    CREATE_ATTEMPTS,
     STREAM_TIMEOUT,
     Call,
+    DownloadProgress,
     EventReader,
     Input,
     Layout,
     Progress,
+    asset_call,
     auth,
+    content_length,
     create_call,
+    create_retries,
     ended,
     finished,
     parse,
@@ -42,10 +50,22 @@ from ._common import (
 class AsyncClient:
     """`async with AsyncClient(url, api_key=key) as client: ...` (or `await client.close()`)."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        create_attempts: int = CREATE_ATTEMPTS,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=auth(api_key), timeout=timeout_s)
+        self._create_retries = create_retries(create_attempts)
+        transport = transport or httpx.AsyncHTTPTransport(retries=CONNECT_RETRIES)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=auth(api_key), timeout=timeout_s, transport=transport
+        )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -146,7 +166,14 @@ class AsyncClient:
             await asyncio.sleep(poll_s)
         raise ClientError(f"session {session_id} did not get there within {timeout_s:.0f} s")
 
-    async def download(self, session_id: str, output: Path, *, layout: Layout = Layout.FRAGMENTED) -> int:
+    async def download(
+        self,
+        session_id: str,
+        output: Path,
+        *,
+        layout: Layout = Layout.FRAGMENTED,
+        on_progress: DownloadProgress | None = None,
+    ) -> int:
         output.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         path = f"/v1/renders/{session_id}/video.mp4"
@@ -154,11 +181,21 @@ class AsyncClient:
             if answer.is_error:
                 await answer.aread()
                 raise_for(answer)
+            total = content_length(answer)
             with output.open("wb") as out:
                 async for block in answer.aiter_bytes():
                     out.write(block)
                     size += len(block)
+                    if on_progress is not None:
+                        on_progress(size, total)
         return size
+
+    async def upload_asset(self, file: Path | bytes, *, kind: AssetKind) -> AssetPublic:
+        """Upload a portrait or speech for later creates; pass the answer as `portrait=` or `audio=`."""
+        return parse(await self._send(asset_call(file, kind)), AssetPublic)
+
+    async def delete_asset(self, asset_id: str) -> None:
+        raise_for(await self._send(Call("DELETE", f"/v1/assets/{asset_id}")))
 
     async def create_webhook(self, url: str, *, events: list[WebhookEvent] | None = None) -> WebhookEndpointCreated:
         body: dict[str, Any] = {"url": url} | ({"events": [str(event) for event in events]} if events else {})
@@ -181,12 +218,10 @@ class AsyncClient:
         return await stream_audio_async(self, session, pcm, **kwargs)
 
     async def _create(self, call: Call) -> RenderPublic:
-        for attempt in range(RETRIES - 1):
-            try:
-                return parse(await self._send(call), RenderPublic)
-            except httpx.TransportError:
-                await asyncio.sleep(0.5 * 2**attempt)
-        return parse(await self._send(call), RenderPublic)
+        async def once() -> RenderPublic:
+            return parse(await self._send(call), RenderPublic)
+
+        return await tenacity.AsyncRetrying(**self._create_retries)(once)
 
     async def _send(self, call: Call) -> httpx.Response:
         return await self._http.request(call.method, call.path, **call.arguments())

@@ -1,7 +1,7 @@
 """`Client`: the API over httpx, blocking. Every call returns a typed model (`monologue.schemas`) or raises
 `ApiError` with the API's problem details; `wait` follows the session's event stream (reconnecting with
-`Last-Event-ID`); creates send an Idempotency-Key and retry network errors with it, so a retry never makes a second
-session. `AsyncClient` (monologue/client/aio.py) has the same methods, awaited."""
+`Last-Event-ID`); creates send an Idempotency-Key and are retried with it after a lost connection or a 429/503,
+so a retry never makes a second session. `AsyncClient` (monologue/client/aio.py) has the same methods, awaited."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tenacity
 
 from monologue.errors import ClientError
 from monologue.schemas import (
+    AssetKind,
+    AssetPublic,
     AudioTicket,
     RenderList,
     RenderPublic,
@@ -24,15 +27,20 @@ from monologue.schemas import (
 )
 
 from ._common import (
-    RETRIES,
+    CONNECT_RETRIES,
+    CREATE_ATTEMPTS,
     STREAM_TIMEOUT,
     Call,
+    DownloadProgress,
     EventReader,
     Input,
     Layout,
     Progress,
+    asset_call,
     auth,
+    content_length,
     create_call,
+    create_retries,
     ended,
     finished,
     parse,
@@ -44,10 +52,23 @@ from ._common import (
 class Client:
     """`with Client(url, api_key=key) as client: ...` (or call `close()`)."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        create_attempts: int = CREATE_ATTEMPTS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """`create_attempts`: how often a create is sent in all (1: its first answer, whatever it is, as a probe
+        that counts the API's answers wants); `transport`: httpx's (default: one that opens a connection that
+        failed to open again, CONNECT_RETRIES times)."""
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
-        self._http = httpx.Client(base_url=self.base_url, headers=auth(api_key), timeout=timeout_s)
+        self._create_retries = create_retries(create_attempts)
+        transport = transport or httpx.HTTPTransport(retries=CONNECT_RETRIES)
+        self._http = httpx.Client(base_url=self.base_url, headers=auth(api_key), timeout=timeout_s, transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -70,7 +91,7 @@ class Client:
         options: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> RenderPublic:
-        """Start a render from files (paths or bytes) or URLs (https://, s3://); returns at once."""
+        """Start a render from files (paths or bytes), URLs (https://, s3://) or uploaded assets; returns at once."""
         inputs = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
         return self._create(create_call("/v1/renders", inputs, options, idempotency_key))
 
@@ -159,19 +180,39 @@ class Client:
             time.sleep(poll_s)
         raise ClientError(f"session {session_id} did not get there within {timeout_s:.0f} s")
 
-    def download(self, session_id: str, output: Path, *, layout: Layout = Layout.FRAGMENTED) -> int:
-        """Stream the finished MP4 to `output` (`Layout.PROGRESSIVE`: its index first); returns its size."""
+    def download(
+        self,
+        session_id: str,
+        output: Path,
+        *,
+        layout: Layout = Layout.FRAGMENTED,
+        on_progress: DownloadProgress | None = None,
+    ) -> int:
+        """Stream the finished MP4 to `output` (`Layout.PROGRESSIVE`: its index first); returns its size.
+        `on_progress(bytes_so_far, total_bytes)` is called after each block (total: None if the API sent none)."""
         output.parent.mkdir(parents=True, exist_ok=True)
         size = 0
         with self._http.stream("GET", f"/v1/renders/{session_id}/video.mp4", params={"layout": str(layout)}) as answer:
             if answer.is_error:
                 answer.read()
                 raise_for(answer)
+            total = content_length(answer)
             with output.open("wb") as out:
                 for block in answer.iter_bytes():
                     out.write(block)
                     size += len(block)
+                    if on_progress is not None:
+                        on_progress(size, total)
         return size
+
+    # Assets: files uploaded once, then given to creates (`portrait=asset`), which go as JSON.
+
+    def upload_asset(self, file: Path | bytes, *, kind: AssetKind) -> AssetPublic:
+        """Upload a portrait or speech for later creates; pass the answer as `portrait=` or `audio=`."""
+        return parse(self._send(asset_call(file, kind)), AssetPublic)
+
+    def delete_asset(self, asset_id: str) -> None:
+        raise_for(self._send(Call("DELETE", f"/v1/assets/{asset_id}")))
 
     # Webhooks.
 
@@ -199,14 +240,9 @@ class Client:
         return stream_audio(self, session, pcm, **kwargs)
 
     def _create(self, call: Call) -> RenderPublic:
-        """Send a create, again after a network error: the same Idempotency-Key gets the first session, if one was
-        made, so the retries never make a second."""
-        for attempt in range(RETRIES - 1):
-            try:
-                return parse(self._send(call), RenderPublic)
-            except httpx.TransportError:
-                time.sleep(0.5 * 2**attempt)
-        return parse(self._send(call), RenderPublic)
+        """Send a create, again after a lost connection or a refusal for now (`_common.retried`): the same
+        Idempotency-Key gets the first session, if one was made, so the retries never make a second."""
+        return tenacity.Retrying(**self._create_retries)(lambda: parse(self._send(call), RenderPublic))
 
     def _send(self, call: Call) -> httpx.Response:
         return self._http.request(call.method, call.path, **call.arguments())

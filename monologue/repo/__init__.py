@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from monologue import metrics
 from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, SessionKind, SessionStatus
 from monologue.db import CheckpointRow, ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.repo import fence
@@ -83,7 +84,9 @@ def get_session(db: Session, *, session_id: str) -> SessionRow | None:
 def list_sessions(
     db: Session, *, limit: int, offset: int, status: SessionStatus | None = None, tenant: str | None = None
 ) -> list[SessionRow]:
-    query = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id)
+    """A page of sessions, newest first; deleted ones (tombstones) are not listed."""
+    query = select(SessionRow).where(SessionRow.deleted_at.is_(None))
+    query = query.order_by(SessionRow.created_at.desc(), SessionRow.id)
     if status is not None:
         query = query.where(SessionRow.status == status)
     if tenant is not None:
@@ -232,12 +235,17 @@ def mark_ended(db: Session, *, session_id: str, status: SessionStatus, error: st
 
 
 def _end(db: Session, session_id: str, status: SessionStatus, **values: Any) -> bool:
-    """Compare-and-set in one statement, so two writers racing (finalize and a cancel) cannot both win."""
-    _require(db, session_id)
+    """Compare-and-set in one statement, so two writers racing (finalize and a cancel) cannot both win. The one
+    place a session's status becomes terminal: it is counted here, once (a retry, or the loser of a race, sets
+    nothing and counts nothing)."""
+    kind = _require(db, session_id).kind
     query = update(SessionRow).where(SessionRow.id == session_id, SessionRow.status.in_(_GOING))
     result = db.execute(query.values(status=status, finished_at=utcnow(), **values))
     db.commit()
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    ended = bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    if ended:
+        metrics.SESSIONS_FINISHED.labels(kind=kind.value, status=status.value).inc()
+    return ended
 
 
 def _status(db: Session, session_id: str) -> str | None:

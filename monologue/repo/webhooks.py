@@ -166,8 +166,8 @@ def record_attempt(
     status_code: int | None,
     error: str | None,
     delivered: bool,
-) -> None:
-    """One attempt; a 2xx (`delivered`) also ends the delivery."""
+) -> WebhookEvent | None:
+    """One attempt; a 2xx (`delivered`) also ends the delivery. Returns the delivery's event (None: it is gone)."""
     db.merge(
         WebhookAttemptRow(
             delivery_id=delivery_id,
@@ -181,18 +181,23 @@ def record_attempt(
     values: dict[str, Any] = {"attempts": attempt, "error": error}
     if delivered:
         values |= {"status": DeliveryStatus.DELIVERED, "finished_at": utcnow()}
-    db.execute(update(WebhookDeliveryRow).where(WebhookDeliveryRow.id == delivery_id).values(**values))
+    query = update(WebhookDeliveryRow).where(WebhookDeliveryRow.id == delivery_id).values(**values)
+    event = db.scalar(query.returning(WebhookDeliveryRow.event))
     db.commit()
+    return event
 
 
-def give_up(db: Session, *, delivery_id: str, error: str) -> None:
-    """No more attempts: the delivery failed (unless one attempt got through after all)."""
-    db.execute(
+def give_up(db: Session, *, delivery_id: str, error: str) -> WebhookEvent | None:
+    """No more attempts: the delivery failed (unless one attempt got through after all). Returns its event if this
+    call ended it (None if it had ended already: a retried give-up, or a late delivery)."""
+    event = db.scalar(
         update(WebhookDeliveryRow)
         .where(WebhookDeliveryRow.id == delivery_id, WebhookDeliveryRow.status == DeliveryStatus.PENDING)
         .values(status=DeliveryStatus.FAILED, finished_at=utcnow(), error=error)
+        .returning(WebhookDeliveryRow.event)
     )
     db.commit()
+    return event
 
 
 @dataclass(frozen=True)

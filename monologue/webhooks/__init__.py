@@ -23,7 +23,7 @@ from monologue.apikeys import TENANT
 from monologue.contracts import SessionStatus
 from monologue.db import SessionRow, utcnow
 from monologue.outbound import scheme_refusal
-from monologue.schemas import WebhookEvent
+from monologue.schemas import WebhookEvent, WebhookLinks, WebhookMessage, WebhookSession
 from monologue.settings import Settings
 
 SECRET_PREFIX = "whsec_"
@@ -34,6 +34,12 @@ EVENT_OF = {
     SessionStatus.CANCELLED: WebhookEvent.CANCELLED,
 }
 STATUS_OF = {event: status for status, event in EVENT_OF.items()}  # what a message's `data.status` says
+# The headers every message carries besides content-type (`headers`), as the API's OpenAPI `webhooks` documents them.
+SIGNED_HEADERS = {
+    "webhook-id": "The message's id: the same on every attempt, so a receiver deduplicates.",
+    "webhook-timestamp": "Unix seconds of this attempt; refuse messages far from your clock (replays).",
+    "webhook-signature": 'v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>"> keyed with the endpoint\'s secret.',
+}
 
 
 def new_secret() -> str:
@@ -81,20 +87,25 @@ def delivery_id(*, session_id: str, event: WebhookEvent, endpoint_id: str, run_i
 
 
 def payload(row: SessionRow, event: WebhookEvent, settings: Settings, *, at: datetime | None = None) -> dict[str, Any]:
-    """The message body: Standard Webhooks' envelope (`type`, `timestamp`, `data`) around the session's summary."""
+    """The message body: Standard Webhooks' envelope (`type`, `timestamp`, `data`) around the session's summary (the
+    model the API's OpenAPI `webhooks` section documents)."""
     base = str(settings.api.public_url).rstrip("/")
-    data = {
-        "id": row.id,
-        "kind": str(row.kind),
-        "status": str(STATUS_OF[event]),  # as of the event (a started message may go out once the session ended)
-        "error": row.error,
-        "created_at": row.created_at.isoformat(),
-        "finished_at": row.finished_at.isoformat() if row.finished_at else None,
-        "frames": row.frames,
-        "audio_seconds": row.audio_seconds,
-        "links": {"self": f"{base}/v1/renders/{row.id}", "video": f"{base}/v1/renders/{row.id}/video.mp4"},
-    }
-    return {"type": str(event), "timestamp": (at or utcnow()).isoformat(), "data": data}
+    message = WebhookMessage(
+        type=event,
+        timestamp=at or utcnow(),
+        data=WebhookSession(
+            id=row.id,
+            kind=row.kind,
+            status=STATUS_OF[event],  # as of the event (a started message may go out once the session ended)
+            error=row.error,
+            created_at=row.created_at,
+            finished_at=row.finished_at,
+            frames=row.frames,
+            audio_seconds=row.audio_seconds,
+            links=WebhookLinks(self=f"{base}/v1/renders/{row.id}", video=f"{base}/v1/renders/{row.id}/video.mp4"),
+        ),
+    )
+    return message.model_dump(mode="json")
 
 
 def body(message: dict[str, Any]) -> bytes:

@@ -1,7 +1,8 @@
 """`deliver_webhook` in Temporal's ActivityEnvironment, on a real SQLite database, sending to real HTTP servers on
 127.0.0.1: an attempt is signed with the endpoint's secret (stored encrypted, or in clear from before
 encryption), of a receiver's answer only its first bytes are read however large it is, and a secret that none
-of the node's keys opens is recorded as the attempt's error and retried."""
+of the node's keys opens is recorded as the attempt's error and retried; each attempt and each give-up is counted
+once in the node's metrics."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.webhooks import WebhookActivities
-from monologue import contracts as c
+from monologue import contracts as c, metrics
 from monologue.db import WebhookEndpointRow, make_engine, make_sessionmaker, migrate
 from monologue.repo import webhooks as repo_webhooks
 from monologue.repo.webhooks import DeliveryFilter
@@ -188,3 +189,35 @@ async def test_a_secret_no_key_of_the_node_opens_is_the_attempts_error_and_is_re
     status, [(code, error)] = _attempts(db, delivery_id)
     assert status == DeliveryStatus.PENDING and code is None and error is not None
     assert webhook_secrets.KEYS_SETTING in error
+
+
+def _deliveries(outcome: metrics.WebhookOutcome) -> float:
+    labels = {"event": WebhookEvent.COMPLETED.value, "outcome": outcome.value}
+    return metrics.NODE.get_sample_value("monologue_webhook_deliveries_total", labels) or 0.0
+
+
+async def test_attempts_and_give_ups_are_counted_once_each(db: sessionmaker[Any], settings: Settings) -> None:
+    """A failed attempt, then a delivered one; a give-up after the delivery counts nothing, and a give-up retried
+    (the activity run twice) counts once."""
+    before = {outcome: _deliveries(outcome) for outcome in metrics.WebhookOutcome}
+    timed = {"event": WebhookEvent.COMPLETED.value}
+    timed_before = metrics.NODE.get_sample_value("monologue_webhook_delivery_seconds_count", timed) or 0.0
+    activities = WebhookActivities(sessions=db, settings=settings)
+    with LocalServer("127.0.0.1") as receiver:
+        answers = iter([Answer(503), Answer(204)])
+        receiver.routes["/hooks"] = lambda _request: next(answers)
+        delivered, _ = _queued(db, settings, receiver.url("/hooks"))
+        with pytest.raises(ApplicationError):
+            await _deliver(db, settings, delivered)
+        await _deliver(db, settings, delivered)
+        abandoned, _ = _queued(db, settings, receiver.url("/other"))
+    for delivery_id in (delivered, abandoned, abandoned):
+        given_up = c.WebhookGivenUpInput(delivery_id=delivery_id, error="the period ended")
+        await ActivityEnvironment().run(activities.webhook_given_up, given_up)
+    counted = {outcome: _deliveries(outcome) - before[outcome] for outcome in metrics.WebhookOutcome}
+    assert counted == {
+        metrics.WebhookOutcome.FAILED: 1,
+        metrics.WebhookOutcome.DELIVERED: 1,
+        metrics.WebhookOutcome.GAVE_UP: 1,
+    }
+    assert metrics.NODE.get_sample_value("monologue_webhook_delivery_seconds_count", timed) == timed_before + 2

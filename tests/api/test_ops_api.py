@@ -184,7 +184,7 @@ def seeded(db_sessions: sessionmaker[Any]) -> None:
         )
 
 
-def test_sessions_list_newest_first_with_progress_realtime_factor_and_age(client: TestClient, seeded: None) -> None:
+def test_sessions_list_newest_first_with_progress_realtime_ratio_and_age(client: TestClient, seeded: None) -> None:
     page = client.get("/ops/api/sessions").json()
     assert [item["id"] for item in page["items"]] == ["run", "done", "bad", "talk"]
     assert page["total"] == 4
@@ -197,10 +197,10 @@ def test_sessions_list_newest_first_with_progress_realtime_factor_and_age(client
         "preemptions": 0,
     }
     # 84 frames at 25 fps (3.36 s of video) in the ~10 s since the render started.
-    assert run["realtime_factor"] == pytest.approx(0.336, rel=0.05)
+    assert run["realtime_ratio"] == pytest.approx(0.336, rel=0.05)
     assert run["age_s"] == pytest.approx(12, abs=2) and run["ttff_ms"] == 850.0 and run["node_id"] == "node-b"
-    assert done["realtime_factor"] == pytest.approx(1.0)  # 2 s of video made in 2 s; ended, so it stays put
-    assert page["items"][2]["error"] == "audio.wav is missing" and page["items"][2]["realtime_factor"] is None
+    assert done["realtime_ratio"] == pytest.approx(1.0)  # 2 s of video made in 2 s; ended, so it stays put
+    assert page["items"][2]["error"] == "audio.wav is missing" and page["items"][2]["realtime_ratio"] is None
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,11 @@ OTHER_ROUTES = {
     ("GET", "/v1/webhooks"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
     ("DELETE", "/v1/webhooks/{endpoint_id}"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
     ("GET", "/v1/webhooks/deliveries"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
+    ("POST", "/v1/assets"): "test_assets_are_their_tenants_alone",
+    ("DELETE", "/v1/assets/{asset_id}"): "test_assets_are_their_tenants_alone",
+    # The owner's delete (which would end the shared render above) is tests/api/test_delete.py's.
+    ("DELETE", "/v1/renders/{session_id}"): "test_another_tenants_delete_is_404_exactly_like_an_unknown_id",
+    ("DELETE", "/v1/sessions/{session_id}"): "test_another_tenants_delete_is_404_exactly_like_an_unknown_id",
 }
 
 
@@ -149,6 +154,18 @@ def test_every_v1_route_is_in_the_tenant_table_and_needs_a_key(tmp_path: Path) -
     for (method, path), route in routes.items():
         if method != "WS":  # the audio socket checks its key itself (tested below)
             assert require_key in _calls(route.dependant), f"{method} {path} does not depend on require_key"
+
+
+def test_another_tenants_delete_is_404_exactly_like_an_unknown_id(
+    api_url: str, keys: dict[str, str], a_render: dict[str, Any]
+) -> None:
+    render_id = a_render["id"]
+    for path in ("/v1/renders/{id}", "/v1/sessions/{id}"):
+        unknown = _answer(_call(api_url, "DELETE", path.format(id=UNKNOWN), keys["tenant-b"]), UNKNOWN)
+        assert unknown[0] == 404 and "not found" in unknown[1], (path, unknown)
+        assert _answer(_call(api_url, "DELETE", path.format(id=render_id), keys["tenant-b"]), render_id) == unknown
+    owner = _call(api_url, "GET", f"/v1/renders/{render_id}/video.mp4", keys["tenant-a"])
+    assert owner.status_code == 200 and owner.content  # B's deletes touched nothing of A's
 
 
 def test_another_tenants_render_is_404_on_every_route_exactly_like_an_unknown_id(
@@ -271,6 +288,24 @@ def test_webhook_endpoints_and_deliveries_are_their_tenants_alone(
     assert _answer(_call(api_url, "DELETE", f"/v1/webhooks/{endpoint}", key_b), endpoint) == unknown
     assert _call(api_url, "DELETE", f"/v1/webhooks/{endpoint}", key_a).status_code == 204
     assert _call(api_url, "GET", "/v1/webhooks", key_a).json()["items"] == []
+
+
+def test_assets_are_their_tenants_alone(api_url: str, keys: dict[str, str], sample_portrait: bytes) -> None:
+    """B can neither use A's asset in a create nor delete it: the same answers as for an id nobody has."""
+    key_a, key_b = keys["tenant-a"], keys["tenant-b"]
+    upload = {"data": {"kind": "portrait"}, "files": {"file": ("face.jpg", sample_portrait)}}
+    asset = _call(api_url, "POST", "/v1/assets", key_a, **upload).json()["id"]
+    unknown = "0" * 32
+
+    def create(key: str, asset_id: str) -> tuple[int, str]:
+        body = {"portrait": {"asset_id": asset_id}, "audio": {"url": "https://example.com/speech.wav"}}
+        return _answer(_call(api_url, "POST", "/v1/renders", key, json=body), asset_id)
+
+    assert create(key_b, asset) == create(key_b, unknown) and create(key_b, unknown)[0] == 422
+    deleted_unknown = _answer(_call(api_url, "DELETE", f"/v1/assets/{unknown}", key_b), unknown)
+    assert _answer(_call(api_url, "DELETE", f"/v1/assets/{asset}", key_b), asset) == deleted_unknown
+    assert deleted_unknown[0] == 404
+    assert _call(api_url, "DELETE", f"/v1/assets/{asset}", key_a).status_code == 204
 
 
 @pytest.mark.parametrize(

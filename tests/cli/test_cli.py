@@ -23,8 +23,11 @@ from cli.main import SESSION_OPTIONS, main
 from cli.options import given_options, model_options
 from cli.stack import Stack, free_port, http_ok
 from monologue import __version__, contracts as c, options as options_
+from monologue.client import Client
+from monologue.schemas import RenderPublic
 from tests.conftest import SAMPLES
 from tests.helpers import api_key, decode_video, submit, wav_bytes
+from tests.local_server import Answer, LocalServer
 
 pytestmark = pytest.mark.slow
 MONOLOGUE = [sys.executable, "-m", "cli"]
@@ -115,7 +118,8 @@ def test_render_command_shows_progress_and_writes_the_video(stack: Stack, api_ur
         env=_with_key(api_url),
     )
     assert completed.returncode == 0, completed.stderr
-    assert "chunks" in completed.stderr and "wrote" in completed.stdout
+    # The bars (on stderr; off a TTY only their labels): the chunks rendered, then the bytes downloaded.
+    assert "chunks" in completed.stderr and "download" in completed.stderr and "wrote" in completed.stdout
     frames, video_seconds, audio_seconds = decode_video(output.read_bytes())
     assert len(frames) == 172 and abs(video_seconds - audio_seconds) < 0.04
 
@@ -132,6 +136,31 @@ def test_render_command_reports_bad_input_without_a_traceback(api_url: str, tmp_
     )
     assert completed.returncode == 1
     assert "422" in completed.stderr and "audio" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_render_no_wait_json_takes_url_inputs_and_prints_the_session_at_once(
+    api_url: str, sample_portrait: bytes, tmp_path: Path
+) -> None:
+    """`render URL FILE --no-wait --json`: stdout is the session as made (JSON) and nothing is downloaded; the API
+    fetched the portrait from its URL, and the session completes from it. A URL the API refuses is one line."""
+    audio, output = tmp_path / "speech.wav", tmp_path / "out.mp4"
+    audio.write_bytes(wav_bytes(np.zeros(8_000)))
+    runner = CliRunner(env={"MONOLOGUE_API_KEY": api_key(api_url) or ""})
+    rest = [str(audio), "--no-wait", "--json", "-o", str(output), "--api", api_url]
+    with LocalServer("127.0.0.1") as server:
+        server.routes["/face.jpg"] = Answer(body=sample_portrait)
+        result = runner.invoke(main, ["render", server.url("/face.jpg"), *rest])
+        fetched = [request.path for request in server.received]
+    assert result.exit_code == 0, result.output
+    session = RenderPublic.model_validate_json(result.stdout)
+    assert session.status not in c.TERMINAL and f"render {session.id} started" in result.stderr
+    assert fetched == ["/face.jpg"] and not output.exists()
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        assert client.wait(session.id).status == c.SessionStatus.COMPLETED
+    refused = runner.invoke(main, ["render", "http://127.0.0.2:9/face.jpg", *rest])  # not an allowed address
+    # A SystemExit: the CLI's one-line error; any other exception would be a traceback in a terminal.
+    assert refused.exit_code == 1 and isinstance(refused.exception, SystemExit)
+    assert "422" in refused.stderr and "127.0.0.2 is not an allowed destination" in refused.stderr
 
 
 def test_log_lines_carry_session_workflow_and_chunk_ids(stack: Stack, api_url: str, tmp_path: Path) -> None:

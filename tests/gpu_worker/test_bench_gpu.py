@@ -24,7 +24,7 @@ def test_the_gpu_benchmark_reports_every_figure_on_a_tiny_cpu_run(report: GpuRep
     assert report.frames == 8 + 8 + 4  # N0 N1 I0 of the warm session only
     assert report.load_s > 0 and report.warmup_s > 0
     assert report.cold_ttff_ms > 0 and report.warm_ttff_ms > 0
-    assert report.frames_per_s > 0 and report.realtime_factor > 0
+    assert report.frames_per_s > 0 and report.realtime_ratio > 0
     assert set(report.chunk_ms_p50) == set(report.stage_ms_p50) == {"N", "I"}
     for stages in report.stage_ms_p50.values():
         assert set(stages) == {"context", "audio_to_video", "super_resolution", "decode_publish"}

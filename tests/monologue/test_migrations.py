@@ -155,6 +155,13 @@ ADDED: dict[str, dict[str, Columns]] = {
     "0005": {},  # no column added: webhook_endpoints.secret made Text, nullable (see test_webhook_secrets.py)
     "0006": {"sessions": {"preemptions": Integer(), "yield_asked_at": UtcDateTime(), "yield_for": String()}},
     "0007": {"sessions": {"lease": Integer()}},
+    "0008": {
+        "sessions": {
+            "inputs_removed_at": UtcDateTime(),
+            "outputs_removed_at": UtcDateTime(),
+            "deleted_at": UtcDateTime(),
+        }
+    },
 }
 REVISIONS = list(ADDED)
 # Columns added with a server default: older rows get the default, not NULL.
@@ -206,6 +213,9 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "yield_asked_at": moment,
             "yield_for": f"live-{tag}",
             "lease": 3 + number,
+            "inputs_removed_at": moment,
+            "outputs_removed_at": moment,
+            "deleted_at": moment,
         },
         "chunks": {
             "session_id": session,
@@ -374,8 +384,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0002", "0003", "0004", "0001", "0002", "0003", "0004"]
-PATH += ["base", "0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0002", "0003", "0004", "0001", "0002", "0003"]
+PATH += ["0004", "base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -392,17 +402,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0007), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0008), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 5) | dict.fromkeys(ADDED["0004"], 4)
-        assert counts == {"chunks": 7, "checkpoints": 6} | since_0003 | {"sessions": 7}
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 6) | dict.fromkeys(ADDED["0004"], 5)
+        assert counts == {"chunks": 8, "checkpoints": 7} | since_0003 | {"sessions": 8}
         # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
         # and tickets; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0007").items()}
-        kept = {"nodes": 5, "api_keys": 5, "idempotency_keys": 4}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0008").items()}
+        kept = {"nodes": 6, "api_keys": 6, "idempotency_keys": 5}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()

@@ -42,6 +42,10 @@ def test_an_option_added_to_the_dataclass_reaches_the_schema_the_form_the_defaul
     form = inspect.signature(option_form(WithExtra)).parameters
     assert set(form) == {spec.name for spec in dataclasses.fields(WithExtra)}
     assert option_form(WithExtra)(mouth_scale=0.7, fps=None) == {"mouth_scale": 0.7}
+    partial = options_.partial_model(WithExtra)  # a JSON create body's fields
+    assert options_.given(partial.model_validate({"mouth_scale": 0.7})) == {"mouth_scale": 0.7}
+    with pytest.raises(ValidationError, match="mouth_scale"):
+        partial.model_validate({"mouth_scale": 3})
 
     defaults = options_.defaults_model(WithExtra)()
     assert defaults.mouth_scale == 1.0  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from temporalio.service import TLSConfig
 from api.app import create_app
 from cli.stack import free_port, temporal_binary
 from monologue import contracts as c, temporal_client
+from monologue.contracts.retention import RETENTION_SCHEDULE
 from monologue.settings import Settings, TemporalSettings, TemporalTlsSettings, to_env
 from monologue.temporal_client import TemporalConfigError, connect, connect_args
 from tests.tls_proxy import SERVER_NAME, Pki, make_pki, tls_proxy
@@ -138,10 +139,12 @@ def test_the_cli_registers_and_checks_search_attributes_through_mutual_tls(
     setup = cli("setup")
     assert setup.returncode == 0, setup.stderr
     assert all(name in setup.stdout for name in c.SEARCH_ATTRIBUTES)
+    assert f"{RETENTION_SCHEDULE}: created" in setup.stdout  # the retention schedule, from MONOLOGUE_RETENTION__*
     after = cli("check")
     assert after.returncode == 0, after.stdout + after.stderr
     assert after.stdout.count("registered") == len(c.SEARCH_ATTRIBUTES)
-    assert "all registered already" in cli("setup").stdout
+    again = cli("setup").stdout
+    assert "all registered already" in again and f"{RETENTION_SCHEDULE}: updated" in again
 
 
 def test_connect_args_precedence(pki: Pki, tmp_path: Path) -> None:

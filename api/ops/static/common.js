@@ -220,8 +220,8 @@ export function formatTime(iso) {
   return iso ? new Date(iso).toLocaleString() : "–";
 }
 
-export function formatFactor(factor) {
-  return factor === null || factor === undefined ? "–" : `${factor.toFixed(2)}×`;
+export function formatRatio(ratio) {
+  return ratio === null || ratio === undefined ? "–" : `${ratio.toFixed(2)}×`;
 }
 
 export function shortId(id) {

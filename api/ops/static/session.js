@@ -2,7 +2,7 @@
 // events (GET /ops/api/sessions/{id}/events) drive the log and trigger a refresh of the rest; a slow poll
 // covers the moments the event stream is down. Everything goes through /ops/api with the operator's key.
 import {
-  TERMINAL, authorize, el, every, formatDuration, formatFactor, formatMs, formatTime, getJSON, postJSON,
+  TERMINAL, authorize, el, every, formatDuration, formatMs, formatRatio, formatTime, getJSON, postJSON,
   progressBar, readEvents, request,
 } from "./common.js";
 import { RESUMABLE } from "./enums.js";
@@ -71,7 +71,7 @@ function showFacts({ session, links, chunks, width, height, options }) {
     ["Tenant", session.tenant],
     ["Node", session.node_id ?? "–"],
     ["Progress", progressBar(done, total, `${done} of ${total ?? "?"} chunks`)],
-    ["Realtime factor", formatFactor(session.realtime_factor)],
+    ["Realtime ratio", formatRatio(session.realtime_ratio)],
     ["Time to first frame", formatMs(session.ttff_ms)],
     ["Retries", String(retries)],
     ["Preempted", `${session.progress.preemptions}×`],

@@ -1,7 +1,7 @@
 // The sessions table: filters and paging live in the URL's query; the table refreshes every second.
 // (Polling, not server-sent events: filters change the request, and fetch can carry credentials.)
 import {
-  el, every, formatDuration, formatFactor, formatMs, getJSON, progressBar, shortId, statusBadge,
+  el, every, formatDuration, formatMs, formatRatio, getJSON, progressBar, shortId, statusBadge,
 } from "./common.js";
 import { KINDS, STATUSES } from "./enums.js";
 import "./queue.js"; // the Queue table below the sessions: polls on its own
@@ -40,7 +40,7 @@ function cells(item) {
     [item.tenant, () => item.tenant],
     [item.node_id, () => item.node_id ?? "–"],
     [`${done}/${total}`, () => progressBar(done, total, `${done} of ${total ?? "?"} chunks`)],
-    [formatFactor(item.realtime_factor), () => formatFactor(item.realtime_factor)],
+    [formatRatio(item.realtime_ratio), () => formatRatio(item.realtime_ratio)],
     [formatMs(item.ttff_ms), () => formatMs(item.ttff_ms)],
     [formatDuration(item.age_s), () => formatDuration(item.age_s)],
     [item.error, () => (item.error ? el("span", { class: "error", title: item.error }, item.error) : "")],

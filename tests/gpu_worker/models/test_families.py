@@ -68,6 +68,8 @@ def test_settings_keep_their_environment_names() -> None:
         "MONOLOGUE_INFINITETALK_WAV2VEC",
         "MONOLOGUE_INFINITETALK_ADAPTER",
         "MONOLOGUE_INFINITETALK_PRESET",
+        "MONOLOGUE_INFINITETALK_LORA",
+        "MONOLOGUE_INFINITETALK_LORA_STRENGTH",
     ]
     with pytest.raises(ValueError, match="no setting 'weights'"):
         FAMILIES[Family.WARP].env("weights")
