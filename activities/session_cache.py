@@ -22,6 +22,7 @@ from activities.pipelines import Pipelines
 from gpu_worker.pipeline import OutputSpec
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import AudioSource
+from gpu_worker.tts import TimedPhone, read_phones
 from monologue import contracts as c, keys
 from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
@@ -76,9 +77,22 @@ class SessionCache:
         if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang the accelerator
             with progress.long_step("aligning the speech to its transcript", limit_s=ALIGN_LIMIT_S):
                 pipeline.prepare_speech(session, options.transcript)
+        phones = self._spoken_phones(session_id, options)
+        if phones is not None:
+            pipeline.use_phones(session, phones)
         if reference is None:
             self._store.put(keys.reference(session_id), save_tensors(session.reference))
         return session
+
+    def _spoken_phones(self, session_id: str, options: c.RenderOptions) -> tuple[TimedPhone, ...] | None:
+        """The phones a session's speech was synthesised from (stored with its audio), if it was spoken from text
+        by an engine that times them (a Piper voice without alignments does not: its phones are recognised)."""
+        if not options.text.strip():
+            return None
+        try:
+            return read_phones(self._store.get(keys.speech_phones(session_id)))
+        except NotFound:
+            return None
 
     def _load(
         self, session_id: str, kind: c.SessionKind

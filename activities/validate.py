@@ -4,7 +4,9 @@ writes the session's row, so bad input is still a 4xx that starts nothing; it ru
 the API process has no media stack.
 
 Staged uploads are deleted once read: the raw files may carry metadata (a photo's location) that the
-normalised forms drop."""
+normalised forms drop. A render spoken from text has no audio upload: its text is synthesised here
+(`gpu_worker.tts`), once, and stored where an upload's normalised audio goes, so every later step (a resume, a
+session rebuilt on another node) reads the same speech."""
 
 from __future__ import annotations
 
@@ -16,15 +18,18 @@ from activities.errors import activity_context
 from gpu_worker.models import build_family
 from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.pipeline import ModelSet
+from gpu_worker.tts import TimedPhone, TtsConfig, phones_json
+from gpu_worker.tts.engines import engine_for
 from monologue import contracts as c, keys
 from monologue.errors import InputError
-from monologue.media import decode_png, normalise_audio, normalise_portrait
+from monologue.media import Speech, decode_png, encode_wav, normalise_audio, normalise_portrait
 from monologue.storage import ObjectStore
 
 
 class ValidateActivities:
-    def __init__(self, *, store: ObjectStore) -> None:
+    def __init__(self, *, store: ObjectStore, tts: TtsConfig | None = None) -> None:
         self._store = store
+        self._tts = tts or TtsConfig()
 
     @activity.defn(name=c.VALIDATE_INPUTS)
     def validate_inputs(self, request: c.ValidateInputsInput) -> c.ValidateInputsResult:
@@ -33,18 +38,35 @@ class ValidateActivities:
         with activity_context(session_id=session_id) as log:
             staged = self._store.get(keys.staged_upload(session_id, "portrait"))
             portrait = normalise_portrait(staged, max_side=request.max_portrait_side)
-            speech = None
-            if request.kind == c.SessionKind.RENDER:  # a live session's audio comes later, over its socket
+            speech, phones = None, None
+            if request.kind == c.SessionKind.RENDER and request.text.strip():
+                speech, phones = self._speak(request)
+            elif request.kind == c.SessionKind.RENDER:  # a live session's audio comes later, over its socket
                 staged = self._store.get(keys.staged_upload(session_id, "audio"))
                 speech = normalise_audio(staged, max_seconds=request.max_audio_seconds)
             _models(request.family).reference.check(decode_png(portrait.png))  # e.g. no face: NoFaceFound
             self._store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
             if speech is not None:
                 self._store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
+            if phones is not None:
+                self._store.put(keys.speech_phones(session_id), phones_json(phones), content_type="application/json")
             self._store.delete_prefix(keys.staged_uploads(session_id))
             samples = speech.samples if speech is not None else 0
-            log.info("inputs valid", width=portrait.width, height=portrait.height, audio_samples=samples)
+            log.info(
+                "inputs valid", width=portrait.width, height=portrait.height, audio_samples=samples, text=bool(phones)
+            )
             return c.ValidateInputsResult(width=portrait.width, height=portrait.height, audio_samples=samples)
+
+    def _speak(self, request: c.ValidateInputsInput) -> tuple[Speech, tuple[TimedPhone, ...] | None]:
+        """The text spoken in its voice, normalised as an upload is (16 kHz mono), and its phones' timings."""
+        engine, name = engine_for(request.voice, self._tts)
+        synthesis = engine.synthesise(request.text, name)
+        if synthesis.seconds > request.max_audio_seconds:
+            raise InputError(
+                f"text: spoken in {request.voice} it lasts {synthesis.seconds:.1f} s, longer than the "
+                f"{request.max_audio_seconds:g} s limit (setting MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS); shorten it"
+            )
+        return normalise_audio(encode_wav(synthesis.pcm, synthesis.rate)), synthesis.phones
 
 
 @functools.cache

@@ -1,15 +1,15 @@
 """Webhook activities: queueing a session's messages when it ends (shared queue) and delivering each one (webhook
 queue), recording every attempt.
 
-`notify_session_ended` writes one delivery row per endpoint of the tenant that takes the event (its id derived
-from the session, event, endpoint and workflow run, so a retry finds the same rows) and starts one
-WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook` sends one attempt, signed for that
-attempt, through `monologue.outbound` (public addresses only, on the address connected to), records it (and
-counts it: `monologue_webhook_deliveries_total`, `monologue_webhook_delivery_seconds`), and raises for anything
-but a 2xx so Temporal retries it with back-off; an endpoint the operator no longer allows is a non-retryable
-refusal. The endpoint's secret is decrypted only here, to sign (`monologue.webhooks.encryption`), and
-of the receiver's answer only its status and first bytes are read. Async activities: their work is network
-waits; database calls run on a thread."""
+`notify_session_ended` writes one delivery row per endpoint that takes the event, the tenant's and the session's own
+(its create's `callback_url`), each id derived from the session, event, endpoint and workflow run (so a retry finds
+the same rows), and starts one WebhookDeliveryWorkflow per row (the same id: started once). `deliver_webhook`
+sends one attempt, signed for that attempt, through `monologue.outbound` (public addresses only, on the address
+connected to), records it (and counts it: `monologue_webhook_deliveries_total`,
+`monologue_webhook_delivery_seconds`), and raises for anything but a 2xx so Temporal retries it with back-off; an
+endpoint the operator no longer allows is a non-retryable refusal. The endpoint's secret is decrypted only here, to
+sign (`monologue.webhooks.encryption`), and of the receiver's answer only its status and first bytes are read. Async
+activities: their work is network waits; database calls run on a thread."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class WebhookActivities:
                 return []
             message = webhooks.payload(row, event, self._settings)
             queued = []
-            for endpoint in repo_webhooks.subscribed(db, tenant=request.tenant, event=event):
+            for endpoint in repo_webhooks.subscribed(db, tenant=request.tenant, session_id=row.id, event=event):
                 delivery_id = webhooks.delivery_id(
                     session_id=row.id, event=event, endpoint_id=endpoint.id, run_id=run_id
                 )

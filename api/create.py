@@ -1,12 +1,12 @@
 """Creating a session from a request: inputs uploaded, given by URL or by an uploaded asset's id (a JSON body:
 `api/create_json.py`), and the request's `Idempotency-Key`.
 
-Order: the options are validated; the inputs are read (uploads) or only noted (URLs); the request's fingerprint
-(SHA-256 over its kind, options and inputs: the uploads' bytes, the URLs as given) claims the idempotency key; only
-a request that owns its key fetches its URL inputs and goes on to `submit` (stage, check on a node, record, start).
-A retry with the same key and request gets the first session (waiting for it while the first request is still
-checking its inputs); with another request, a 422 saying so. A request that fails frees its key, so a retry of it
-starts afresh."""
+Order: the options (and the metadata and callback_url: `api.integration`) are validated; the inputs are read
+(uploads) or only noted (URLs); the request's fingerprint (SHA-256 over its kind, options, inputs: the uploads'
+bytes, the URLs as given, and its metadata and callback_url) claims the idempotency key; only a request that owns
+its key fetches its URL inputs and goes on to `submit` (stage, check on a node, record, start). A retry with the
+same key and request gets the first session (waiting for it while the first request is still checking its inputs);
+with another request, a 422 saying so. A request that fails frees its key, so a retry of it starts afresh."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from monologue import contracts as c, repo
 from monologue.errors import InputError, InputTooLarge
 from monologue.repo import idempotency as repo_idempotency
 from monologue.repo.idempotency import Claimed
+from monologue.schemas import Integration
 
 from .deps import Services
 from .errors import IdempotencyConflict
@@ -34,6 +35,7 @@ from .url_inputs import fetch_input
 
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
 _REPLAY_POLL_S = 0.2
+_OR = {"audio": ", or the text to speak (text)"}  # inputs that may be left out for an option
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,23 @@ async def read_inputs(given: dict[str, tuple[UploadFile | None, str | None]], *,
     missing = [field for field, (upload, url) in given.items() if upload is None and not url]
     if missing:
         raise HTTPException(
-            422, "; ".join(f"{field}: send the file ({field}) or its URL ({field}_url)" for field in missing)
+            422,
+            "; ".join(
+                f"{field}: send the file ({field}) or its URL ({field}_url){_OR.get(field, '')}" for field in missing
+            ),
         )
     return [await _read_input(field, upload, url, limit=limit) for field, (upload, url) in given.items()]
+
+
+def spoken_from_text(options: c.RenderOptions, given: dict[str, Any], *, audio: bool) -> bool:
+    """Whether a render's speech is its `text` (synthesised on a node) rather than an audio input: one or the other,
+    and a voice only with text (422 naming the fields)."""
+    text = bool(options.text.strip())
+    if text and audio:
+        raise HTTPException(422, "text, audio: send the speech as audio or as text to synthesise, not both")
+    if not text and "voice" in given:
+        raise HTTPException(422, "voice: the voice is what text is spoken in; send it with text, or leave it out")
+    return text
 
 
 async def _read_input(field: str, upload: UploadFile | None, url: str | None, *, limit: int) -> Input:
@@ -96,21 +112,25 @@ async def create(
     given: dict[str, Any],
     inputs: list[Input],
     idempotency_key: str | None,
+    integration: Integration | None = None,
 ) -> Created:
-    """Make the session (or find the one the key names); HTTPException for what the caller must fix."""
+    """Make the session (or find the one the key names); HTTPException for what the caller must fix.
+    `integration`: its metadata and callback_url, checked already (`api.integration.checked`)."""
     session_id = uuid.uuid4().hex
+    integration = integration or Integration()
     if idempotency_key is None:
-        await _make(services, session_id, kind, tenant, options, inputs)
+        await _make(services, session_id, kind, tenant, options, inputs, integration)
         return Created(session_id, replayed=False)
     if not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
         raise HTTPException(422, "Idempotency-Key: 1 to 255 printable ASCII characters without spaces, e.g. a UUID")
-    fingerprint = _fingerprint(kind, given, inputs)
+    fingerprint = _fingerprint(kind, given, inputs, integration)
     deadline = time.monotonic() + services.settings.api.validate_timeout_s + 30
     while True:
         claim = await run_in_threadpool(_claim, services, tenant, idempotency_key, fingerprint, session_id)
         if claim.outcome == Claimed.MISMATCH:
             raise IdempotencyConflict(
-                f"Idempotency-Key {idempotency_key!r} was used with a different request (other inputs or options)"
+                f"Idempotency-Key {idempotency_key!r} was used with a different request (other inputs, options,"
+                " metadata or callback_url)"
                 f" for session {claim.session_id}; send a new key for a new request"
             )
         if claim.outcome == Claimed.REPLAY:
@@ -118,7 +138,7 @@ async def create(
                 return Created(claim.session_id, replayed=True)
             continue  # the first request failed and freed the key: this one makes the session
         try:
-            await _make(services, session_id, kind, tenant, options, inputs)
+            await _make(services, session_id, kind, tenant, options, inputs, integration)
         except BaseException:
             await run_in_threadpool(_release, services, tenant, idempotency_key, session_id)
             raise
@@ -126,14 +146,28 @@ async def create(
 
 
 async def _make(
-    services: Services, session_id: str, kind: c.SessionKind, tenant: str, options: c.RenderOptions, inputs: list[Input]
+    services: Services,
+    session_id: str,
+    kind: c.SessionKind,
+    tenant: str,
+    options: c.RenderOptions,
+    inputs: list[Input],
+    integration: Integration,
 ) -> None:
     try:
         files = {
             item.field: item.data or await fetch_input(services, item.url or "", item.field, tenant) for item in inputs
         }
         uploads = Uploads(portrait=files["portrait"], audio=files.get("audio"))
-        await start_session(services, session_id=session_id, uploads=uploads, options=options, tenant=tenant, kind=kind)
+        await start_session(
+            services,
+            session_id=session_id,
+            uploads=uploads,
+            options=options,
+            tenant=tenant,
+            kind=kind,
+            integration=integration,
+        )
     except InputTooLarge as err:
         raise HTTPException(413, str(err)) from err
     except InputError as err:
@@ -154,12 +188,15 @@ async def _made(services: Services, tenant: str, key: str, session_id: str, dead
     )
 
 
-def _fingerprint(kind: c.SessionKind, given: dict[str, Any], inputs: list[Input]) -> str:
+def _fingerprint(kind: c.SessionKind, given: dict[str, Any], inputs: list[Input], integration: Integration) -> str:
     request = {
         "kind": kind.value,
         "options": given,
         "inputs": {item.field: item.fingerprint() for item in inputs},
     }
+    sent = integration.model_dump(mode="json", exclude_none=True)
+    if sent:  # only then: a request without them keeps the fingerprint it had before they existed
+        request["integration"] = sent
     return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from monologue.schemas import AssetKind, InputRef
+from monologue.schemas import AssetKind, InputRef, Integration
 
 from . import assets
 from .create import Input
@@ -26,10 +26,12 @@ JSON = "application/json"
 
 @dataclass(frozen=True)
 class JsonCreate:
-    """A JSON create body, read: the option fields sent (as the form gives them) and each input's reference."""
+    """A JSON create body, read: the option fields sent (as the form gives them), each input's reference, and the
+    integration fields sent (`metadata`, `callback_url`: not options)."""
 
     fields: dict[str, Any]
     refs: dict[str, InputRef]
+    integration: dict[str, Any]
 
     async def inputs(self, services: Services, *, tenant: str) -> list[Input]:
         """Each input: its URL noted (fetched once the request owns its Idempotency-Key), or its asset's bytes."""
@@ -49,9 +51,11 @@ async def json_create(request: Request, model: type[BaseModel]) -> JsonCreate | 
         body = model.model_validate(data)
     except ValidationError as err:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
-    names = [name for name, field in model.model_fields.items() if field.annotation is InputRef]
-    fields = body.model_dump(mode="json", exclude_none=True, exclude=set(names))
-    return JsonCreate(fields=fields, refs={name: getattr(body, name) for name in names})
+    names = [name for name, field in model.model_fields.items() if field.annotation in (InputRef, InputRef | None)]
+    fields = body.model_dump(mode="json", exclude_none=True, exclude={*names, *Integration.model_fields})
+    integration = body.model_dump(mode="json", exclude_none=True, include=set(Integration.model_fields))
+    refs = {name: getattr(body, name) for name in names if getattr(body, name) is not None}  # inputs left out: none
+    return JsonCreate(fields=fields, refs=refs, integration=integration)
 
 
 async def _input(services: Services, field: str, ref: InputRef, tenant: str) -> Input:

@@ -2,7 +2,7 @@
 pass later, `Retry-After` (`api/problems.py`).
 
     Exception
-    └── Refusal                    a request refused with a problem code (`monologue.schemas.ProblemCode`)
+    └── Refusal                    a request refused with a problem code (`monologue.problems.ProblemCode`)
         ├── TooManySessions        the tenant is at its limit of concurrent sessions (429)
         ├── TooManyStreams         the key, or a playback link's session, holds its limit of open streams (429)
         ├── ValidationUnavailable  no node checked a new session's inputs in time (503)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from monologue.schemas import PROBLEMS, ProblemCode
+from monologue.problems import PROBLEMS, ProblemCode
 
 
 class Refusal(Exception):

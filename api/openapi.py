@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field, create_model
 from starlette.routing import BaseRoute
 
 from monologue import webhooks
-from monologue.schemas import PROBLEMS, Problem, WebhookEvent, WebhookMessage
+from monologue.problems import PROBLEMS, Problem
+from monologue.schemas import WebhookEvent, WebhookMessage
 
 from .problems import PROBLEM_JSON, RETRY_STATUSES
 
@@ -118,7 +119,7 @@ def message_model(event: WebhookEvent) -> type[WebhookMessage]:
 
 
 def webhook_messages(components: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI 3.1 `webhooks`: what each event's POST to a tenant's endpoint carries."""
+    """OpenAPI 3.1 `webhooks`: what each event's POST to a tenant's endpoint (or a session's callback_url) carries."""
     headers = [
         {"name": name, "in": "header", "required": True, "schema": {"type": "string"}, "description": description}
         for name, description in webhooks.SIGNED_HEADERS.items()
@@ -129,7 +130,8 @@ def webhook_messages(components: dict[str, Any]) -> dict[str, Any]:
                 "operationId": f"webhook_{event.name.lower()}",
                 "summary": f"{event.value}: the session is {webhooks.STATUS_OF[event].value}",
                 "description": f"{' '.join((WebhookEvent.__doc__ or '').split())} Verify `webhook-signature`"
-                " before trusting the body (any Standard Webhooks library does, with the endpoint's `whsec_` secret).",
+                " before trusting the body (any Standard Webhooks library does, with the endpoint's `whsec_` secret, or"
+                " the `callback_secret` of a session created with a `callback_url`).",
                 "parameters": headers,
                 "requestBody": {
                     "required": True,

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from monologue.schemas import PROBLEMS, ProblemCode
+from monologue.problems import PROBLEMS, ProblemCode
 from monologue.settings import ApiSettings
 
 from .problems import problem_response

@@ -1,5 +1,5 @@
 """Every error as RFC 9457 problem details (`application/problem+json`) with a stable machine-readable `code`
-(`monologue.schemas.ProblemCode`) and its `type` URI.
+(`monologue.problems.ProblemCode`) and its `type` URI.
 
 `install(app)` registers the handlers (HTTPException, FastAPI's own validation errors, the API's `Refusal`s,
 outages, anything unexpected). The ASGI layers in front of the routes (`guard.py`, `origin.py`) answer with
@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from monologue.schemas import PROBLEMS, Problem, ProblemCode, problem_type
+from monologue.problems import PROBLEMS, Problem, ProblemCode, problem_type
 
 from . import outages, queue
 from .errors import Refusal, TooManySessions

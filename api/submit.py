@@ -25,10 +25,12 @@ from monologue.errors import InputError
 from monologue.live_audio import LiveAudioWriter, stored_live_audio
 from monologue.orchestration import orchestration_config
 from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
+from monologue.schemas import Integration
 from monologue.settings import Settings
 
 from .deps import Services
 from .errors import NoNodeForLive, TooManySessions, ValidationUnavailable
+from .integration import record_callback
 
 log = structlog.get_logger("api.submit")
 
@@ -70,15 +72,24 @@ async def start_session(
     options: c.RenderOptions,
     tenant: str = "local",
     kind: c.SessionKind = c.SessionKind.RENDER,
+    integration: Integration | None = None,
 ) -> None:
-    """Check the inputs on a node, write the session row and start the workflow; undo all of it on failure.
-    InputError (→ 422) names bad input; ValidationUnavailable (→ 503) when no node checked it in time. A live
-    session has a portrait only (the workflow waits for its audio)."""
-    await _start(services, session_id, uploads, options, tenant=tenant, kind=kind)
+    """Check the inputs on a node, write the session row (with `integration`'s metadata and callback endpoint) and
+    start the workflow; undo all of it on failure. InputError (→ 422) names bad input; ValidationUnavailable (→ 503)
+    when no node checked it in time. A live session has a portrait only (the workflow waits for its audio)."""
+    integration = integration or Integration()
+    await _start(services, session_id, uploads, options, tenant=tenant, kind=kind, integration=integration)
 
 
 async def _start(
-    services: Services, session_id: str, uploads: Uploads, options: c.RenderOptions, *, tenant: str, kind: c.SessionKind
+    services: Services,
+    session_id: str,
+    uploads: Uploads,
+    options: c.RenderOptions,
+    *,
+    tenant: str,
+    kind: c.SessionKind,
+    integration: Integration,
 ) -> None:
     """The steps a new session takes, in order, with everything written undone if one fails."""
     # Database and storage work runs on the thread pool, never on the event loop (every other request waits there).
@@ -88,14 +99,17 @@ async def _start(
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
             await asyncio.to_thread(_stage, services, session_id, uploads)
-            checked = await _validate(services, session_id, kind, options.family)
+            checked = await _validate(services, session_id, kind, options)
             seconds = checked.audio_samples / AUDIO_RATE
             limit = services.settings.limits.max_sessions_per_tenant
             row: dict[str, Any] = {"session_id": session_id, "tenant": tenant, "kind": kind}
             row |= {"options": options_.stored(options), "workflow_id": workflow_id, "audio_seconds": seconds}
-            row |= {"width": checked.width, "height": checked.height}
+            row |= {"width": checked.width, "height": checked.height, "client_metadata": integration.metadata}
             if not await asyncio.to_thread(_record, services, limit, row):
                 raise _too_many(tenant, limit)  # another request (perhaps in another API process) took the last place
+            await asyncio.to_thread(
+                record_callback, services, session_id=session_id, tenant=tenant, integration=integration
+            )
             await _start_workflow(
                 services.temporal,
                 services.settings,
@@ -158,7 +172,7 @@ def _record(services: Services, limit: int, row: dict[str, Any]) -> bool:
 
 
 def _undo(services: Services, session_id: str) -> None:
-    """Remove everything a failed start wrote: its objects, then its row."""
+    """Remove everything a failed start wrote: its objects, then its row (its callback endpoint goes with it)."""
     services.store.delete_prefix(keys.session_prefix(session_id))
     with services.sessions() as db:
         repo.delete_session(db, session_id=session_id)
@@ -172,7 +186,7 @@ def _stage(services: Services, session_id: str, uploads: Uploads) -> None:
 
 
 async def _validate(
-    services: Services, session_id: str, kind: c.SessionKind, family: c.Family
+    services: Services, session_id: str, kind: c.SessionKind, options: c.RenderOptions
 ) -> c.ValidateInputsResult:
     """Run `validate_inputs` on a worker and wait for it: InputError with its message if the input is bad,
     ValidationUnavailable if no worker finished it within MONOLOGUE_API__VALIDATE_TIMEOUT_S."""
@@ -180,9 +194,11 @@ async def _validate(
     request = c.ValidateInputsInput(
         session_id=session_id,
         kind=kind,
-        family=family,
+        family=options.family,
         max_portrait_side=settings.limits.max_portrait_side,
         max_audio_seconds=settings.limits.max_audio_seconds,
+        text=options.text if kind == c.SessionKind.RENDER else "",  # a render spoken from text: synthesised there
+        voice=options.voice,
     )
     timeout_s = settings.api.validate_timeout_s
     try:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from monologue import contracts as c, options as options_, queueing, repo
 from monologue.db import SessionRow
-from monologue.repo import sinks as repo_sinks
+from monologue.repo import sinks as repo_sinks, webhooks as repo_webhooks
 from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, RenderPublic, SinkStatus
 
 from . import queue
@@ -56,6 +56,7 @@ def public(
     settings = services.settings
     base, ws_base = public_base(settings.api), public_ws_base(settings.api)
     ui, namespace = settings.temporal.ui_url, settings.temporal.namespace
+    callback = repo_webhooks.session_endpoint(db, session_id=row.id)
     return RenderPublic(
         id=row.id,
         kind=row.kind,
@@ -100,4 +101,6 @@ def public(
             playback=playback_links(settings, row.id),
         ),
         audio_ticket=ticket,
+        metadata=row.client_metadata,
+        callback_url=None if callback is None else callback.url,
     )

@@ -1,4 +1,4 @@
-"""`monologue bench pipeline|gpu|sp|upload|orchestration|cluster|faults`: benchmarks that print figures (nothing
+"""`monologue bench pipeline|gpu|sp|upload|tts|orchestration|cluster|faults`: benchmarks that print figures (nothing
 here asserts speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
 other commands."""
 
@@ -139,6 +139,17 @@ def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
 
     limit = max_audio_seconds if max_audio_seconds is not None else get_settings().limits.max_audio_seconds
     click.echo(bench_upload(max_seconds=limit, seconds=seconds).line())
+
+
+@bench.command("tts")
+@click.option("--voice", default="espeak:en-us", show_default=True, help="espeak:<voice> or piper.")
+@click.option("--chars", type=int, default=1000, show_default=True, help="Characters of prose to speak.")
+def bench_tts_command(voice: str, chars: int) -> None:
+    """Speak CHARS characters in VOICE as a node does for a render given text (synthesis and normalisation); print
+    the cost per second of speech. Piper uses this machine's MONOLOGUE_TTS__PIPER_VOICE."""
+    from cli.benches.tts import bench_tts
+
+    click.echo(bench_tts(voice=voice, chars=chars, piper_voice=get_settings().tts.piper_voice).line())
 
 
 @bench.command("orchestration")

@@ -13,7 +13,7 @@ import click
 
 from cli.bench import bench
 from cli.options import given_options, model_options
-from cli.renders import Input, api_target, input_argument, render_to_file, renders
+from cli.renders import Input, api_target, input_argument, integration_options, render_to_file, renders
 from cli.temporal import temporal
 from cli.webhooks import webhooks
 from monologue import SAMPLES, __version__, options as options_
@@ -112,7 +112,7 @@ def migrate() -> None:
 
 @main.command()
 @click.argument("portrait", callback=input_argument)
-@click.argument("audio", callback=input_argument)
+@click.argument("audio", callback=input_argument, required=False)
 @click.option(
     "-o",
     "--output",
@@ -133,21 +133,37 @@ def migrate() -> None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the session as JSON (as made with --no-wait, else as it ended)."
 )
+@integration_options
 @model_options(SESSION_OPTIONS)
 def render(
     portrait: Input,
-    audio: Input,
+    audio: Input | None,
     output: Path,
     api_url: str | None,
     layout: str,
     no_wait: bool,
     as_json: bool,
+    metadata: dict[str, Any] | None,
+    callback_url: str | None,
     **options: Any,
 ) -> None:
     """Render PORTRAIT speaking AUDIO through the API and download the MP4. Each is a file or a URL for the API
-    to fetch (https://…, s3://bucket/key)."""
+    to fetch (https://…, s3://bucket/key). Instead of AUDIO, --text (and --voice): speech synthesised on a node."""
     given = given_options(options, SESSION_OPTIONS)
-    render_to_file(api_url, portrait, audio, output, given, layout=Layout(layout), wait=not no_wait, as_json=as_json)
+    if (audio is None) == (not given.get("text")):
+        raise click.UsageError("give AUDIO or --text, one of them")
+    render_to_file(
+        api_url,
+        portrait,
+        audio,
+        output,
+        given,
+        layout=Layout(layout),
+        wait=not no_wait,
+        as_json=as_json,
+        metadata=metadata,
+        callback_url=callback_url,
+    )
 
 
 @main.command()

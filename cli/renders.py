@@ -121,10 +121,12 @@ def _chunks(render: RenderPublic) -> str:
     return f"{progress.chunks_done}/{progress.chunks_total or '?'} chunks"
 
 
-def input_argument(ctx: click.Context, param: click.Parameter, value: str) -> Input:
+def input_argument(ctx: click.Context, param: click.Parameter, value: str | None) -> Input | None:
     """A render's input on the command line (a click callback): a file, or a URL (anything with `scheme://`) that
     the API fetches. The API says which URLs it takes (https://, s3://bucket/key from the buckets the operator
     allows): no second list here to drift from it."""
+    if value is None:  # an optional input left out (AUDIO, with --text)
+        return None
     if "://" in value:
         return value
     path = Path(value)
@@ -133,19 +135,48 @@ def input_argument(ctx: click.Context, param: click.Parameter, value: str) -> In
     return path
 
 
+def metadata_option(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    """`--metadata`: a JSON object (its bounds are the API's to check: one definition)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"not valid JSON ({err.msg})") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter('a JSON object, e.g. {"order": "A-17"}')
+    return parsed
+
+
+def integration_options(command: Any) -> Any:
+    """`--metadata` and `--callback-url`: what a create attaches to its session besides the options."""
+    command = click.option(
+        "--callback-url", default=None, help="Also POST the session's end here, signed (the secret is printed once)."
+    )(command)
+    return click.option(
+        "--metadata",
+        default=None,
+        callback=metadata_option,
+        help='Your own JSON object, returned in the session and its webhooks, e.g. \'{"order": "A-17"}\'.',
+    )(command)
+
+
 def render_to_file(
     api_url: str | None,
     portrait: Input,
-    audio: Input,
+    audio: Input | None,
     output: Path,
     options: dict[str, Any],
     *,
     layout: Layout = Layout.FRAGMENTED,
     wait: bool = True,
     as_json: bool = False,
+    metadata: dict[str, Any] | None = None,
+    callback_url: str | None = None,
 ) -> None:
-    """Start a render of `portrait` and `audio` (files or URLs), follow it with a bar of chunks and download the
-    MP4 with a bar of bytes (both on stderr; off a TTY only their labels). `wait=False`: return once it is made.
+    """Start a render of `portrait` and `audio` (files or URLs; None: the options' text is spoken), follow it with a
+    bar of chunks and download the MP4 with a bar of bytes (both on stderr; off a TTY only their labels).
+    `wait=False`: return once it is made.
     `as_json`: stdout holds only the session as JSON (as made, or as it finished); the other lines go to stderr."""
     with connected(api_url) as client:
         created = client.create_render(
@@ -154,8 +185,12 @@ def render_to_file(
             audio=_file(audio),
             audio_url=_url(audio),
             options=options,
+            metadata=metadata,
+            callback_url=callback_url,
         )
         click.echo(f"render {created.id} started ({created.audio_seconds or 0:.1f} s of audio)", err=as_json)
+        if created.callback_secret is not None:
+            click.echo(f"callback secret (shown once; verifies webhook-signature): {created.callback_secret}", err=True)
         if not wait:
             if as_json:
                 click.echo(created.model_dump_json())
@@ -175,11 +210,11 @@ def render_to_file(
         click.echo(render.model_dump_json())
 
 
-def _file(given: Input) -> Path | None:
+def _file(given: Input | None) -> Path | None:
     return given if isinstance(given, Path) else None
 
 
-def _url(given: Input) -> str | None:
+def _url(given: Input | None) -> str | None:
     return given if isinstance(given, str) else None
 
 

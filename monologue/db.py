@@ -125,6 +125,9 @@ class SessionRow(Base):
     inputs_removed_at: Mapped[datetime | None]
     outputs_removed_at: Mapped[datetime | None]
     deleted_at: Mapped[datetime | None]
+    # The create's `metadata` (schemas.SessionMetadata), returned as given and never read here. Not `metadata`:
+    # SQLAlchemy's declarative classes keep that name for themselves.
+    client_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ChunkRow(Base):
@@ -234,7 +237,8 @@ class IdempotencyKeyRow(Base):
 
 
 class WebhookEndpointRow(Base):
-    """Where a tenant's session events go, signed with the endpoint's secret (shown once, when it is created)."""
+    """Where a tenant's session events go (or one session's: `session_id`), signed with the endpoint's secret (shown
+    once, when it is created)."""
 
     __tablename__ = "webhook_endpoints"
 
@@ -247,6 +251,11 @@ class WebhookEndpointRow(Base):
     events: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     disabled_at: Mapped[datetime | None]
+    # A session's own endpoint (its create's `callback_url`): only that session's events go to it, and it is not
+    # among the tenant's endpoints (listed, counted, deleted). None: a tenant's endpoint.
+    session_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("sessions.id", ondelete="CASCADE", name="fk_webhook_endpoints_session_id"), index=True
+    )
 
 
 class WebhookDeliveryRow(Base):

@@ -76,7 +76,7 @@ class ClientError(MonologueError):
 
 class ApiError(ClientError):
     """The API answered with an error: `status` and its problem details (`problem`, RFC 9457) when it sent them, its
-    machine-readable `code` (a `monologue.schemas.ProblemCode` value, e.g. "too-many-sessions"), and for a refusal
+    machine-readable `code` (a `monologue.problems.ProblemCode` value, e.g. "too-many-sessions"), and for a refusal
     that may pass (429, 503) how long to wait before trying again (`retry_after_s`, from Retry-After)."""
 
     def __init__(

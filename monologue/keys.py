@@ -36,6 +36,12 @@ def audio(session_id: str) -> str:
     return f"sessions/{session_id}/input/audio.wav"
 
 
+def speech_phones(session_id: str) -> str:
+    """The phones of speech synthesised from text, with their times (JSON, `gpu_worker.tts.phones_json`): what the
+    warp family's visemes follow instead of recognising the audio."""
+    return f"sessions/{session_id}/input/phones.json"
+
+
 def staged_uploads(session_id: str) -> str:
     """The prefix of a session's raw uploads as the API received them, until `validate_inputs` replaces them
     with their normalised forms."""

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, Json, create_model, model_validator
 
 from monologue.contracts import Bounds, RenderOptions
+from monologue.contracts.frames import OUTPUT_SIZE
 
 SINKS = "sinks"  # the one option that is a list of dataclasses (a tagged union) rather than a scalar
 
@@ -59,7 +60,12 @@ def _field(bounds: Bounds, default: Any) -> Any:
 
 
 def _limits(bounds: Bounds, *, lengths: bool = True) -> dict[str, Any]:
-    limits: dict[str, Any] = {"ge": bounds.ge, "le": bounds.le, "pattern": bounds.pattern}
+    limits: dict[str, Any] = {
+        "ge": bounds.ge,
+        "le": bounds.le,
+        "pattern": bounds.pattern,
+        "multiple_of": bounds.multiple_of,
+    }
     if lengths:
         limits["max_length"] = bounds.max_length
     return {name: value for name, value in limits.items() if value is not None}
@@ -155,8 +161,12 @@ def defaults_model(cls: Any = RenderOptions) -> type[BaseModel]:
 
 
 def merge(defaults: BaseModel, sent: dict[str, Any], cls: Any = RenderOptions) -> Any:
-    """The session's options: what the client sent over the server's defaults (ValidationError if bad)."""
+    """The session's options: what the client sent over the server's defaults (ValidationError if bad). The
+    output size is one choice (`OUTPUT_SIZE`): a client giving any part of it replaces the default size whole, so
+    a width and height sent over a server whose default is `resolution=720p` are the size, not a conflict."""
     names = {name for name, *_ in option_fields(cls)}
+    if OUTPUT_SIZE & sent.keys():
+        names -= OUTPUT_SIZE
     base = {k: v for k, v in defaults.model_dump(mode="json").items() if k in names}
     return request_model(cls).model_validate(base | sent).to_options()
 

@@ -6,18 +6,81 @@ Pydantic only (no FastAPI): the client installs without the `api` extra."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+    model_validator,
+)
 
 from monologue import options as options_
 from monologue.contracts import QueueClass, SessionKind, SessionStatus, SinkType
 
 # A session's options: derived from `contracts.RenderOptions`, the one definition (`monologue/options.py`).
 RenderOptionsPublic = options_.request_model()
+
+# A session's `metadata`: the caller's own small JSON object, stored as given and returned in the session, its events
+# and every webhook about it; never read by Monologue (it changes no frame). Flat and bounded, so every message about
+# a session stays small whatever a caller sends.
+METADATA_KEYS = 16
+METADATA_KEY_CHARS = 40
+METADATA_BYTES = 2048  # the object as compact UTF-8 JSON
+MetadataValue = str | int | FiniteFloat | bool | None
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_KEY_CHARS)]
+
+
+def _flat(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """One error for a value of no allowed type (not one per member of the union)."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise ValueError("a value is a string, a finite number, a boolean or null (no objects or lists)") from None
+
+
+def _metadata_size(value: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > METADATA_BYTES:
+        raise ValueError(f"{size} bytes as JSON, more than the limit of {METADATA_BYTES}")
+    return value
+
+
+SessionMetadata = Annotated[
+    dict[MetadataKey, Annotated[MetadataValue, WrapValidator(_flat)]],
+    Field(max_length=METADATA_KEYS),
+    AfterValidator(_metadata_size),
+]
+METADATA_DOC = (
+    f"Your own JSON object, returned as given in the session, its events and every webhook about it: at most"
+    f" {METADATA_KEYS} keys of 1 to {METADATA_KEY_CHARS} characters, values strings, numbers, booleans or null,"
+    f" {METADATA_BYTES} bytes in all as JSON."
+)
+CALLBACK_DOC = (
+    "Where this session's endings (session.completed, .failed, .cancelled) are POSTed too, signed per Standard"
+    " Webhooks with `callback_secret` (in the create's answer) and retried like an endpoint's: a URL the operator"
+    " allows (MONOLOGUE_WEBHOOKS__ALLOWED_URLS) at a public address."
+)
+
+
+class Integration(BaseModel):
+    """What a create may attach to its session besides the options: neither changes what is rendered."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metadata: SessionMetadata | None = Field(default=None, description=METADATA_DOC)
+    callback_url: str | None = Field(default=None, min_length=1, max_length=2000, description=CALLBACK_DOC)
 
 
 class SinkState(StrEnum):
@@ -151,93 +214,13 @@ class RenderPublic(BaseModel):
     audio_ticket: AudioTicket | None = Field(
         default=None, description="Live sessions, in the answer that creates one: a ticket for its audio socket."
     )
-
-
-class ProblemCode(StrEnum):
-    """What went wrong, machine-readable: every problem's `code`, and the last segment of its `type` URI. Stable: a
-    code is never renamed nor given another meaning (new ones may come); `PROBLEMS` says what each means."""
-
-    BAD_REQUEST = "bad-request"
-    HOST_NOT_ALLOWED = "host-not-allowed"
-    UNAUTHORIZED = "unauthorized"
-    FORBIDDEN = "forbidden"
-    CROSS_SITE_REQUEST = "cross-site-request"
-    NOT_FOUND = "not-found"
-    METHOD_NOT_ALLOWED = "method-not-allowed"
-    CONFLICT = "conflict"
-    GONE = "gone"
-    TOO_LARGE = "too-large"
-    INVALID_REQUEST = "invalid-request"
-    IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"
-    TOO_MANY_SESSIONS = "too-many-sessions"
-    TOO_MANY_STREAMS = "too-many-streams"
-    INTERNAL_ERROR = "internal-error"
-    SERVICE_UNAVAILABLE = "service-unavailable"
-    NO_NODE_AVAILABLE = "no-node-available"
-
-
-# Problem types are `PROBLEM_TYPE_BASE + code`: an identifier that stays the same whatever the deployment's own URL
-# (so clients may compare it); the API also serves each code's page at `/problems/<code>`.
-PROBLEM_TYPE_BASE = "https://monologue.dev/problems/"
-
-
-def problem_type(code: ProblemCode) -> str:
-    return f"{PROBLEM_TYPE_BASE}{code.value}"
-
-
-@dataclass(frozen=True)
-class ProblemKind:
-    status: int
-    summary: str
-
-
-PROBLEMS: dict[ProblemCode, ProblemKind] = {
-    ProblemCode.BAD_REQUEST: ProblemKind(
-        400, "The request is malformed (a body that does not parse, a NUL in the URL)."
-    ),
-    ProblemCode.HOST_NOT_ALLOWED: ProblemKind(400, "The Host header names no host this API answers to."),
-    ProblemCode.UNAUTHORIZED: ProblemKind(401, "No valid API key: send `Authorization: Bearer <key>`."),
-    ProblemCode.FORBIDDEN: ProblemKind(
-        403, "The key may not do this (a scope it lacks), or the playback link is not valid or has expired."
-    ),
-    ProblemCode.CROSS_SITE_REQUEST: ProblemKind(403, "A page of another site may not change anything here."),
-    ProblemCode.NOT_FOUND: ProblemKind(404, "No such thing for this key's tenant (another tenant's ids do not leak)."),
-    ProblemCode.METHOD_NOT_ALLOWED: ProblemKind(405, "The path does not take this method."),
-    ProblemCode.CONFLICT: ProblemKind(409, "Not possible in the session's status (the detail says why)."),
-    ProblemCode.GONE: ProblemKind(
-        410, "The session, or the files asked for, were deleted (by a DELETE, or by the operator's retention)."
-    ),
-    ProblemCode.TOO_LARGE: ProblemKind(413, "An upload or the request is larger than the operator's limit."),
-    ProblemCode.INVALID_REQUEST: ProblemKind(
-        422, "A field is missing or wrong; `detail` names each, and `errors` lists them when the schema caught them."
-    ),
-    ProblemCode.IDEMPOTENCY_KEY_REUSED: ProblemKind(422, "The Idempotency-Key was used with another request."),
-    ProblemCode.TOO_MANY_SESSIONS: ProblemKind(
-        429, "The tenant has its limit of sessions queued or running; retry after Retry-After."
-    ),
-    ProblemCode.TOO_MANY_STREAMS: ProblemKind(
-        429, "The key (or the playback link's session) holds its limit of open streams; close one."
-    ),
-    ProblemCode.INTERNAL_ERROR: ProblemKind(500, "An unexpected error; it is logged on the server."),
-    ProblemCode.SERVICE_UNAVAILABLE: ProblemKind(
-        503, "A service beneath the API (Temporal, the database, storage) is down for now."
-    ),
-    ProblemCode.NO_NODE_AVAILABLE: ProblemKind(503, "No node checked the inputs or took the live session in time."),
-}
-
-
-class Problem(BaseModel):
-    """An error, as RFC 9457 problem details (`application/problem+json`). `code` (and `type`, a URI ending in it)
-    says what went wrong for programs; `detail` says it, and what to do, for people; a request FastAPI itself
-    rejects (a missing field, a wrong type) lists each problem in `errors`."""
-
-    type: str = Field(description=f"{PROBLEM_TYPE_BASE}<code>: stable, one per `code`.")
-    code: ProblemCode = Field(description=ProblemCode.__doc__)
-    title: str = Field(description="The HTTP status phrase.")
-    status: int
-    detail: str
-    instance: str | None = Field(default=None, description="The request's path.")
-    errors: list[dict[str, Any]] | None = Field(default=None, description="Validation errors: loc, msg, type.")
+    metadata: dict[str, MetadataValue] | None = Field(default=None, description="The create's `metadata`, as given.")
+    callback_url: str | None = Field(default=None, description="The create's `callback_url`.")
+    callback_secret: str | None = Field(
+        default=None,
+        description="whsec_…: verifies the `webhook-signature` of the messages to `callback_url`. Only in the answer"
+        " that creates the session (and a retry of it with the same Idempotency-Key).",
+    )
 
 
 class RenderList(BaseModel):
@@ -330,6 +313,7 @@ class WebhookSession(BaseModel):
     finished_at: datetime | None
     frames: int | None
     audio_seconds: float | None
+    metadata: dict[str, MetadataValue] | None = Field(default=None, description="The create's `metadata`, as given.")
     links: WebhookLinks
 
 
@@ -379,14 +363,14 @@ class InputRef(BaseModel):
 # `contracts.RenderOptions`: every one optional, left out or null for the server's default).
 RenderCreate = create_model(
     "RenderCreate",
-    __base__=options_.partial_model(),
+    __base__=(options_.partial_model(), Integration),
     __doc__="A render from inputs by URL or uploaded assets, and its options.",
     portrait=(InputRef, Field(description="The portrait image.")),
-    audio=(InputRef, Field(description="The speech.")),
+    audio=(InputRef | None, Field(default=None, description="The speech; or leave it out and give `text`.")),
 )
 LiveSessionCreate = create_model(
     "LiveSessionCreate",
-    __base__=options_.partial_model(),
+    __base__=(options_.partial_model(), Integration),
     __doc__="A live session from a portrait by URL or an uploaded asset, and its options.",
     portrait=(InputRef, Field(description="The portrait image.")),
 )

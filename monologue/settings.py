@@ -360,6 +360,15 @@ class RetentionSettings(BaseModel):
     batch: int = Field(default=100, ge=1, le=1000, description="sessions one activity call clears (heartbeating)")
 
 
+class TtsSettings(BaseModel):
+    """Speech from text on the nodes (`text` instead of audio; `gpu_worker/tts/`). espeak-ng needs nothing here."""
+
+    piper_voice: Path | None = Field(
+        default=None,
+        description="a Piper voice's .onnx file (its .onnx.json beside it) for voice=piper; needs the piper extra",
+    )
+
+
 class RenderDefaults(defaults_model()):  # type: ignore[misc]
     """Per-session defaults (`MONOLOGUE_RENDER__<OPTION>`): every field of `contracts.RenderOptions`, derived, so a
     new option has a setting too; and how sessions are orchestrated."""
@@ -397,6 +406,7 @@ class Settings(BaseSettings):
     outbound: OutboundSettings = OutboundSettings()
     inputs: InputSettings = InputSettings()
     retention: RetentionSettings = RetentionSettings()
+    tts: TtsSettings = TtsSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

@@ -24,6 +24,7 @@ from activities.session import SessionActivities
 from activities.sinks import SinkActivities
 from activities.validate import ValidateActivities
 from activities.webhooks import WebhookActivities
+from gpu_worker.tts import TtsConfig
 from monologue import contracts as c
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
@@ -77,7 +78,7 @@ def build_parts(
     return NodeParts(
         shared=SessionActivities(store=store, sessions=sessions),
         sched=SchedActivities(client=client, sessions=sessions, settings=settings.sched),
-        validate=ValidateActivities(store=store),
+        validate=ValidateActivities(store=store, tts=TtsConfig(piper_voice=settings.tts.piper_voice)),
         sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks, scratch_dir=disks.scratch),
         hooks=WebhookActivities(sessions=sessions, settings=settings),
         retention=RetentionActivities(store=store, sessions=sessions),

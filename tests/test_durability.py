@@ -100,7 +100,7 @@ def test_node_killed_mid_chunk_another_node_finishes_with_identical_frames(
     finally:
         durable_stack.start_node(victim)  # the next test has two nodes again
     assert render["status"] == "completed", render["error"]
-    assert render["node_id"] != victim
+    assert node_of(url, session_id) != victim
     assert _hashes(durable_stack, session_id) == baseline["hashes"]
     frames = render["progress"]["frames_total"]
     expected = {f"seg-{s.kind}{s.index:05d}.m4s" for s in timeline_order(plan_chunks(frames, n_frames=40, i_frames=4))}
@@ -174,7 +174,7 @@ def test_a_node_told_to_stop_hands_its_session_over(
     finally:
         _node_process_wait(durable_stack, node_id)
         durable_stack.start_node(node_id)
-    assert render["status"] == "completed" and render["node_id"] != node_id
+    assert render["status"] == "completed" and node_of(url, session_id) != node_id
     assert _hashes(durable_stack, session_id) == baseline["hashes"]
     log = (durable_stack.log_dir / f"node-{node_id}.log").read_text()
     assert "node draining: handing the session back" in log
@@ -332,7 +332,7 @@ def test_a_live_session_survives_its_node_being_killed_with_identical_frames(
     (report,) = reports
     session = report.session
     assert session["status"] == "completed", session["error"]
-    assert session["node_id"] != victim and not report.errors
+    assert node_of(url, session_id) != victim and not report.errors
     assert _hashes(durable_stack, session_id) == baseline["hashes"]
 
 

@@ -124,7 +124,7 @@ async def test_a_hung_chunk_moves_its_session_to_another_node_with_identical_fra
     assert moved["status"] == "running"
     render = wait_done(url, session_id, timeout_s=120)
     assert render["status"] == "completed", render["error"]
-    assert render["node_id"] == SPARE
+    assert node_of(url, session_id) == SPARE
     timed_out, node_changes = await heartbeat_timeouts_and_moves(hung_stack, session_id)
     assert c.GENERATE_CHUNK in timed_out and node_changes >= 1
     # The frames of an uninterrupted render of the same inputs (the default stack's).

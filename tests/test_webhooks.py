@@ -1,14 +1,16 @@
 """Webhooks on the real stack: a tenant's endpoint gets `session.completed`, `session.failed` and
 `session.cancelled` (and `session.started` when it asks), signed per Standard Webhooks. The receiver is a real
 local server, down for the first attempts (nothing listens on its port); once it is up it gets each message
-exactly once, and its signature verifies. Every attempt is recorded and shown by the API and the ops UI. (The
-stack's back-off is short: 0.5 s, doubling, at most 1 s.)"""
+exactly once, and its signature verifies. Every attempt is recorded and shown by the API and the ops UI. A session's
+own `callback_url` gets its end the same way, with its `metadata`. (The stack's back-off is short: 0.5 s, doubling,
+at most 1 s.)"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -20,8 +22,9 @@ from websockets.exceptions import ConnectionClosed
 from api.submit import TERMINAL
 from cli.stack import Stack, free_port
 from monologue import apikeys
-from monologue.client import auth
+from monologue.client import Client, auth
 from monologue.db import make_engine, make_sessionmaker
+from monologue.errors import ApiError
 from tests.browser import CHROMIUM_ARGS, chromium_path
 from tests.conftest import SAMPLES
 from tests.helpers import poll, wav_bytes
@@ -203,3 +206,65 @@ def test_session_started_goes_only_to_endpoints_that_list_it_and_is_queued_befor
         ("/both", "session.started", "running"),
         ("/ends", "session.completed", "completed"),
     ]
+
+
+def test_a_callback_url_gets_the_sessions_end_signed_with_its_metadata(stack: Stack, sample_portrait: bytes) -> None:
+    """A render made through the typed client with `metadata` and a `callback_url` (the tenant has no endpoint):
+    the callback gets session.completed signed with the create's `callback_secret` and carrying the metadata, which
+    the session and every event of its stream show too; a retry with the same Idempotency-Key gets the same secret,
+    and with other metadata a 422; the delivery is in the tenant's log, its endpoint not among the tenant's."""
+    engine = make_engine(stack.settings.db_url)
+    with make_sessionmaker(engine)() as db:
+        key = apikeys.create_key(db, tenant="callbacks")[1]
+    engine.dispose()
+    metadata = {"order": "A-17", "attempt": 2, "rush": True, "note": None}
+    secret: dict[str, str] = {}
+    verified: list[dict[str, Any]] = []
+
+    def receive(request: Received) -> Answer:
+        try:
+            Webhook(secret["whsec"]).verify(request.body, request.headers)
+        except (KeyError, WebhookVerificationError):
+            return Answer(400, b"bad signature")
+        verified.append(json.loads(request.body))
+        return Answer(204)
+
+    with LocalServer("127.0.0.1") as receiver, Client(str(stack.settings.api.public_url), api_key=key) as client:
+        receiver.routes["/done"] = receive
+        create = {
+            "portrait": sample_portrait,
+            "audio": wav_bytes(np.zeros(16_000)),
+            "metadata": metadata,
+            "callback_url": receiver.url("/done"),
+            "idempotency_key": uuid.uuid4().hex,
+        }
+        created = client.create_render(**create)
+        assert created.callback_secret is not None and created.callback_secret.startswith("whsec_")
+        secret["whsec"] = created.callback_secret
+        again = client.create_render(**create)
+        assert (again.id, again.callback_secret) == (created.id, created.callback_secret)
+        with pytest.raises(ApiError) as reused:
+            client.create_render(**create | {"metadata": {"order": "B-2"}})
+        assert reused.value.status == 422 and reused.value.problem["code"] == "idempotency-key-reused"
+
+        events = list(client.events(created.id))
+        assert events[-1].status == "completed" and all(event.metadata == metadata for event in events)
+        shown = client.get(created.id)
+        assert (shown.metadata, shown.callback_url, shown.callback_secret) == (metadata, receiver.url("/done"), None)
+
+        def delivered() -> list[Any] | None:
+            found = client.webhook_deliveries(session_id=created.id).items
+            return found if found and all(d.status == "delivered" for d in found) else None
+
+        [delivery] = _until(delivered, 60)
+        assert client.list_webhooks().items == []
+        got = list(receiver.received)
+    assert [(a.attempt, a.status_code) for a in delivery.attempts] == [(1, 204)]  # the receiver was up: once
+    assert [request.headers["webhook-id"] for request in got] == [delivery.id]
+    [message] = verified
+    assert (message["type"], message["data"]["id"], message["data"]["status"]) == (
+        "session.completed",
+        created.id,
+        "completed",
+    )
+    assert message["data"]["metadata"] == metadata

@@ -1,12 +1,12 @@
 """`/problems/{code}`: a short page per problem code, for people who follow a problem's `type` or `code`. No key:
-it says nothing about anyone's data. The codes and their meanings are `monologue.schemas.PROBLEMS`."""
+it says nothing about anyone's data. The codes and their meanings are `monologue.problems.PROBLEMS`."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import PlainTextResponse
 
-from monologue.schemas import PROBLEMS, ProblemCode, problem_type
+from monologue.problems import PROBLEMS, ProblemCode, problem_type
 
 router = APIRouter(prefix="/problems", tags=["problems"])
 

@@ -19,12 +19,13 @@ from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.schemas import RenderCreate, RenderList, RenderPublic, VideoLayout
 
 from .. import queue, streams
-from ..create import Created, create, read_inputs
+from ..create import Created, create, read_inputs, spoken_from_text
 from ..create_json import json_create
 from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
 from ..files import stream_file, video_file
 from ..inputs import OptionFields, validated_options
+from ..integration import IntegrationFields, callback_secret, checked
 from ..openapi import json_body
 from ..submit import TERMINAL, cancel_workflow, resume_workflow
 from ..views import find, public, shown
@@ -85,26 +86,34 @@ async def create_render(
     services: ServicesDep,
     principal: TenantDep,
     fields: OptionFields,
+    integration: IntegrationFields,
     idempotency_key: IdempotencyKey = None,
     portrait: Annotated[UploadFile | None, File(description="Portrait image: PNG, JPEG, WebP…")] = None,
-    audio: Annotated[UploadFile | None, File(description="Speech: WAV, MP3, FLAC, OGG or M4A")] = None,
+    audio: Annotated[UploadFile | None, File(description="Speech: WAV, MP3, FLAC, OGG or M4A (or `text`)")] = None,
     portrait_url: PortraitUrl = None,
     audio_url: AudioUrl = None,
 ) -> RenderPublic:
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
 
-    Multipart: each input is a file or a URL (`portrait_url`, `audio_url`). JSON: each input is `{"url": …}` or
+    Multipart: each input is a file or a URL (`portrait_url`, `audio_url`); instead of audio, `text` to speak (in
+    `voice`), synthesised on a node. JSON: each input is `{"url": …}` or
     `{"asset_id": …}` (from `POST /v1/assets`), beside the same option fields. Options left out take the server's
     defaults (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one
-    made."""
+    made. `metadata` comes back in the session, its events and webhooks; a `callback_url` gets the session's endings,
+    signed with the `callback_secret` of this answer."""
     tenant = principal.tenant or "local"
     body = await json_create(request, RenderCreate)
     fields = body.fields if body is not None else fields
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
+    attached = await checked(services, body.integration if body is not None else integration, tenant=tenant)
     if body is not None:
+        spoken = spoken_from_text(options, fields, audio="audio" in body.refs)
+        if not spoken and "audio" not in body.refs:
+            raise HTTPException(422, 'body.audio: give {"url": …} or {"asset_id": …}, or the text to speak (text)')
         inputs = await body.inputs(services, tenant=tenant)
     else:
-        given = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
+        spoken = spoken_from_text(options, fields, audio=audio is not None or bool(audio_url))
+        given = {"portrait": (portrait, portrait_url)} | ({} if spoken else {"audio": (audio, audio_url)})
         inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
     created = await create(
         services,
@@ -114,6 +123,7 @@ async def create_render(
         given=fields,
         inputs=inputs,
         idempotency_key=idempotency_key,
+        integration=attached,
     )
     return await created_answer(response, services, created, principal)
 
@@ -121,10 +131,13 @@ async def create_render(
 async def created_answer(
     response: Response, services: ServicesDep, created: Created, principal: Principal
 ) -> RenderPublic:
-    """The session just made (or the one its Idempotency-Key names: `Idempotent-Replayed: true`)."""
+    """The session just made (or the one its Idempotency-Key names: `Idempotent-Replayed: true`), with the secret of
+    its callbacks."""
     if created.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return await with_db(services, shown, services, created.session_id, principal)
+    answer = await with_db(services, shown, services, created.session_id, principal)
+    answer.callback_secret = await callback_secret(services, created.session_id)
+    return answer
 
 
 @router.get("", response_model=RenderList, responses={422: {}})

@@ -40,6 +40,7 @@ from ..create import create, read_inputs
 from ..create_json import json_create
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..inputs import OptionFields, validated_options
+from ..integration import IntegrationFields, checked
 from ..live_socket import CLOSE_UNAUTHORIZED, AudioRefused, serve
 from ..openapi import json_body
 from ..origin import public_ws_base
@@ -72,6 +73,7 @@ async def create_session(
     services: ServicesDep,
     principal: TenantDep,
     fields: OptionFields,
+    integration: IntegrationFields,
     idempotency_key: IdempotencyKey = None,
     portrait: Annotated[UploadFile | None, File(description="Portrait image: PNG, JPEG, WebP…")] = None,
     portrait_url: PortraitUrl = None,
@@ -93,6 +95,9 @@ async def create_session(
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
     if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
         raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")
+    if options.text.strip() or "voice" in fields:  # a live session's speech is the audio streamed into it
+        raise HTTPException(422, "text, voice: a live session speaks the audio sent over its socket; leave them out")
+    attached = await checked(services, body.integration if body is not None else integration, tenant=tenant)
     if body is not None:
         inputs = await body.inputs(services, tenant=tenant)
     else:
@@ -106,6 +111,7 @@ async def create_session(
         given=fields,
         inputs=inputs,
         idempotency_key=idempotency_key,
+        integration=attached,
     )
     answer = await created_answer(response, services, created, principal)
     answer.audio_ticket = await run_in_threadpool(_ticket, services, created.session_id, principal)

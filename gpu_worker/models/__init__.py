@@ -60,7 +60,7 @@ _ENTRIES = (
     FamilyEntry(
         Family.INFINITETALK,
         "gpu_worker.models.infinitetalk",
-        settings=("weights", "wan", "wav2vec", "adapter", "preset"),
+        settings=("weights", "wan", "wav2vec", "adapter", "preset", "lora", "lora_strength"),
         weight_settings=("weights", "wan", "wav2vec", "adapter"),
     ),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest, OutputSpec
 from monologue.contracts.session import AnchorEnd
 from monologue.errors import InputError
+
+if TYPE_CHECKING:
+    from gpu_worker.tts import TimedPhone
 
 # Named arrays: what crosses chunks (anchors) or is computed once per session (the reference
 # conditioning). Flat and numpy so they serialise to safetensors as they are.
@@ -109,6 +112,11 @@ class ContextGenerator(Module, ABC):
         on another node: it must be deterministic); every chunk's window carries the result as `prepared`.
         Only called with a transcript; a family that takes none refuses it."""
         raise InputError(f"the {type(self).__name__} context takes no transcript")
+
+    def prepare_phones(self, audio: AudioSource, phones: tuple[TimedPhone, ...]) -> Any:
+        """Like `prepare`, for speech synthesised from text: the phones the engine spoke, with their times. A family
+        whose mouth does not follow phones keeps nothing (None): its model hears the audio."""
+        return None
 
     @abstractmethod
     def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]: ...

@@ -37,6 +37,7 @@ from monologue.contracts.session import AnchorRef, Chunk, Residency
 
 if TYPE_CHECKING:
     from gpu_worker.distributed.offload import ModelSwitcher, SwitchReport
+    from gpu_worker.tts import TimedPhone
 
 SWITCH_KEY = "switch"  # the stage_ms entry with a chunk's visible switch time (SWITCH residency)
 
@@ -234,6 +235,11 @@ class Pipeline:
         """Let the context module prepare the session's whole speech with its transcript, before the first
         chunk (CPU work; done again, deterministically, when the session is rebuilt on another node)."""
         session.prepared = self.models.context.prepare(session.audio, transcript)
+
+    def use_phones(self, session: Session, phones: tuple[TimedPhone, ...]) -> None:
+        """Give the context module the phones a session's speech was synthesised from (text in), before the first
+        chunk: the warp family's visemes follow them instead of recognising the audio."""
+        session.prepared = self.models.context.prepare_phones(session.audio, phones)
 
     def run_chunk(
         self, session: Session, chunk: ChunkRequest, sink: FrameSink, progress: Progress = no_progress

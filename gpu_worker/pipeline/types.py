@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from monologue.contracts import Chunk, ChunkKind, LipSync, RenderOptions, Resolution
+from monologue.contracts import Chunk, ChunkKind, LipSync, RenderOptions, Resolution, SamplingPreset
 
 # The options' defaults, read from their one definition: the engine declares none of its own.
 _DEFAULTS = RenderOptions()
@@ -20,12 +20,15 @@ _LONG_SIDE = {Resolution.SQUARE_512: 512, Resolution.HD_720: 1280, Resolution.HD
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """The session options that shape the output (`RenderOptions`' fps, resolution and preview; the engine's own
-    configuration lives with its modules). Preview renders fast for iterating on script and motion: half the
-    resolution (and fewer sampling steps in diffusion families), the same motion for the same seed."""
+    """The session options that shape the output (`RenderOptions`' fps, resolution or width and height, and
+    preview; the engine's own configuration lives with its modules). Preview renders fast for iterating on script
+    and motion: half the resolution (and fewer sampling steps in diffusion families), the same motion for the
+    same seed."""
 
     fps: int = _DEFAULTS.fps
     resolution: Resolution = _DEFAULTS.resolution
+    width: int | None = _DEFAULTS.width
+    height: int | None = _DEFAULTS.height
     preview: bool = _DEFAULTS.preview
 
     def __post_init__(self) -> None:
@@ -34,16 +37,30 @@ class OutputSpec:
     @classmethod
     def of(cls, options: RenderOptions) -> OutputSpec:
         """A session's output spec, from its options."""
-        return cls(fps=options.fps, resolution=options.resolution, preview=options.preview)
+        return cls(
+            fps=options.fps,
+            resolution=options.resolution,
+            width=options.width,
+            height=options.height,
+            preview=options.preview,
+        )
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """(width, height) the session asked for, or None: a named resolution (or the portrait's own size)."""
+        return None if self.width is None or self.height is None else (self.width, self.height)
 
 
 def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) -> tuple[int, int]:
     """(width, height) of the output frames, both even.
 
-    "source" keeps the portrait's size (rounded down to even); "512" is 512x512; "720p" and "1080p" are
-    16:9 frames, landscape unless the portrait is taller than wide. Preview halves each side.
+    A width and height asked for are the size; otherwise "source" keeps the portrait's size (rounded down to
+    even); "512" is 512x512; "720p" and "1080p" are 16:9 frames, landscape unless the portrait is taller than
+    wide. Preview halves each side, rounded down to even (482x642 previews at 240x320).
     """
-    if output.resolution is Resolution.SOURCE:
+    if output.size is not None:
+        width, height = output.size
+    elif output.resolution is Resolution.SOURCE:
         width, height = portrait_width, portrait_height
     elif output.resolution is Resolution.SQUARE_512:
         width = height = 512
@@ -65,13 +82,15 @@ def frame_size(portrait_width: int, portrait_height: int, output: OutputSpec) ->
 @dataclass(frozen=True)
 class ChunkRequest:
     """A chunk to make: the timeline's `Chunk` (the one shape from the plan to here) and what the session adds
-    to every chunk: its seed, its optional text/scene prompt, its denoising steps (0: the family's own) and how
-    the lips move (warp). These are `RenderOptions`' fields, with its defaults (`of` takes them from a session's)."""
+    to every chunk: its seed, its optional text/scene prompt, its denoising steps (0: the family's own) and
+    preset, and how the lips move (warp). These are `RenderOptions`' fields, with its defaults (`of` takes them
+    from a session's)."""
 
     chunk: Chunk
     seed: int = _DEFAULTS.seed
     prompt: str = _DEFAULTS.prompt
     sampling_steps: int = _DEFAULTS.sampling_steps
+    sampling_preset: SamplingPreset = _DEFAULTS.sampling_preset
     lip_sync: LipSync = _DEFAULTS.lip_sync
 
     @classmethod
@@ -82,6 +101,7 @@ class ChunkRequest:
             seed=options.seed,
             prompt=options.prompt,
             sampling_steps=options.sampling_steps,
+            sampling_preset=options.sampling_preset,
             lip_sync=options.lip_sync,
         )
 

@@ -24,8 +24,8 @@ FROM python:3.11-slim-bookworm
 # numactl: the NUMA topology the ranks pin themselves by (gpu_worker/distributed/numa.py reads sysfs; numactl is
 # there for operators checking it: `numactl --hardware`). gcc and libc6-dev: Triton compiles its CUDA launcher
 # helpers with the system C compiler the first time it runs a kernel (torch.compile, flex attention); the slim
-# image has none.
-RUN apt-get update && apt-get install -y --no-install-recommends numactl gcc libc6-dev \
+# image has none. libespeak-ng1: espeak-ng, the engine that speaks a render's `text` (gpu_worker/tts/espeak.py).
+RUN apt-get update && apt-get install -y --no-install-recommends numactl gcc libc6-dev libespeak-ng1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
 COPY --from=build /opt/monologue /opt/monologue

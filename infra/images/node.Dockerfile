@@ -20,7 +20,10 @@ COPY migrations /src/migrations
 RUN /opt/monologue/bin/pip install --no-deps /src
 
 FROM python:3.11-slim-bookworm
-RUN useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
+# libespeak-ng1: espeak-ng, the engine that speaks a render's `text` (gpu_worker/tts/espeak.py loads it with ctypes).
+RUN apt-get update && apt-get install -y --no-install-recommends libespeak-ng1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
 COPY --from=build /opt/monologue /opt/monologue
 ENV PATH=/opt/monologue/bin:$PATH PYTHONUNBUFFERED=1 MONOLOGUE_HOME=/home/monologue/var MONOLOGUE_LOG_FORMAT=json \
     MONOLOGUE_NODE__HTTP_HOST=0.0.0.0 MONOLOGUE_NODE__HTTP_PORT=9100

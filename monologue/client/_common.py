@@ -70,10 +70,19 @@ def create_call(
     inputs: Mapping[str, tuple[Input, str | None]],
     options: Mapping[str, Any] | None,
     idempotency_key: str | None,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    callback_url: str | None = None,
 ) -> Call:
-    """A create (render or live session): each input as a file or as its URL, the options as form fields, and an
-    Idempotency-Key (made here when none is given) so that a retry after a network error makes no second session.
-    With an uploaded asset among the inputs it is a JSON body instead (`json_create_call`)."""
+    """A create (render or live session): each input as a file or as its URL, the options (and the `metadata` and
+    `callback_url`, sent beside them) as form fields, and an Idempotency-Key (made here when none is given) so that a
+    retry after a network error makes no second session. With an uploaded asset among the inputs it is a JSON body
+    instead (`json_create_call`)."""
+    options = {
+        **(options or {}),
+        "metadata": None if metadata is None else dict(metadata),
+        "callback_url": callback_url,
+    }
     call = Call("POST", path, headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
     for name, (given, url) in inputs.items():
         if given is not None and url is not None:

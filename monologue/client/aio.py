@@ -85,9 +85,14 @@ class AsyncClient:
         audio_url: str | None = None,
         options: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        callback_url: str | None = None,
     ) -> RenderPublic:
         inputs = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
-        return await self._create(create_call("/v1/renders", inputs, options, idempotency_key))
+        call = create_call(
+            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+        )
+        return await self._create(call)
 
     async def create_live(
         self,
@@ -96,8 +101,13 @@ class AsyncClient:
         portrait_url: str | None = None,
         options: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        callback_url: str | None = None,
     ) -> RenderPublic:
-        call = create_call("/v1/sessions", {"portrait": (portrait, portrait_url)}, options, idempotency_key)
+        inputs = {"portrait": (portrait, portrait_url)}
+        call = create_call(
+            "/v1/sessions", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+        )
         return await self._create(call)
 
     async def get(self, session_id: str) -> RenderPublic:

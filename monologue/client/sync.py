@@ -90,10 +90,18 @@ class Client:
         audio_url: str | None = None,
         options: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        callback_url: str | None = None,
     ) -> RenderPublic:
-        """Start a render from files (paths or bytes), URLs (https://, s3://) or uploaded assets; returns at once."""
+        """Start a render from files (paths or bytes), URLs (https://, s3://) or uploaded assets; returns at once.
+        Instead of audio, `options={"text": …, "voice": "espeak:en-us"}`: the speech is synthesised on a node.
+        `metadata` (a small flat JSON object) comes back in the session, its events and webhooks; `callback_url` gets
+        its endings, signed with the answer's `callback_secret`."""
         inputs = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
-        return self._create(create_call("/v1/renders", inputs, options, idempotency_key))
+        call = create_call(
+            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+        )
+        return self._create(call)
 
     def create_live(
         self,
@@ -102,10 +110,13 @@ class Client:
         portrait_url: str | None = None,
         options: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        callback_url: str | None = None,
     ) -> RenderPublic:
         """Start a live session; its `audio_ticket` opens the audio socket (`stream_audio` streams into it)."""
+        inputs = {"portrait": (portrait, portrait_url)}
         return self._create(
-            create_call("/v1/sessions", {"portrait": (portrait, portrait_url)}, options, idempotency_key)
+            create_call("/v1/sessions", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url)
         )
 
     def get(self, session_id: str) -> RenderPublic:

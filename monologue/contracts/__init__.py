@@ -25,6 +25,7 @@ from monologue.contracts.session import (
     Residency as Residency,
     Resolution as Resolution,
     S3Sink as S3Sink,
+    SamplingPreset as SamplingPreset,
     SessionKind as SessionKind,
     SessionStatus as SessionStatus,
     Sink as Sink,
@@ -435,13 +436,17 @@ def validate_workflow_id(session_id: str) -> str:
 @dataclass
 class ValidateInputsInput:
     """Decode the staged uploads of a new session (`keys.staged_upload`), check them for `family` and store the
-    normalised forms (`keys.portrait`, `keys.audio`) in their place. A live session has a portrait only."""
+    normalised forms (`keys.portrait`, `keys.audio`) in their place. A live session has a portrait only; a render
+    spoken from text has no audio upload: `text` is synthesised in `voice` (`gpu_worker.tts`) and stored as its audio,
+    with the phones' timings (`keys.speech_phones`)."""
 
     session_id: str
     kind: SessionKind
     family: Family  # histories recorded when this was a str decode to the enum (a StrEnum travels as its value)
     max_portrait_side: int
     max_audio_seconds: float
+    text: str = ""
+    voice: str = ""
 
 
 @dataclass

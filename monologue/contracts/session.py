@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Literal, NamedTuple
 
+from monologue.contracts.frames import INFINITETALK_SIZES, MAX_SIDE, MIN_SIDE, check_output_size
+
 
 class SessionKind(StrEnum):
     """A render has all its audio up front; a live session's audio streams in while it runs."""
@@ -169,6 +171,7 @@ class Bounds:
     le: float | None = None
     pattern: str | None = None
     max_length: int | None = None
+    multiple_of: int | None = None
     # The default a new session gets (the HTTP form, the settings, the CLI), where it differs from the field's
     # dataclass default, which is what an input recorded before the option existed means (a running session's
     # Temporal payloads and stored rows have no such field). None: the dataclass default serves both.
@@ -188,6 +191,12 @@ class Family(StrEnum):
         """The family's latent grid (`LATENT_GRIDS`): the workflows plan chunks on it, so it is part of the
         contract; what a node loads for the family is in `gpu_worker.models.FAMILIES`."""
         return LATENT_GRIDS[self]
+
+    @property
+    def output_sizes(self) -> "frozenset[tuple[int, int]] | None":
+        """The (width, height) the family renders when a session asks for a size (`OUTPUT_SIZES`), or None: any
+        even size within the bounds (`contracts.frames`)."""
+        return OUTPUT_SIZES[self]
 
     @property
     def temporal_stride(self) -> int:
@@ -225,6 +234,15 @@ LATENT_GRIDS: dict[Family, LatentGrid] = {
     Family.INFINITETALK: LatentGrid(stride=4, lead=1),
 }
 
+# The sizes a session may ask each family for. Warp frames its portrait to any size; dit generates on a canvas
+# rounded up to its patch grid and crops that back to the size asked (as it does for the named resolutions), so
+# both take any even size; infinitetalk renders only its buckets, the sizes Wan2.1 was trained at.
+OUTPUT_SIZES: dict[Family, frozenset[tuple[int, int]] | None] = {
+    Family.WARP: None,
+    Family.DIT: None,
+    Family.INFINITETALK: INFINITETALK_SIZES,
+}
+
 
 class Residency(StrEnum):
     """Where a node keeps the models of a render that it is not running: RESIDENT keeps every model on the
@@ -250,6 +268,14 @@ class LipSync(StrEnum):
 
     VISEMES = "visemes"
     LOUDNESS = "loudness"
+
+
+class SamplingPreset(StrEnum):
+    """How infinitetalk samples: quality (the original's 40 steps with text and audio guidance) or fast (the few
+    steps a distilled LoRA expects, guidance off; on nodes that merged one, MONOLOGUE_INFINITETALK_LORA)."""
+
+    QUALITY = "quality"
+    FAST = "fast"
 
 
 _SINK_NAME = Bounds("Unique per session; default: type.", pattern=r"^[a-z0-9-]{0,32}$")
@@ -309,6 +335,23 @@ class SinkType(StrEnum):
 # A transcript travels with every chunk's activity input (the options do): 10,000 characters is about 11 minutes
 # of speech at 15 characters a second, and keeps a long render's history well inside Temporal's limits.
 TRANSCRIPT_MAX_CHARS = 10_000
+# Text to speak travels the same way; 5,000 characters is about 5 minutes of speech, synthesised within the time a
+# node has to check a new session's inputs (espeak-ng: a fraction of a second; Piper on a CPU: tens of seconds).
+TEXT_MAX_CHARS = 5_000
+# `<engine>:<voice>`: espeak-ng's voices by name or language (en-us, en-gb-x-rp, de, variants such as en-us+f3), or
+# the deployment's one Piper voice (`piper`, or `piper:<its name>`).
+VOICE_PATTERN = r"^(espeak:[A-Za-z0-9_+-]{1,40}|piper(:[A-Za-z0-9_.+-]{1,100})?)$"
+
+
+def _side_bounds(name: str) -> Bounds:
+    return Bounds(
+        f"Output {name} in pixels, with {'height' if name == 'width' else 'width'}, instead of a resolution: even, "
+        f"{MIN_SIDE}-{MAX_SIDE} (infinitetalk: one of its size buckets). The frames are exactly this size, the "
+        "portrait cut to its shape (warp: around the face, never cutting it).",
+        ge=MIN_SIDE,
+        le=MAX_SIDE,
+        multiple_of=2,
+    )
 
 
 @dataclass(frozen=True)
@@ -328,6 +371,9 @@ class RenderOptions:
     i_frames: Annotated[int, Bounds("Frames per I chunk, the seam between two N chunks (0: none).", ge=0, le=32)] = 4
     seed: Annotated[int, Bounds("Seed: the same inputs and seed give the same frames.", ge=0, le=2**63 - 1)] = 0
     resolution: Annotated[Resolution, Bounds(Resolution.__doc__ or "")] = Resolution.SOURCE
+    # Any other size: both or neither, instead of a named resolution (`contracts.frames` has the bounds).
+    width: Annotated[int | None, _side_bounds("width")] = None
+    height: Annotated[int | None, _side_bounds("height")] = None
     preview: Annotated[bool, Bounds("Render fast at half resolution; the same seed gives the same motion.")] = False
     family: Annotated[Family, Bounds(Family.__doc__ or "")] = Family.WARP
     sinks: Annotated[
@@ -337,6 +383,7 @@ class RenderOptions:
     sampling_steps: Annotated[
         int, Bounds("Denoising steps (0: the family's default; infinitetalk: 40, as the original).", ge=0, le=100)
     ] = 0
+    sampling_preset: Annotated[SamplingPreset, Bounds(SamplingPreset.__doc__ or "")] = SamplingPreset.QUALITY
     # Sessions from before this option have no field: they keep loudness (their chunks already published, their
     # checkpoints and, live, their workflow's shorter look-ahead all assume it); new sessions get visemes.
     lip_sync: Annotated[LipSync, Bounds(LipSync.__doc__ or "", new_sessions=LipSync.VISEMES)] = LipSync.LOUDNESS
@@ -349,12 +396,43 @@ class RenderOptions:
             max_length=TRANSCRIPT_MAX_CHARS,
         ),
     ] = ""
+    text: Annotated[
+        str,
+        Bounds(
+            "Instead of audio (renders): the words to speak, synthesised on a node in `voice`; the lips follow the "
+            "synthesised phones. About 5 minutes of speech at most.",
+            max_length=TEXT_MAX_CHARS,
+        ),
+    ] = ""
+    voice: Annotated[
+        str,
+        Bounds(
+            "The voice `text` is spoken in: espeak:<voice> (espeak-ng's, e.g. en-us, en-gb, de, fr, en-us+f3) or "
+            "piper (the deployment's Piper voice, if it has one).",
+            pattern=VOICE_PATTERN,
+        ),
+    ] = "espeak:en-us"
 
     def __post_init__(self) -> None:
+        if self.text.strip() and self.transcript.strip():
+            raise ValueError(
+                "transcript: a session spoken from text follows the phones of its synthesis; leave transcript out"
+            )
+        if self.resolution is not Resolution.SOURCE and (self.width, self.height) != (None, None):
+            raise ValueError(
+                f"width and height replace resolution: give a size or a resolution, not both (got resolution="
+                f"{self.resolution}, width={self.width}, height={self.height})"
+            )
+        check_output_size(self.width, self.height, family=self.family, allowed=self.family.output_sizes)
         if self.transcript.strip() and (self.family is not Family.WARP or self.lip_sync is not LipSync.VISEMES):
             raise ValueError(
                 f"transcript: only the warp family's visemes follow a transcript (got family={self.family}, "
                 f"lip_sync={self.lip_sync}); leave it out or use family=warp, lip_sync=visemes"
+            )
+        if self.sampling_preset is SamplingPreset.FAST and self.family is not Family.INFINITETALK:
+            raise ValueError(
+                f"sampling_preset: only the infinitetalk family has a fast preset (got family={self.family}, "
+                f"sampling_preset={self.sampling_preset}); leave it out or use family=infinitetalk"
             )
         labels = [sink.label for sink in self.sinks]
         if len(set(labels)) != len(labels):
@@ -387,6 +465,8 @@ def render_options(values: dict[str, object]) -> RenderOptions:
     }
     if "priority" in values:
         enums["priority"] = RenderPriority(str(values["priority"]))
+    if "sampling_preset" in values:
+        enums["sampling_preset"] = SamplingPreset(str(values["sampling_preset"]))
     if "lip_sync" in values:  # a row stored before the option has none: the dataclass default (loudness)
         enums["lip_sync"] = LipSync(str(values["lip_sync"]))
     return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ def create_session(
     width: int,
     height: int,
     kind: SessionKind = SessionKind.RENDER,
+    client_metadata: dict[str, Any] | None = None,
 ) -> SessionRow:
     row = SessionRow(
         id=session_id,
@@ -40,6 +41,7 @@ def create_session(
         width=width,
         height=height,
         created_at=utcnow(),
+        client_metadata=client_metadata,
     )
     db.add(row)
     db.commit()

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from monologue.contracts import TERMINAL
 from monologue.contracts.retention import DataPart
-from monologue.db import AudioTicketRow, CheckpointRow, ChunkRow, SessionRow, SinkRow, utcnow
+from monologue.db import AudioTicketRow, CheckpointRow, ChunkRow, SessionRow, SinkRow, WebhookEndpointRow, utcnow
 
 _REMOVED_AT = {DataPart.INPUTS: SessionRow.inputs_removed_at, DataPart.OUTPUTS: SessionRow.outputs_removed_at}
 
@@ -33,13 +33,15 @@ def purged(row: SessionRow) -> bool:
 
 def keep_tombstone(db: Session, *, session_id: str) -> None:
     """A deleted session's objects are gone: keep only its tombstone. The row keeps its id, tenant, kind, status,
-    times and sizes (what billing and the ops view count); what its options and error said (a prompt, a transcript)
-    is cleared, and its chunks, checkpoints, sinks and audio tickets are removed."""
+    times and sizes (what billing and the ops view count); what its options, metadata and error said (a prompt, a
+    transcript) is cleared, its chunks, checkpoints, sinks and audio tickets are removed, and its callback endpoint
+    is deleted as a tenant's is (no more sends, its secret dropped; its deliveries stay listed)."""
     now = utcnow()
     for table in (ChunkRow, CheckpointRow, SinkRow, AudioTicketRow):
         db.execute(delete(table).where(table.session_id == session_id))
     cleared: dict[str, Any] = {
         "options": {},
+        "client_metadata": None,
         "error": None,
         "video_key": None,
         "audio_socket": None,
@@ -50,6 +52,8 @@ def keep_tombstone(db: Session, *, session_id: str) -> None:
         "outputs_removed_at": func.coalesce(SessionRow.outputs_removed_at, now),
     }
     db.execute(update(SessionRow).where(SessionRow.id == session_id).values(**cleared, **removed))
+    callback = update(WebhookEndpointRow).where(WebhookEndpointRow.session_id == session_id)
+    db.execute(callback.values(disabled_at=func.coalesce(WebhookEndpointRow.disabled_at, now), secret=None))
     db.commit()
 
 

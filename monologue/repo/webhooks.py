@@ -1,7 +1,9 @@
 """Data access for webhooks: endpoints per tenant, deliveries (one per message and endpoint) and their attempts.
 Keyword-only functions over a SQLAlchemy session; a delivery's row is written once (its id is deterministic, so a
 retried activity finds it) and every attempt adds one attempt row. Endpoints' secrets are stored encrypted
-(`monologue.webhooks.encryption`) and dropped when the endpoint is deleted."""
+(`monologue.webhooks.encryption`) and dropped when the endpoint is deleted. A session's own endpoint (its create's
+`callback_url`) is a row like a tenant's with `session_id` set: only that session's events go to it, and the
+tenant's list, count and delete leave it out."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from monologue import webhooks
 from monologue.db import WebhookAttemptRow, WebhookDeliveryRow, WebhookEndpointRow, utcnow
 from monologue.errors import InputError
 from monologue.repo import lock_tenant  # the one per-tenant lock: the session limit and this one
-from monologue.schemas import DeliveryStatus, WebhookEvent
+from monologue.schemas import SESSION_ENDINGS, DeliveryStatus, WebhookEvent
 from monologue.webhooks import encryption as webhook_secrets
 
 
@@ -53,14 +55,50 @@ def create_endpoint_within_limit(
     return row, secret
 
 
+def create_session_endpoint(
+    db: Session, *, tenant: str, session_id: str, url: str, keys: MultiFernet
+) -> WebhookEndpointRow:
+    """The endpoint of a session's `callback_url`: the session's endings, signed with a secret of its own (stored
+    encrypted under `keys`; `session_secret` reads it back for the create's answer). Outside the tenant's limit of
+    endpoints: it lives and goes with its session (ON DELETE CASCADE)."""
+    row = WebhookEndpointRow(
+        id=f"ep_{secrets.token_hex(8)}",
+        tenant=tenant,
+        url=url,
+        secret=webhook_secrets.seal(keys, webhooks.new_secret()),
+        events=[str(event) for event in SESSION_ENDINGS],
+        created_at=utcnow(),
+        session_id=session_id,
+    )
+    db.add(row)
+    db.commit()
+    return row
+
+
+def session_endpoint(db: Session, *, session_id: str) -> WebhookEndpointRow | None:
+    """The endpoint of the session's `callback_url`, if it has one."""
+    return db.scalar(select(WebhookEndpointRow).where(WebhookEndpointRow.session_id == session_id))
+
+
+def session_secret(db: Session, *, session_id: str, keys: MultiFernet) -> str | None:
+    """The secret signing the session's callbacks, in clear (None: it has no callback_url, or its secret was
+    dropped). SecretUnreadable when none of `keys` opens it."""
+    row = session_endpoint(db, session_id=session_id)
+    return None if row is None or row.secret is None else webhook_secrets.unseal(keys, row.secret)
+
+
+# A tenant's endpoint that has not been deleted (a session's own endpoint is not the tenant's).
+_tenants_active = WebhookEndpointRow.disabled_at.is_(None) & WebhookEndpointRow.session_id.is_(None)
+
+
 def _endpoints(db: Session, *, tenant: str) -> int:
-    query = select(func.count()).where(WebhookEndpointRow.tenant == tenant, WebhookEndpointRow.disabled_at.is_(None))
+    query = select(func.count()).where(WebhookEndpointRow.tenant == tenant, _tenants_active)
     return int(db.scalar(query) or 0)
 
 
 def list_endpoints(db: Session, *, tenant: str | None) -> list[WebhookEndpointRow]:
     """A tenant's active endpoints (None: every tenant's), oldest first."""
-    query = select(WebhookEndpointRow).where(WebhookEndpointRow.disabled_at.is_(None))
+    query = select(WebhookEndpointRow).where(_tenants_active)
     if tenant is not None:
         query = query.where(WebhookEndpointRow.tenant == tenant)
     return list(db.scalars(query.order_by(WebhookEndpointRow.created_at, WebhookEndpointRow.id)))
@@ -73,9 +111,7 @@ def get_endpoint(db: Session, *, endpoint_id: str) -> WebhookEndpointRow | None:
 def disable_endpoint(db: Session, *, tenant: str | None, endpoint_id: str) -> bool:
     """Stop sending to an endpoint and drop its secret (the row and its deliveries stay listed); False if the
     tenant has no such active one."""
-    query = update(WebhookEndpointRow).where(
-        WebhookEndpointRow.id == endpoint_id, WebhookEndpointRow.disabled_at.is_(None)
-    )
+    query = update(WebhookEndpointRow).where(WebhookEndpointRow.id == endpoint_id, _tenants_active)
     if tenant is not None:
         query = query.where(WebhookEndpointRow.tenant == tenant)
     result = db.execute(query.values(disabled_at=utcnow(), secret=None))
@@ -83,8 +119,13 @@ def disable_endpoint(db: Session, *, tenant: str | None, endpoint_id: str) -> bo
     return bool(getattr(result, "rowcount", 0) == 1)
 
 
-def subscribed(db: Session, *, tenant: str, event: WebhookEvent) -> list[WebhookEndpointRow]:
-    return [row for row in list_endpoints(db, tenant=tenant) if str(event) in row.events]
+def subscribed(db: Session, *, tenant: str, session_id: str, event: WebhookEvent) -> list[WebhookEndpointRow]:
+    """Where the session's `event` goes: the tenant's endpoints that list it, and the session's own endpoint."""
+    endpoints = list_endpoints(db, tenant=tenant)
+    own = session_endpoint(db, session_id=session_id)
+    if own is not None and own.disabled_at is None:
+        endpoints.append(own)
+    return [row for row in endpoints if str(event) in row.events]
 
 
 @dataclass(frozen=True)

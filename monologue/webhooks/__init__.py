@@ -2,10 +2,11 @@
 receiver deduplicates), `webhook-timestamp` (Unix seconds of the attempt) and `webhook-signature`
 (`v1,<base64 HMAC-SHA256 over "<id>.<timestamp>.<body>">`, keyed with the endpoint's `whsec_` secret).
 
-Endpoints belong to a tenant and may point only where the operator allows that tenant
-(MONOLOGUE_WEBHOOKS__ALLOWED_URLS, `{tenant}` filled in, a trailing `*` any rest) and, when delivered, only to
-public addresses or ranges the operator allows (`monologue.outbound`, checked on the address connected to). This
-module is the one definition of both; the API applies it when an endpoint is made, each delivery before it sends.
+Endpoints belong to a tenant (or to one session: a create's `callback_url`) and may point only where the operator
+allows that tenant (MONOLOGUE_WEBHOOKS__ALLOWED_URLS, `{tenant}` filled in, a trailing `*` any rest) and, when
+delivered, only to public addresses or ranges the operator allows (`monologue.outbound`, checked on the address
+connected to). This module is the one definition of both; the API applies it when an endpoint (or a session with a
+callback_url) is made, each delivery before it sends.
 Data access is in `monologue/repo/webhooks.py`; delivery runs on the nodes (`activities/webhooks.py`)."""
 
 from __future__ import annotations
@@ -62,18 +63,18 @@ def headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[s
     }
 
 
-def url_refusal(url: str, *, tenant: str, settings: Settings) -> str | None:
-    """Why a tenant's endpoint may not point at `url` (naming the setting), or None. The address it resolves to is
-    checked again at every delivery, on the address actually connected to."""
-    problem = scheme_refusal(url, settings.outbound, "url")
+def url_refusal(url: str, *, tenant: str, settings: Settings, what: str = "url") -> str | None:
+    """Why a tenant's endpoint (`what`: the field that gave the URL) may not point at `url` (naming the setting), or
+    None. The address it resolves to is checked again at every delivery, on the address actually connected to."""
+    problem = scheme_refusal(url, settings.outbound, what)
     if problem is not None:
         return problem
     if not TENANT.fullmatch(tenant):
-        return f"url: tenant {tenant!r} is not a valid tenant name, so it may have no webhook"
+        return f"{what}: tenant {tenant!r} is not a valid tenant name, so it may have no webhook"
     patterns = [pattern.replace("{tenant}", tenant) for pattern in settings.webhooks.allowed_urls]
     if not any(url == pattern or (pattern.endswith("*") and url.startswith(pattern[:-1])) for pattern in patterns):
         return (
-            f"url: {url} is not where tenant {tenant!r} may send webhooks (MONOLOGUE_WEBHOOKS__ALLOWED_URLS lists"
+            f"{what}: {url} is not where tenant {tenant!r} may send webhooks (MONOLOGUE_WEBHOOKS__ALLOWED_URLS lists"
             " where endpoints may point)"
         )
     return None
@@ -102,6 +103,7 @@ def payload(row: SessionRow, event: WebhookEvent, settings: Settings, *, at: dat
             finished_at=row.finished_at,
             frames=row.frames,
             audio_seconds=row.audio_seconds,
+            metadata=row.client_metadata,
             links=WebhookLinks(self=f"{base}/v1/renders/{row.id}", video=f"{base}/v1/renders/{row.id}/video.mp4"),
         ),
     )

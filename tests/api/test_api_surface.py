@@ -22,7 +22,8 @@ from api.deps import ops_access, require_key
 from api.problems import CODE_OF_STATUS
 from monologue import webhooks
 from monologue.db import SessionRow, make_engine, make_sessionmaker
-from monologue.schemas import PROBLEM_TYPE_BASE, PROBLEMS, ProblemCode, WebhookEvent
+from monologue.problems import PROBLEM_TYPE_BASE, PROBLEMS, ProblemCode
+from monologue.schemas import WebhookEvent
 from monologue.settings import ApiSettings, LimitSettings, LinkSettings, Settings
 from tests.api.in_process import key, make_app, stored
 

@@ -17,7 +17,8 @@ from cli.stack import Stack
 from monologue import contracts as c
 from monologue.client import Client
 from monologue.db import SessionRow
-from monologue.schemas import AssetKind, ProblemCode
+from monologue.problems import ProblemCode
+from monologue.schemas import AssetKind
 from tests.api.in_process import key, make_app
 from tests.helpers import api_key
 

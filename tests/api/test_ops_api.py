@@ -196,9 +196,10 @@ def test_sessions_list_newest_first_with_progress_realtime_ratio_and_age(client:
         "frames_total": 100,
         "preemptions": 0,
     }
-    # 84 frames at 25 fps (3.36 s of video) in the ~10 s since the render started.
-    assert run["realtime_ratio"] == pytest.approx(0.336, rel=0.05)
-    assert run["age_s"] == pytest.approx(12, abs=2) and run["ttff_ms"] == 850.0 and run["node_id"] == "node-b"
+    # 84 frames at 25 fps (3.36 s of video) in the time since the render started, 2 s after its creation: both
+    # figures read one clock at the request, however long the seeding took on a loaded machine.
+    assert run["age_s"] >= 12 and run["ttff_ms"] == 850.0 and run["node_id"] == "node-b"
+    assert run["realtime_ratio"] == pytest.approx(3.36 / (run["age_s"] - 2), rel=1e-3)
     assert done["realtime_ratio"] == pytest.approx(1.0)  # 2 s of video made in 2 s; ended, so it stays put
     assert page["items"][2]["error"] == "audio.wav is missing" and page["items"][2]["realtime_ratio"] is None
 

@@ -219,6 +219,7 @@ def test_an_option_added_to_the_session_model_reaches_render_and_live() -> None:
 def test_render_command_sends_the_options_it_is_given(stack: Stack, api_url: str, tmp_path: Path) -> None:
     output = tmp_path / "out.mp4"
     given = ["--fps", "20", "--chunk-frames", "20", "--i-frames", "2", "--seed", "7", "--resolution", "512"]
+    given += ["--metadata", '{"order": "A-17"}']  # not an option: sent beside them
     audio, portrait = str(SAMPLES / "speech.wav"), str(SAMPLES / "portrait.jpg")
     completed = _cli("render", portrait, audio, "-o", str(output), *given, api_url=api_url, timeout=240)
     assert completed.returncode == 0, completed.stderr
@@ -232,6 +233,7 @@ def test_render_command_sends_the_options_it_is_given(stack: Stack, api_url: str
         "resolution": "512",
     }
     assert shown["status"] == "completed" and (shown["width"], shown["height"]) != (None, None)
+    assert shown["metadata"] == {"order": "A-17"}
 
 
 def test_renders_commands_list_cancel_watch_and_resume_a_session(

@@ -162,6 +162,7 @@ ADDED: dict[str, dict[str, Columns]] = {
             "deleted_at": UtcDateTime(),
         }
     },
+    "0009": {"sessions": {"client_metadata": JSON()}, "webhook_endpoints": {"session_id": String()}},
 }
 REVISIONS = list(ADDED)
 # Columns added with a server default: older rows get the default, not NULL.
@@ -216,6 +217,7 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "inputs_removed_at": moment,
             "outputs_removed_at": moment,
             "deleted_at": moment,
+            "client_metadata": {"order": f"o-{tag}", "n": number},
         },
         "chunks": {
             "session_id": session,
@@ -293,6 +295,7 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "events": ["session.completed"],
             "created_at": moment,
             "disabled_at": moment,
+            "session_id": session,
         },
         "webhook_deliveries": {
             "id": f"msg-{tag}",
@@ -384,8 +387,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
-PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0002", "0003", "0004", "0001", "0002", "0003"]
-PATH += ["0004", "base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008"]
+PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0002", "0003", "0004", "0001", "0002"]
+PATH += ["0003", "0004", "base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -402,17 +405,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0008), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0009), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 6) | dict.fromkeys(ADDED["0004"], 5)
-        assert counts == {"chunks": 8, "checkpoints": 7} | since_0003 | {"sessions": 8}
-        # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks
-        # and tickets; a deleted endpoint its deliveries and their attempts.
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 7) | dict.fromkeys(ADDED["0004"], 6)
+        assert counts == {"chunks": 9, "checkpoints": 8} | since_0003 | {"sessions": 9}
+        # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks,
+        # tickets and callback endpoints; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0008").items()}
-        kept = {"nodes": 6, "api_keys": 6, "idempotency_keys": 5}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0009").items()}
+        kept = {"nodes": 7, "api_keys": 7, "idempotency_keys": 6}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()

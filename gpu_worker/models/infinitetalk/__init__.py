@@ -18,7 +18,10 @@ MONOLOGUE_ settings):
 - or each part: `MONOLOGUE_INFINITETALK_WAN`, `MONOLOGUE_INFINITETALK_WAV2VEC`, `MONOLOGUE_INFINITETALK_ADAPTER`
   (these win over the folder);
 - `MONOLOGUE_INFINITETALK_PRESET`: the architecture the files are held to (`wan2.1-i2v-14b`, the default, or `tiny`
-  for the test checkpoints `make_checkpoint.py` writes).
+  for the test checkpoints `make_checkpoint.py` writes);
+- `MONOLOGUE_INFINITETALK_LORA`: a distilled LoRA's .safetensors (lightx2v's, FusionX), merged into the DiT as it
+  loads (lora.py), with `MONOLOGUE_INFINITETALK_LORA_STRENGTH` (default 1); sessions may then ask for the `fast`
+  sampling preset.
 With none set the family cannot load: there is no smoke-test model (its users bring their checkpoints), and a node
 started with them set checks every file's names and shapes at start (`check_weights`). Nothing is ever downloaded.
 """
@@ -34,6 +37,7 @@ from gpu_worker.models.dit.runtime import Precision, TorchModule
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
 from gpu_worker.models.infinitetalk.config import preset
 from gpu_worker.models.infinitetalk.context import InfiniteTalkContext
+from gpu_worker.models.infinitetalk.lora import LORA_ENV, LORA_STRENGTH_ENV, LoraFile
 from gpu_worker.models.infinitetalk.reference import InfiniteTalkReference
 from gpu_worker.models.infinitetalk.roles import InfiniteTalkAudioToVideo, InfiniteTalkDecoder, PassThrough
 from gpu_worker.pipeline.module import ModelSet
@@ -65,7 +69,20 @@ def default_weights() -> InfiniteTalkWeights:
         wav2vec=Path(parts["wav2vec"]).expanduser() if parts["wav2vec"] else under.wav2vec,  # type: ignore[union-attr]
         adapter=Path(parts["adapter"]).expanduser() if parts["adapter"] else under.adapter,  # type: ignore[union-attr]
     )
-    return InfiniteTalkWeights(preset(os.environ.get(PRESET_ENV, "wan2.1-i2v-14b").strip()), locations)
+    return InfiniteTalkWeights(preset(os.environ.get(PRESET_ENV, "wan2.1-i2v-14b").strip()), locations, _lora())
+
+
+def _lora() -> LoraFile | None:
+    """The LoRA the environment names, if any; a CheckpointError for a strength that is not a number."""
+    path = os.environ.get(LORA_ENV, "").strip()
+    strength = os.environ.get(LORA_STRENGTH_ENV, "").strip()
+    if strength and not path:
+        raise CheckpointError(f"{LORA_STRENGTH_ENV} is set ({strength}) but {LORA_ENV} names no LoRA to merge")
+    strength = strength or "1"
+    try:
+        return LoraFile(Path(path).expanduser(), float(strength)) if path else None
+    except ValueError as exc:
+        raise CheckpointError(f"{LORA_STRENGTH_ENV}={strength!r}: a finite number, e.g. 1.0 ({exc})") from exc
 
 
 def check_weights() -> None:

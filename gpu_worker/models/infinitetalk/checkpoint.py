@@ -28,6 +28,7 @@ from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.models.infinitetalk import layout, rename
 from gpu_worker.models.infinitetalk.config import InfiniteTalkConfig
 from gpu_worker.models.infinitetalk.dit import InfiniteTalkDiT
+from gpu_worker.models.infinitetalk.lora import LoraFile, Update
 
 MODEL_NAMES = ("dit", "vae", "t5", "clip", "wav2vec")
 
@@ -83,13 +84,14 @@ def dit_files(wan: Path, adapter: Path) -> list[Path]:
 class InfiniteTalkWeights:
     """The family's configuration and files; builds each model from them."""
 
-    def __init__(self, config: InfiniteTalkConfig, locations: Locations) -> None:
+    def __init__(self, config: InfiniteTalkConfig, locations: Locations, lora: LoraFile | None = None) -> None:
         wan_config = _file(locations.wan / layout.DIT_CONFIG, "the Wan config")
         try:
             self.config = config.with_dit(json.loads(wan_config.read_text()), str(wan_config))
         except (ValueError, TypeError) as exc:
             raise CheckpointError(f"infinitetalk weights: {exc}") from exc
         self.locations = locations
+        self.lora = lora  # merged into the DiT's weights as they load (lora.py)
         self.wav2vec_config = Wav2Vec2Config.from_json_file(
             _file(locations.wav2vec / "config.json", "the wav2vec2 config")
         )
@@ -104,7 +106,9 @@ class InfiniteTalkWeights:
             )
 
     def describe(self) -> str:
-        return f"{self.locations.wan}, {self.locations.wav2vec}, {self.locations.adapter} (preset {self.config.name})"
+        where = self.locations
+        lora = f", LoRA {self.lora.path} at {self.lora.strength}" if self.lora else ""
+        return f"{where.wan}, {where.wav2vec}, {where.adapter}{lora} (preset {self.config.name})"
 
     def files(self, name: str) -> list[Path]:
         where = self.locations
@@ -138,13 +142,18 @@ class InfiniteTalkWeights:
         return rename.vae_map(self.config) if name == "vae" else rename.clip_map(self.config)
 
     def state(self, name: str, model: nn.Module, dtype: torch.dtype, shapes_only: bool = False) -> dict[str, Tensor]:
-        """The model's state from its files, renamed, checked against the model, cast to `dtype`."""
+        """The model's state from its files, renamed, checked against the model, the DiT's LoRA merged, cast to
+        `dtype`."""
         tensors: dict[str, Tensor] = {}
         origin: dict[str, Path] = {}
         for path in self.files(name):
             for key, value in _read(path, shapes_only).items():
                 tensors[key], origin[key] = value, path
-        return convert(tensors, origin, self.keymap(name), model, dtype)
+        keymap = self.keymap(name)
+        updates = None
+        if name == "dit" and self.lora is not None:
+            updates = self.lora.updates(keymap, _expected(model), shapes_only)
+        return convert(tensors, origin, keymap, model, dtype, updates)
 
     def build(self, name: str, dtype: torch.dtype = torch.float32) -> nn.Module:
         """The named model with its weights, on the CPU, eval, gradients off."""
@@ -172,10 +181,16 @@ def _expected(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 
 def convert(
-    tensors: dict[str, Tensor], origin: dict[str, Path], keymap: rename.KeyMap, model: nn.Module, dtype: torch.dtype
+    tensors: dict[str, Tensor],
+    origin: dict[str, Path],
+    keymap: rename.KeyMap,
+    model: nn.Module,
+    dtype: torch.dtype,
+    updates: dict[str, Update] | None = None,
 ) -> dict[str, Tensor]:
     """Rename `tensors` (original names, each from its file in `origin`) to the model's, or raise CheckpointError
-    naming every unexpected, missing or misshapen key with its file and both shapes."""
+    naming every unexpected, missing or misshapen key with its file and both shapes. `updates` (a LoRA's, by our
+    names) are added in fp32 before the one cast to `dtype`."""
     expected = _expected(model)
     state: dict[str, Tensor] = {}
     problems: list[str] = []
@@ -203,6 +218,8 @@ def convert(
                 model_shape = (want[0] * len(rule.parts), *want[1:]) if rule.parts else want
                 problems.append(f"{where}: key {key!r} has shape {file_shape}, the model expects {model_shape}")
                 continue
+            if updates and ours in updates and not piece.is_meta:
+                piece = updates[ours].merged(piece)  # fp32: the file's values + the LoRA's, rounded once below
             # A copy the model owns: the file's tensors are memory maps, whose storage cannot be freed and refilled
             # (offload and switch residency resize storages in place).
             state[ours] = (

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+
+from monologue.contracts import SamplingPreset
+from monologue.contracts.frames import INFINITETALK_BUCKETS_480, INFINITETALK_BUCKETS_720
 
 # InfiniteTalk `wan/configs/wan_multitalk_14B.py` line 11: the negative prompt its pipeline uses when none is given.
 NEGATIVE_PROMPT = (
@@ -24,20 +29,10 @@ NEGATIVE_PROMPT = (
     "background, three legs, many people in the background, walking backwards"
 )
 
-# InfiniteTalk `wan/utils/multitalk_utils.py` lines 26-39: (height, width) buckets by aspect ratio h/w; the
-# portrait is resized to cover the nearest bucket and centre-cropped (`wan/multitalk.py` lines 437-448).
-BUCKETS_480 = {
-    0.26: (320, 1216), 0.38: (384, 1024), 0.50: (448, 896), 0.67: (512, 768), 0.82: (576, 704), 1.00: (640, 640),
-    1.22: (704, 576), 1.50: (768, 512), 1.86: (832, 448), 2.00: (896, 448), 2.50: (960, 384), 2.83: (1088, 384),
-    3.60: (1152, 320), 3.80: (1216, 320), 4.00: (1280, 320),
-}  # fmt: skip
-BUCKETS_720 = {
-    0.22: (448, 2048), 0.29: (512, 1792), 0.36: (576, 1600), 0.45: (640, 1408), 0.55: (704, 1280),
-    0.63: (768, 1216), 0.76: (832, 1088), 0.88: (896, 1024), 1.00: (960, 960), 1.14: (1024, 896),
-    1.31: (1088, 832), 1.50: (1152, 768), 1.58: (1216, 768), 1.82: (1280, 704), 1.91: (1344, 704),
-    2.20: (1408, 640), 2.30: (1472, 640), 2.67: (1536, 576), 2.89: (1664, 576), 3.62: (1856, 512),
-    3.75: (1920, 512),
-}  # fmt: skip
+# InfiniteTalk's (height, width) size buckets by aspect ratio h/w: the API checks a requested size with them, so
+# they are defined in the contracts (with the original's line numbers).
+BUCKETS_480 = INFINITETALK_BUCKETS_480
+BUCKETS_720 = INFINITETALK_BUCKETS_720
 
 
 @dataclass(frozen=True)
@@ -118,10 +113,20 @@ class VAEConfig:
     temporal_stride: int = 4
 
 
+class Spacing(StrEnum):
+    """Where a schedule's `steps` timesteps sit before the shift (then 0 ends it)."""
+
+    WAN = "wan"  # InfiniteTalk's: linspace(1000, 1, steps) (multitalk.py lines 636-643)
+    # lightx2v's step-distill scheduler (WanStepDistillScheduler: `denoising_step_list` [1000, 750, 500, 250] at 4
+    # steps, the sigmas of linspace(1, 0, 1001) at those indices): 1000 (steps - k) / steps, k < steps.
+    DISTILLED = "distilled"
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """InfiniteTalk's sampler (`generate_infinitetalk.py` lines 42-52 and its argument defaults; `wan/multitalk.py`
-    lines 376-392, 636-776): Euler over the flow-matching ODE on shifted timesteps, three passes per step."""
+    lines 376-392, 636-776): Euler over the flow-matching ODE on shifted timesteps, three passes per step (two
+    with text_scale 1, one with both scales 1: guidance off)."""
 
     steps: int = 40
     shift_480: float = 7.0  # `--sample_shift` default for infinitetalk-480
@@ -130,6 +135,26 @@ class SamplingConfig:
     audio_scale: float = 4.0
     num_timesteps: int = 1000
     negative_prompt: str = NEGATIVE_PROMPT
+    spacing: Spacing = Spacing.WAN
+
+    @property
+    def passes(self) -> int:
+        """DiT passes per step: text+audio; + negative+audio for text guidance; + negative+silence for audio's."""
+        if math.isclose(self.text_scale, 1.0):
+            return 1 if math.isclose(self.audio_scale, 1.0) else 2
+        return 3
+
+
+# The `quality` preset: the original's sampler, as above.
+QUALITY_SAMPLING = SamplingConfig()
+# The `fast` preset: what lightx2v's step/CFG-distilled LoRA for Wan2.1-I2V-14B was distilled to
+# (lightx2v configs/distill/wan21/wan_i2v_distill_lora_4step_cfg.json: infer_steps 4, denoising_step_list
+# [1000, 750, 500, 250], sample_shift 5, enable_cfg false). Both guidance scales 1: one DiT pass per step with the
+# prompt and the audio, no negative prompt. (InfiniteTalk's README runs FusionX at 8 steps, shift 2, audio guidance
+# 2: two passes; `sampling_steps` sets the step count, the rest stays this preset's.)
+FAST_SAMPLING = SamplingConfig(
+    steps=4, shift_480=5.0, shift_720=5.0, text_scale=1.0, audio_scale=1.0, spacing=Spacing.DISTILLED
+)
 
 
 @dataclass(frozen=True)
@@ -153,11 +178,16 @@ class InfiniteTalkConfig:
     t5: T5Config = field(default_factory=T5Config)
     clip: ClipConfig = field(default_factory=ClipConfig)
     vae: VAEConfig = field(default_factory=VAEConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: QUALITY_SAMPLING)  # the quality preset
+    fast: SamplingConfig = field(default_factory=lambda: FAST_SAMPLING)  # the fast preset (needs a distilled LoRA)
     stream: StreamConfig = field(default_factory=StreamConfig)
     # The canvas sizes (h, w) by aspect ratio: 480-class for source/512, 720-class for 720p/1080p.
     buckets_480: dict[float, tuple[int, int]] = field(default_factory=lambda: dict(BUCKETS_480))
     buckets_720: dict[float, tuple[int, int]] = field(default_factory=lambda: dict(BUCKETS_720))
+
+    def sampler(self, preset: SamplingPreset) -> SamplingConfig:
+        """The sampling config of a session's preset."""
+        return self.fast if preset is SamplingPreset.FAST else self.sampling
 
     def with_dit(self, values: dict[str, Any], where: str) -> InfiniteTalkConfig:
         """This config with the DiT keyword arguments of a Wan `config.json` (keys starting with "_" are the

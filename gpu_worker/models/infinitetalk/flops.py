@@ -1,11 +1,12 @@
 """FLOPs per output frame of the real 14B configuration, counted with FlopCounterMode on the meta device.
 
-    python -m gpu_worker.models.infinitetalk.flops [--steps 40] [--chunk-frames 72]
+    python -m gpu_worker.models.infinitetalk.flops [--preset quality|fast] [--steps N] [--chunk-frames 72]
 
-One N chunk as the original streams it: a clip of `motion_frames` (9) + chunk_frames frames, `steps` denoising
-steps of three DiT passes each (text+audio, no text, neither), the I2V condition's VAE encode, the motion frames'
-decode (38 primed + 3 latents) and encode, and the decoder's 38 primed latents + the chunk's own. umT5, CLIP and
-wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is allocated.
+One N chunk as the original streams it: a clip of `motion_frames` (9) + chunk_frames frames, the preset's denoising
+steps (quality: 40 of three DiT passes, text+audio, no text, neither; fast: 4 of one), the I2V condition's VAE
+encode, the motion frames' decode (38 primed + 3 latents) and encode, and the decoder's 38 primed latents + the
+chunk's own. umT5, CLIP and wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is
+allocated.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 from torch.utils.flop_counter import FlopCounterMode
 
 from gpu_worker.models.infinitetalk.checkpoint import _vae
-from gpu_worker.models.infinitetalk.config import WAN_14B, InfiniteTalkConfig
+from gpu_worker.models.infinitetalk.config import WAN_14B, InfiniteTalkConfig, SamplingConfig
 from gpu_worker.models.infinitetalk.dit import InfiniteTalkDiT
 from gpu_worker.models.infinitetalk.vae import DecodeStream
+from monologue.contracts import SamplingPreset
 
 SIZES = {"480p": (832, 480), "720p": (1280, 720)}
 
@@ -31,21 +33,31 @@ def _count(run: object) -> int:
     return int(counter.get_total_flops())
 
 
-def chunk_flops(config: InfiniteTalkConfig, width: int, height: int, chunk_frames: int, steps: int) -> dict[str, int]:
+def step_flops(config: InfiniteTalkConfig, width: int, height: int, latents: int, sampling: SamplingConfig) -> int:
+    """FLOPs of one denoising step over a clip of `latents` latent frames: `sampling.passes` DiT passes, one batch
+    (on the meta device: nothing is allocated)."""
+    dit_config, batch = config.dit, sampling.passes
+    stride, spatial = config.vae.temporal_stride, config.vae.spatial_stride
+    with torch.device("meta"):
+        dit = InfiniteTalkDiT(dit_config)
+        inputs = torch.zeros(batch, dit_config.in_dim, latents, height // spatial, width // spatial)
+        windows = (1 + stride * (latents - 1), dit_config.audio_window, dit_config.audio_blocks)
+        audio = torch.zeros(batch, *windows, dit_config.audio_channels)
+        text = torch.zeros(batch, dit_config.text_len, dit_config.text_dim)
+        image = torch.zeros(batch, 257, dit_config.image_dim)  # CLIP ViT-H/14's 256 patches + the class token
+        return _count(lambda: dit(inputs, torch.zeros(batch), text, image, audio))
+
+
+def chunk_flops(
+    config: InfiniteTalkConfig, width: int, height: int, chunk_frames: int, sampling: SamplingConfig, steps: int
+) -> dict[str, int]:
     """FLOPs of one N chunk by part."""
-    dit_config, stream = config.dit, config.stream
+    stream = config.stream
     motion_latents = 1 + (stream.motion_frames - 1) // 4
     latents = motion_latents + chunk_frames // 4
     h, w = height // 8, width // 8
     with torch.device("meta"):
-        dit = InfiniteTalkDiT(dit_config)
         vae: AutoencoderKLWan = _vae(config)
-        inputs = torch.zeros(1, dit_config.in_dim, latents, h, w)
-        audio = torch.zeros(3, 1 + 4 * (latents - 1), dit_config.audio_window, dit_config.audio_blocks, 768)
-        text, image = torch.zeros(3, 512, dit_config.text_dim), torch.zeros(3, 257, dit_config.image_dim)
-
-        def denoise_step() -> None:
-            dit(inputs.expand(3, -1, -1, -1, -1), torch.zeros(3), text, image, audio)
 
         def decode(count: int) -> None:
             decoder = DecodeStream(vae)
@@ -56,7 +68,7 @@ def chunk_flops(config: InfiniteTalkConfig, width: int, height: int, chunk_frame
             vae.encode(torch.zeros(1, 3, frames, height, width))
 
         return {
-            "dit": steps * _count(denoise_step),
+            "dit": steps * step_flops(config, width, height, latents, sampling),
             "vae_condition": _count(lambda: encode(1 + 4 * (latents - 1))),
             "vae_motion": _count(lambda: decode(motion_latents)) + _count(lambda: encode(stream.motion_frames)),
             "vae_decode": _count(lambda: decode(chunk_frames // 4)),
@@ -65,15 +77,21 @@ def chunk_flops(config: InfiniteTalkConfig, width: int, height: int, chunk_frame
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=WAN_14B.sampling.steps)
+    parser.add_argument("--preset", type=SamplingPreset, default=SamplingPreset.QUALITY, choices=list(SamplingPreset))
+    parser.add_argument("--steps", type=int, default=0, help="0: the preset's (quality 40, fast 4)")
     parser.add_argument("--chunk-frames", type=int, default=72)
     args = parser.parse_args()
+    sampling = WAN_14B.sampler(args.preset)
+    steps = args.steps or sampling.steps
     for name, (width, height) in SIZES.items():
-        parts = chunk_flops(WAN_14B, width, height, args.chunk_frames, args.steps)
+        parts = chunk_flops(WAN_14B, width, height, args.chunk_frames, sampling, steps)
         per_frame = {key: value / args.chunk_frames / 1e12 for key, value in parts.items()}
         total = sum(per_frame.values())
         shown = ", ".join(f"{key} {value:.2f}" for key, value in per_frame.items())
-        print(f"{name} {width}x{height}, {args.steps} steps: {total:.1f} TFLOP per output frame ({shown})")
+        print(
+            f"{name} {width}x{height}, {args.preset}: {steps} steps x {sampling.passes} passes: {total:.1f} TFLOP per "
+            f"output frame ({shown})"
+        )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 InfiniteTalk picks the size bucket whose aspect ratio is nearest the portrait's, resizes the portrait to cover it
 (bilinear, sides rounded up) and centre-crops (`wan/multitalk.py` resize_and_centercrop, lines 54-92, and lines
 437-451); `resolution` picks the table (source and 512: the 480-class buckets; 720p and 1080p: the 720-class
-ones) and preview halves the bucket. The frames are the bucket's size. The portrait in [-1, 1] is the I2V
-condition of every clip (kept as pixels: each clip encodes it with its own length), its CLIP tokens are the DiT's
-image context, and its one-frame latent is the first clip's first latent (multitalk.py line 577).
+ones), a width and height asked for are the bucket (one of either class), and preview halves the bucket. The frames
+are the bucket's size. The portrait in [-1, 1] is the I2V condition of every clip (kept as pixels: each clip encodes
+it with its own length), its CLIP tokens are the DiT's image context, and its one-frame latent is the first clip's
+first latent (multitalk.py line 577).
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ from monologue.contracts import Resolution
 
 
 def canvas(config: InfiniteTalkConfig, width: int, height: int, output: OutputSpec) -> tuple[int, int, bool]:
-    """(width, height, 720-class) of the frames for a portrait of width x height."""
-    large = output.resolution in (Resolution.HD_720, Resolution.HD_1080)
-    canvas_width, canvas_height = bucket(width, height, config.buckets_720 if large else config.buckets_480)
+    """(width, height, 720-class) of the frames for a portrait of width x height: the size asked for (one of the
+    buckets: `RenderOptions` refuses any other), else the nearest bucket of the resolution's class."""
+    if output.size is not None:
+        canvas_width, canvas_height = output.size
+        large = (canvas_height, canvas_width) in config.buckets_720.values()
+    else:
+        large = output.resolution in (Resolution.HD_720, Resolution.HD_1080)
+        canvas_width, canvas_height = bucket(width, height, config.buckets_720 if large else config.buckets_480)
     if output.preview:  # half, kept on the DiT's grid (VAE stride 8 x patch 2)
         canvas_width, canvas_height = canvas_width // 32 * 16, canvas_height // 32 * 16
     return canvas_width, canvas_height, large

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_worker.models.infinitetalk.config import SamplingConfig
+from gpu_worker.models.infinitetalk.lora import LORA_ENV
 from gpu_worker.models.infinitetalk.reference import reference_image
 from gpu_worker.models.infinitetalk.runtime import WanModule
 from gpu_worker.models.infinitetalk.sampling import sample, timesteps
@@ -43,7 +45,8 @@ from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
-from monologue.contracts import ChunkKind
+from monologue.contracts import ChunkKind, SamplingPreset
+from monologue.errors import InputError
 
 
 @dataclass
@@ -155,25 +158,36 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
     ) -> Tensor:
         """`count` latents of one clip: noise from the chunk's generator, the portrait's I2V condition for that
         length, the prompts, the portrait's CLIP tokens and the clip's audio windows."""
-        config, latent = self.settings, reference["latent"]
+        latent, sampling = reference["latent"], self._sampling(chunk)
         noise = self.tensor(rng.standard_normal((latent.shape[0], count, *latent.shape[2:]), dtype=np.float32))
-        steps = chunk.sampling_steps or config.sampling.steps
+        steps = chunk.sampling_steps or sampling.steps
         if int(reference["preview"][0]):
             steps = max(1, steps // 2)
-        shift = config.sampling.shift_720 if int(reference["large"][0]) else config.sampling.shift_480
+        shift = sampling.shift_720 if int(reference["large"][0]) else sampling.shift_480
         conditions = (context["text"], context["negative"], self.tensor(reference["clip"]), audio)
         conditions = tuple(c.to(self.device, torch.float32) for c in conditions)  # type: ignore[assignment]
         model = self.models["dit"]
         return sample(
             model,  # type: ignore[arg-type]
-            config.sampling,
+            sampling,
             noise,
             self._condition(reference, count),
             conditions,  # type: ignore[arg-type]
             known,
-            timesteps(steps, shift, config.sampling.num_timesteps),
+            timesteps(steps, shift, sampling.num_timesteps, sampling.spacing),
             progress,
         )
+
+    def _sampling(self, chunk: ChunkRequest) -> SamplingConfig:
+        """The session's preset; `fast` only where the DiT has a distilled LoRA merged (its schedule and guidance
+        off are what the LoRA was distilled to: on the plain weights they make blurred frames)."""
+        if chunk.sampling_preset is SamplingPreset.FAST and self.family_weights.lora is None:
+            raise InputError(
+                f"sampling_preset={chunk.sampling_preset} needs a distilled LoRA, and this node has none: its operator "
+                f"sets {LORA_ENV} (e.g. lightx2v's 4-step LoRA for Wan2.1-I2V-14B); or use sampling_preset="
+                f"{SamplingPreset.QUALITY}"
+            )
+        return self.settings.sampler(chunk.sampling_preset)
 
     def _condition(self, reference: Reference, count: int) -> Tensor:
         """(4 + z, count, h, w): the mask (the first frame known, multitalk.py lines 552-559) and the encoding of the

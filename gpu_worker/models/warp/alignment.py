@@ -1,4 +1,5 @@
-"""Phones from speech and its transcript: PocketSphinx's forced alignment of the words over the whole speech,
+"""Phones from speech and its transcript (or, for speech synthesised from text, from the engine's own timings:
+`AlignedPhones.from_timed`): PocketSphinx's forced alignment of the words over the whole speech,
 once per session, before its first chunk (`ContextGenerator.prepare`).
 
 Why the whole speech and not the fixed phone windows the recogniser uses: alignment is a search for one path
@@ -23,6 +24,7 @@ import numpy as np
 
 from gpu_worker.models.warp.phonemes import PHONE_IDS, RECOGNISER, SILENCE, RecogniserConfig
 from gpu_worker.pipeline.types import AudioSource
+from gpu_worker.tts import TimedPhone
 from monologue.errors import InputError
 from monologue.phone_windows import PHONE_WINDOWS, PhoneWindows
 
@@ -43,6 +45,19 @@ class AlignedPhones:
     """Phone ids (`phonemes.PHONES`) of the session's 10 ms steps from the start of the speech."""
 
     steps: np.ndarray  # (S,) uint8
+
+    @classmethod
+    def from_timed(
+        cls, phones: tuple[TimedPhone, ...], total_samples: int, windows: PhoneWindows = PHONE_WINDOWS
+    ) -> AlignedPhones:
+        """The steps of speech synthesised from text, from the phones the engine spoke: a step takes the phone
+        sounding at its start (times rounded to the nearest step), silence where none does."""
+        steps = np.full(total_samples // windows.step_samples, SILENCE, dtype=np.uint8)
+        per_second = windows.rate / windows.step_samples
+        for phone in phones:
+            first, end = round(phone.start_s * per_second), round(phone.end_s * per_second)
+            steps[first:end] = PHONE_IDS[phone.phone]
+        return cls(steps)
 
     def between(self, first_step: int, end_step: int) -> np.ndarray:
         """(end_step - first_step,) uint8: silence before the speech and after it ends."""

@@ -18,7 +18,9 @@ from gpu_worker.models.warp.phonemes import PhoneRecogniser
 from gpu_worker.models.warp.visemes import viseme_targets
 from gpu_worker.pipeline.module import ContextGenerator
 from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest
+from gpu_worker.tts import TimedPhone
 from monologue.contracts import LipSync
+from monologue.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,8 @@ def speech_features(
 class SpeechContext(ContextGenerator):
     """Per-frame loudness, lip spread and hiss for a chunk and its margins; with visemes, also each of the
     chunk's frames' mouth targets from the phones of the windows that own the steps around it, or, when the
-    session has a transcript, from its forced alignment over the whole speech (`prepare`).
+    session has a transcript, from its forced alignment over the whole speech (`prepare`), and when its speech was
+    synthesised from text, from the phones the engine spoke (`prepare_phones`).
 
     The margin before covers the I chunk before an N chunk, so the N chunk can carry the mouth's smoothing
     across that gap on real audio; the margin after is the mouth's look-ahead. Visemes read the whole phone
@@ -155,6 +158,12 @@ class SpeechContext(ContextGenerator):
     def prepare(self, audio: AudioSource, transcript: str) -> AlignedPhones:
         """The transcript's phones aligned to the whole speech, once per session."""
         return self.aligner.align(audio, transcript)
+
+    def prepare_phones(self, audio: AudioSource, phones: tuple[TimedPhone, ...]) -> AlignedPhones:
+        """The phones a text session's speech was synthesised from, on the steps: no recognition, no alignment."""
+        if audio.total_samples is None:
+            raise InputError("speech from text needs the whole speech: only renders take text")
+        return AlignedPhones.from_timed(phones, audio.total_samples, self.recogniser.windows)
 
     def load(self) -> None:
         """The phone recogniser's models (0.2 s), when the node loads the family: not in a live session's

@@ -1,5 +1,6 @@
 """The warp family with any portrait: sizes, grey pictures and resolutions give talking frames of the right size
-with the background untouched, a picture without a face is refused, and the frame is cut around the face."""
+with the background untouched, a picture without a face is refused, and the frame is cut around the face (any
+width and height asked for too, padded past the picture rather than cutting the face)."""
 # ruff: noqa: F811 (the fixtures of test_warp, imported by name, are this module's arguments too)
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from gpu_worker.models.warp import build_family
-from gpu_worker.models.warp.reference import cover_crop
+from gpu_worker.models.warp.layout import detect_layout
+from gpu_worker.models.warp.reference import FACE_ROOM, cover_crop, framing, reference_layout
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline, frame_size
 from monologue.contracts import Chunk, LipSync
 from monologue.errors import NoFaceFound
@@ -89,3 +91,54 @@ def test_the_frame_covers_the_output_and_keeps_the_face_centred_where_it_can() -
     # Tall portrait into 16:9 landscape: the full width, as high as the face needs.
     box = cover_crop(1000, 2000, 16 / 9, 500.0, 400.0)
     assert (box.width, box.height, box.y) == (1000, 562, 119)
+
+
+def _face_inside(reference: dict[str, np.ndarray], width: int, height: int) -> bool:
+    """Whether the reference's face box, with FACE_ROOM either side, lies inside a width x height frame."""
+    face = reference_layout(reference)
+    room_x, room_y = FACE_ROOM * face.face_width, FACE_ROOM * face.face_height
+    x0, y0 = face.face_x - room_x, face.face_y - room_y
+    x1, y1 = face.face_x + face.face_width + room_x, face.face_y + face.face_height + room_y
+    return x0 >= -1 and y0 >= -1 and x1 <= width + 1 and y1 <= height + 1
+
+
+def test_a_size_asked_for_renders_exactly_that_size_with_the_face_in_the_frame(
+    portrait: np.ndarray, speech: np.ndarray
+) -> None:
+    """480x640 from a landscape picture: a portrait-shaped cut around the face, scaled to exactly the size."""
+    landscape = _padded(portrait, 960, 540)
+    pipeline = Pipeline(build_family())
+    session = pipeline.start_session(landscape, OutputSpec(width=480, height=640), ArrayAudio(speech))
+    sink = _ListSink()
+    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 8), lip_sync=LipSync.VISEMES), sink)
+
+    frames = np.concatenate(sink.frames)
+    assert frames.shape == (8, 640, 480, 3)
+    assert len({frame.tobytes() for frame in frames}) > 1  # it talks
+    assert _face_inside(session.reference, 480, 640)
+    seen = detect_layout(frames[0])  # the face is in the pixels where the reference says, not only in its numbers
+    expected = reference_layout(session.reference)
+    assert np.hypot(*np.subtract(seen.face_centre, expected.face_centre)) < 0.1 * expected.face_width
+
+
+def test_a_shape_that_would_cut_the_face_gets_a_wider_cut_padded_past_the_picture(
+    portrait: np.ndarray, speech: np.ndarray
+) -> None:
+    """128x1024 from a landscape picture: a cover crop would be 34 px wide, narrower than the face; the crop grows
+    to hold the face and reaches above and below the picture, where its edge rows, blurred, fill the frame."""
+    landscape = _padded(portrait, 960, 540)
+    face = detect_layout(landscape)
+    assert framing(960, 540, 16 / 9, face) == cover_crop(960, 540, 16 / 9, *face.face_centre)  # fits: unchanged
+    crop = framing(960, 540, 128 / 1024, face)
+    assert crop.width >= face.face_width * (1 + 2 * FACE_ROOM) and crop.y < 0 < crop.y + crop.height - 540
+    assert abs(crop.width / crop.height - 128 / 1024) < 0.01
+
+    pipeline = Pipeline(build_family())
+    session = pipeline.start_session(landscape, OutputSpec(width=128, height=1024), ArrayAudio(speech))
+    sink = _ListSink()
+    pipeline.run_chunk(session, ChunkRequest(Chunk("N", 0, 15, 4), lip_sync=LipSync.VISEMES), sink)
+    frames = np.concatenate(sink.frames)
+    assert frames.shape == (4, 1024, 128, 3)
+    assert _face_inside(session.reference, 128, 1024)
+    top = landscape[0, crop.x : crop.x + crop.width].mean(axis=0)  # the picture's top row, above the face
+    assert np.abs(frames[0, :8].mean(axis=(0, 1)) - top).max() < 40  # filled from it: no black or grey bar

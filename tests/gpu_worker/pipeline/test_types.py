@@ -43,3 +43,11 @@ def test_resolution_is_the_contracts_enum() -> None:
         OutputSpec(resolution="4k")  # type: ignore[arg-type]
     assert frame_size(600, 800, OutputSpec(resolution=Resolution.HD_720)) == (720, 1280)
     assert frame_size(801, 601, OutputSpec(preview=True)) == (400, 300)
+
+
+def test_a_size_asked_for_is_the_frame_size_whatever_the_portrait_and_preview_halves_it_to_even() -> None:
+    options = RenderOptions(width=482, height=642, preview=True)
+    assert OutputSpec.of(options) == OutputSpec(width=482, height=642, preview=True)
+    for portrait in ((1920, 1080), (300, 900)):
+        assert frame_size(*portrait, OutputSpec(width=480, height=640)) == (480, 640)
+        assert frame_size(*portrait, OutputSpec.of(options)) == (240, 320)  # 241x321, rounded down to even

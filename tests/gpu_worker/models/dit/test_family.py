@@ -84,6 +84,10 @@ def test_chunks_come_out_at_the_output_frame_size(pipeline: Pipeline, portrait: 
         assert frames[request.name].dtype == np.uint8
     preview = pipeline.start_session(portrait, OutputSpec(fps=FPS, resolution="512", preview=True), ArrayAudio(speech))
     assert _render(pipeline, preview, _requests(4, seed=0)[:1])["N0"].shape == (4, 256, 256, 3)
+    # A size asked for: generated on the canvas around it (its sides rounded up to the grid), cropped back to it.
+    sized = pipeline.start_session(portrait, OutputSpec(fps=FPS, width=34, height=50), ArrayAudio(speech))
+    assert sized.reference["canvas_size"].tolist() == [64, 64]
+    assert _render(pipeline, sized, _requests(4, seed=0)[:1])["N0"].shape == (4, 50, 34, 3)
 
 
 def test_same_seed_gives_bit_identical_frames_and_another_seed_does_not(

@@ -14,7 +14,8 @@ pytest.importorskip("diffusers", reason="the infinitetalk family's models are di
 
 from gpu_worker.models.infinitetalk import build_family
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
-from gpu_worker.models.infinitetalk.config import TINY, StreamConfig
+from gpu_worker.models.infinitetalk.config import TINY, WAN_14B, StreamConfig
+from gpu_worker.models.infinitetalk.reference import canvas
 from gpu_worker.models.infinitetalk.roles import InfiniteTalkDecoder, WanLatents
 from gpu_worker.pipeline import Pipeline
 from gpu_worker.pipeline.pipeline import Session
@@ -115,6 +116,16 @@ def test_off_grid_sizes_are_refused_with_what_to_fix() -> None:
     ):
         RenderOptions(family=Family.INFINITETALK, first_chunk_frames=16)
     assert RenderOptions(family=Family.INFINITETALK, first_chunk_frames=17).first_chunk_frames == 17
+
+
+def test_a_size_asked_for_is_one_of_the_buckets_whose_class_sets_the_sampling_shift() -> None:
+    """The API's allowed sizes are the buckets the real preset frames with; a 720-class size samples as 720p."""
+    assert Family.INFINITETALK.output_sizes == {
+        (w, h) for h, w in [*WAN_14B.buckets_480.values(), *WAN_14B.buckets_720.values()]
+    }
+    assert canvas(WAN_14B, 1920, 1080, OutputSpec(width=1280, height=704)) == (1280, 704, True)
+    assert canvas(WAN_14B, 1920, 1080, OutputSpec(width=448, height=832)) == (448, 832, False)
+    assert canvas(WAN_14B, 1920, 1080, OutputSpec(width=1280, height=704, preview=True)) == (640, 352, True)
 
 
 def test_a_first_chunk_moves_up_onto_each_family_s_grid() -> None:
