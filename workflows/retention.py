@@ -10,7 +10,9 @@ Pure orchestration, like every workflow: the standard library, temporalio and th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -18,6 +20,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from monologue.contracts import retention as r
 
+Result = TypeVar("Result")
 MAX_CALLS = 50  # activity calls per part and run
 DAY_S = 86_400.0
 # One call deletes a batch of sessions' objects; it heartbeats after each session, so a stalled store shows in a minute.
@@ -42,37 +45,32 @@ class RetentionWorkflow:
         """Uploaded assets (personal data like the inputs, on their clock) removed, and whether some are still due."""
         if days is None:
             return 0, False
-        removed = 0
-        for _ in range(MAX_CALLS):
-            done: r.ExpireAssetsResult = await workflow.execute_activity(
-                r.EXPIRE_ASSETS,
-                r.ExpireAssetsInput(uploaded_before_s=now_s - days * DAY_S, batch=batch),
-                result_type=r.ExpireAssetsResult,
-                start_to_close_timeout=CALL_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                retry_policy=RETRY,
-            )
-            removed += done.assets
-            if done.assets < batch:
-                return removed, False
-        return removed, True
+        request = r.ExpireAssetsInput(uploaded_before_s=now_s - days * DAY_S, batch=batch)
+        return await _in_batches(r.EXPIRE_ASSETS, request, r.ExpireAssetsResult, lambda done: done.assets, batch)
 
     async def _clear(self, part: r.DataPart, days: float | None, now_s: float, batch: int) -> tuple[int, bool]:
         """Sessions whose `part` was removed, and whether some are still due after MAX_CALLS calls."""
         if days is None:
             return 0, False
-        ended_before_s = now_s - days * DAY_S
-        removed = 0
-        for _ in range(MAX_CALLS):
-            done: r.ApplyRetentionResult = await workflow.execute_activity(
-                r.APPLY_RETENTION,
-                r.ApplyRetentionInput(part=part, ended_before_s=ended_before_s, batch=batch),
-                result_type=r.ApplyRetentionResult,
-                start_to_close_timeout=CALL_TIMEOUT,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
-                retry_policy=RETRY,
-            )
-            removed += done.sessions
-            if done.sessions < batch:
-                return removed, False
-        return removed, True
+        request = r.ApplyRetentionInput(part=part, ended_before_s=now_s - days * DAY_S, batch=batch)
+        return await _in_batches(r.APPLY_RETENTION, request, r.ApplyRetentionResult, lambda done: done.sessions, batch)
+
+
+async def _in_batches(
+    activity: str, request: Any, result_type: type[Result], cleared: Callable[[Result], int], batch: int
+) -> tuple[int, bool]:
+    """Call `activity` until a call clears fewer than a batch, or MAX_CALLS times: (cleared in all, more due)."""
+    removed = 0
+    for _ in range(MAX_CALLS):
+        done = await workflow.execute_activity(
+            activity,
+            request,
+            result_type=result_type,
+            start_to_close_timeout=CALL_TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            retry_policy=RETRY,
+        )
+        removed += cleared(done)
+        if cleared(done) < batch:
+            return removed, False
+    return removed, True

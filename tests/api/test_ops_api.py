@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from api.deps import Services, ops_access
 from api.routes import ops
 from api.routes.ops import STATIC
 from monologue import apikeys, contracts as c, keys
-from monologue.db import CheckpointRow, ChunkRow, SessionRow, make_engine, make_sessionmaker, migrate
+from monologue.db import CheckpointRow, ChunkRow, SessionRow
 from monologue.repo import nodes as repo_nodes
 from monologue.settings import ApiSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
@@ -38,15 +37,6 @@ OPTIONS = {
     "preview": False,
     "family": "warp",
 }
-
-
-@pytest.fixture
-def db_sessions(tmp_path: Path) -> Iterator[sessionmaker[Any]]:
-    url = f"sqlite:///{tmp_path}/db.sqlite"
-    migrate(url)
-    engine = make_engine(url)
-    yield make_sessionmaker(engine)
-    engine.dispose()
 
 
 @dataclass
