@@ -4,12 +4,16 @@ anchors), least recently used out first.
 A session missing here (the node restarted, or the session moved to this node) is rebuilt from storage: the
 portrait, the audio, and the reference conditioning stored the first time it was encoded (it is encoded only
 once per session, on whichever node starts it). The anchors come back from checkpoints (`checkpoints.py`).
+A session with burned-in captions reads its cues here, once (`keys.captions`, JSON).
 Reading from storage and aligning a transcript are known long steps (`heartbeat.long_step`); encoding the
 reference runs the family's modules and is not: if it hangs, the heartbeats stop.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import threading
 from collections import OrderedDict
 
@@ -19,11 +23,14 @@ from safetensors.numpy import load as load_tensors, save as save_tensors
 from activities.fault_injection import Faults
 from activities.heartbeat import ALIGN_LIMIT_S, STORAGE_LOAD_LIMIT_S, ChunkHeartbeat
 from activities.pipelines import Pipelines
+from gpu_worker.models import family_entry
 from gpu_worker.pipeline import OutputSpec
+from gpu_worker.pipeline.burn_in import CaptionBurner
 from gpu_worker.pipeline.pipeline import Session
 from gpu_worker.pipeline.types import AudioSource
 from gpu_worker.tts import TimedPhone, read_phones
 from monologue import contracts as c, keys
+from monologue.captions import CaptionFormat, read_cues
 from monologue.errors import NotFound
 from monologue.live_audio import LiveAudio
 from monologue.media import StoredWav, decode_png
@@ -70,19 +77,47 @@ class SessionCache:
         with progress.long_step("loading the session", limit_s=STORAGE_LOAD_LIMIT_S):
             self._faults.slow_load()
             portrait, audio, reference = self._load(session_id, kind)
+            avatar, prepared = (None, None) if reference is not None else self._avatar_reference(session_id, options)
         pipeline = self._pipelines.get(options.family)
         # One call on the accelerator with no steps to report: if it hangs, the heartbeats stop, as they should.
-        progress("encoding the reference" if reference is None else "restoring the session")
-        session = pipeline.start_session(portrait, OutputSpec.of(options), audio, reference)
+        progress("encoding the reference" if reference is None and prepared is None else "restoring the session")
+        session = pipeline.start_session(portrait, OutputSpec.of(options), audio, reference or prepared)
         if options.transcript.strip():  # CPU work, 2.5 s per minute of speech: cannot hang the accelerator
             with progress.long_step("aligning the speech to its transcript", limit_s=ALIGN_LIMIT_S):
                 pipeline.prepare_speech(session, options.transcript)
         phones = self._spoken_phones(session_id, options)
         if phones is not None:
             pipeline.use_phones(session, phones)
+        if options.captions is c.CaptionMode.BURN:  # stored by validate_inputs before the session's row existed
+            cues = read_cues(self._store.get(keys.captions(session_id, CaptionFormat.JSON)))
+            session.captions = CaptionBurner(
+                cues, fps=options.fps, width=session.frame_width, height=session.frame_height
+            )
         if reference is None:
             self._store.put(keys.reference(session_id), save_tensors(session.reference))
+        if avatar is not None and prepared is None:
+            self._keep_for_avatar(avatar, options, session)
         return session
+
+    def _avatar_reference(
+        self, session_id: str, options: c.RenderOptions
+    ) -> tuple[str | None, dict[str, np.ndarray] | None]:
+        """For a session made from an avatar: the avatar's prefix, and its reference for this family and output
+        shape if a session before encoded it (None, None for a session from an upload)."""
+        try:
+            avatar = self._store.get(keys.session_avatar(session_id)).decode()
+        except NotFound:
+            return None, None
+        try:
+            return avatar, load_tensors(self._store.get(_avatar_reference_key(avatar, options)))
+        except NotFound:
+            return avatar, None
+
+    def _keep_for_avatar(self, avatar: str, options: c.RenderOptions, session: Session) -> None:
+        """Store a reference just encoded for the avatar's next sessions, unless the avatar was deleted meanwhile
+        (its portrait gone: nothing may be written under its prefix again)."""
+        if self._store.exists(keys.avatar_portrait(avatar)):
+            self._store.put(_avatar_reference_key(avatar, options), save_tensors(session.reference))
 
     def _spoken_phones(self, session_id: str, options: c.RenderOptions) -> tuple[TimedPhone, ...] | None:
         """The phones a session's speech was synthesised from (stored with its audio), if it was spoken from text
@@ -109,3 +144,16 @@ class SessionCache:
         except NotFound:
             reference = None
         return portrait, audio, reference
+
+
+def _avatar_reference_key(avatar: str, options: c.RenderOptions) -> str:
+    return keys.avatar_reference(avatar, options.family.value, reference_tag(options))
+
+
+def reference_tag(options: c.RenderOptions) -> str:
+    """What a reference depends on besides the portrait, as 16 hex digits: the output shape and the family's settings
+    (its weights and preset), so an avatar keeps one reference per shape and never serves one made for other weights."""
+    spec = dataclasses.asdict(OutputSpec.of(options))
+    configuration = family_entry(options.family).configuration()
+    text = json.dumps({"output": spec, "family": configuration}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -14,15 +14,16 @@ import functools
 
 from temporalio import activity
 
+from activities.captions import caption_cues, store_captions
 from activities.errors import activity_context
 from gpu_worker.models import build_family
 from gpu_worker.models.dit.checkpoint import CheckpointError
 from gpu_worker.pipeline import ModelSet
-from gpu_worker.tts import TimedPhone, TtsConfig, phones_json
+from gpu_worker.tts import Synthesis, TtsConfig, phones_json
 from gpu_worker.tts.engines import engine_for
 from monologue import contracts as c, keys
 from monologue.errors import InputError
-from monologue.media import Speech, decode_png, encode_wav, normalise_audio, normalise_portrait
+from monologue.media import Portrait, Speech, decode_png, encode_wav, normalise_audio, normalise_portrait
 from monologue.storage import ObjectStore
 
 
@@ -36,29 +37,38 @@ class ValidateActivities:
         """Normalise and check the staged portrait (and audio); an InputError (non-retryable) names the problem."""
         session_id = request.session_id
         with activity_context(session_id=session_id) as log:
-            staged = self._store.get(keys.staged_upload(session_id, "portrait"))
-            portrait = normalise_portrait(staged, max_side=request.max_portrait_side)
-            speech, phones = None, None
+            portrait = None if request.portrait_ready else self._portrait(request)  # an avatar's: checked once
+            speech, synthesis = None, None
             if request.kind == c.SessionKind.RENDER and request.text.strip():
-                speech, phones = self._speak(request)
+                speech, synthesis = self._speak(request)
             elif request.kind == c.SessionKind.RENDER:  # a live session's audio comes later, over its socket
                 staged = self._store.get(keys.staged_upload(session_id, "audio"))
                 speech = normalise_audio(staged, max_seconds=request.max_audio_seconds)
-            _models(request.family).reference.check(decode_png(portrait.png))  # e.g. no face: NoFaceFound
-            self._store.put(keys.portrait(session_id), portrait.png, content_type="image/png")
+            cues = caption_cues(request, speech, synthesis)  # the last check: a transcript that does not align
+            phones = synthesis.phones if synthesis is not None else None
             if speech is not None:
                 self._store.put(keys.audio(session_id), speech.wav, content_type="audio/wav")
             if phones is not None:
                 self._store.put(keys.speech_phones(session_id), phones_json(phones), content_type="application/json")
+            if cues is not None:
+                store_captions(self._store, session_id, cues)
             self._store.delete_prefix(keys.staged_uploads(session_id))
             samples = speech.samples if speech is not None else 0
-            log.info(
-                "inputs valid", width=portrait.width, height=portrait.height, audio_samples=samples, text=bool(phones)
-            )
-            return c.ValidateInputsResult(width=portrait.width, height=portrait.height, audio_samples=samples)
+            width, height = (portrait.width, portrait.height) if portrait is not None else (0, 0)
+            log.info("inputs valid", width=width, height=height, audio_samples=samples, text=bool(phones))
+            return c.ValidateInputsResult(width=width, height=height, audio_samples=samples)
 
-    def _speak(self, request: c.ValidateInputsInput) -> tuple[Speech, tuple[TimedPhone, ...] | None]:
-        """The text spoken in its voice, normalised as an upload is (16 kHz mono), and its phones' timings."""
+    def _portrait(self, request: c.ValidateInputsInput) -> Portrait:
+        """The staged portrait normalised, checked for the family (e.g. no face: NoFaceFound) and stored."""
+        staged = self._store.get(keys.staged_upload(request.session_id, "portrait"))
+        portrait = normalise_portrait(staged, max_side=request.max_portrait_side)
+        _models(request.family).reference.check(decode_png(portrait.png))
+        self._store.put(keys.portrait(request.session_id), portrait.png, content_type="image/png")
+        return portrait
+
+    def _speak(self, request: c.ValidateInputsInput) -> tuple[Speech, Synthesis]:
+        """The text spoken in its voice, normalised as an upload is (16 kHz mono), and the synthesis (its phones'
+        and words' timings)."""
         engine, name = engine_for(request.voice, self._tts)
         synthesis = engine.synthesise(request.text, name)
         if synthesis.seconds > request.max_audio_seconds:
@@ -66,7 +76,7 @@ class ValidateActivities:
                 f"text: spoken in {request.voice} it lasts {synthesis.seconds:.1f} s, longer than the "
                 f"{request.max_audio_seconds:g} s limit (setting MONOLOGUE_LIMITS__MAX_AUDIO_SECONDS); shorten it"
             )
-        return normalise_audio(encode_wav(synthesis.pcm, synthesis.rate)), synthesis.phones
+        return normalise_audio(encode_wav(synthesis.pcm, synthesis.rate)), synthesis
 
 
 @functools.cache

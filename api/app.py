@@ -24,7 +24,18 @@ from .deps import Services
 from .guard import UploadGuard
 from .http_metrics import HttpMetricsMiddleware
 from .origin import HostPolicy, RequestGuard, browser_access
-from .routes import assets, deletes, health, ops, playback, problems as problem_pages, renders, sessions, webhooks
+from .routes import (
+    assets,
+    avatars,
+    deletes,
+    health,
+    ops,
+    playback,
+    problems as problem_pages,
+    renders,
+    sessions,
+    webhooks,
+)
 
 log = structlog.get_logger("api")
 
@@ -75,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(playback.router)
     app.include_router(webhooks.router)
     app.include_router(assets.router)
+    app.include_router(avatars.router)
     app.include_router(problem_pages.router)
     app.include_router(ops.router)
     problems.install(app)  # every error as problem+json, with its code

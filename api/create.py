@@ -28,6 +28,7 @@ from monologue.repo import idempotency as repo_idempotency
 from monologue.repo.idempotency import Claimed
 from monologue.schemas import Integration
 
+from . import avatars
 from .deps import Services
 from .errors import IdempotencyConflict
 from .submit import Uploads, start_session
@@ -35,19 +36,34 @@ from .url_inputs import fetch_input
 
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
 _REPLAY_POLL_S = 0.2
-_OR = {"audio": ", or the text to speak (text)"}  # inputs that may be left out for an option
+_OR = {"audio": ", or the text to speak (text)", "portrait": ", or an avatar's id (avatar_id)"}  # what else may do
+AVATAR = "avatar_id"  # the field naming an avatar (`api.avatars`) instead of the portrait
 
 
 @dataclass(frozen=True)
 class Input:
-    """One input of a request: the bytes uploaded (or of the asset named), or the URL to fetch them from."""
+    """One input of a request: the bytes uploaded (or of the asset named), the URL to fetch them from, or the
+    avatar whose portrait it takes."""
 
     field: str
     data: bytes | None = None
     url: str | None = None
+    avatar: str | None = None
 
     def fingerprint(self) -> str:
+        if self.avatar is not None:
+            return f"avatar:{self.avatar}"
         return f"url:{self.url}" if self.url is not None else f"sha256:{hashlib.sha256(self.data or b'').hexdigest()}"
+
+
+def avatar_input(avatar_id: str | None, *, uploaded: bool, where: str = "") -> list[Input]:
+    """The avatar a create names instead of a portrait (none: []); 422 naming both fields if it sends both.
+    `where`: the fields' prefix in the request (`body.` for JSON)."""
+    if avatar_id is None:
+        return []
+    if uploaded:
+        raise HTTPException(422, f"{where}portrait, {where}{AVATAR}: send a portrait or an avatar's id, not both")
+    return [Input(AVATAR, avatar=avatar_id.strip())]
 
 
 @dataclass(frozen=True)
@@ -156,9 +172,15 @@ async def _make(
 ) -> None:
     try:
         files = {
-            item.field: item.data or await fetch_input(services, item.url or "", item.field, tenant) for item in inputs
+            item.field: item.data or await fetch_input(services, item.url or "", item.field, tenant)
+            for item in inputs
+            if item.avatar is None
         }
-        uploads = Uploads(portrait=files["portrait"], audio=files.get("audio"))
+        named = next((item.avatar for item in inputs if item.avatar is not None), None)
+        avatar = None
+        if named is not None:
+            avatar = await run_in_threadpool(avatars.used, services, tenant=tenant, avatar_id=named, where=AVATAR)
+        uploads = Uploads(portrait=files.get("portrait"), audio=files.get("audio"), avatar=avatar)
         await start_session(
             services,
             session_id=session_id,

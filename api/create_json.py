@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from monologue.schemas import AssetKind, InputRef, Integration
 
 from . import assets
-from .create import Input
+from .create import AVATAR, Input, avatar_input
 from .deps import Services
 from .inputs import parse_json
 
@@ -32,10 +32,15 @@ class JsonCreate:
     fields: dict[str, Any]
     refs: dict[str, InputRef]
     integration: dict[str, Any]
+    avatar_id: str | None = None  # instead of the portrait (`api.avatars`)
 
     async def inputs(self, services: Services, *, tenant: str) -> list[Input]:
-        """Each input: its URL noted (fetched once the request owns its Idempotency-Key), or its asset's bytes."""
-        return [await _input(services, field, ref, tenant) for field, ref in self.refs.items()]
+        """Each input: its URL noted (fetched once the request owns its Idempotency-Key), its asset's bytes, or the
+        avatar named instead of the portrait (exactly one of portrait and avatar_id: a 422 otherwise)."""
+        avatar = avatar_input(self.avatar_id, uploaded="portrait" in self.refs, where="body.")
+        if not avatar and "portrait" not in self.refs:
+            raise HTTPException(422, 'body.portrait: give {"url": …} or {"asset_id": …}, or body.avatar_id')
+        return [await _input(services, field, ref, tenant) for field, ref in self.refs.items()] + avatar
 
 
 async def json_create(request: Request, model: type[BaseModel]) -> JsonCreate | None:
@@ -52,10 +57,10 @@ async def json_create(request: Request, model: type[BaseModel]) -> JsonCreate | 
     except ValidationError as err:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
     names = [name for name, field in model.model_fields.items() if field.annotation in (InputRef, InputRef | None)]
-    fields = body.model_dump(mode="json", exclude_none=True, exclude={*names, *Integration.model_fields})
+    fields = body.model_dump(mode="json", exclude_none=True, exclude={*names, *Integration.model_fields, AVATAR})
     integration = body.model_dump(mode="json", exclude_none=True, include=set(Integration.model_fields))
     refs = {name: getattr(body, name) for name in names if getattr(body, name) is not None}  # inputs left out: none
-    return JsonCreate(fields=fields, refs=refs, integration=integration)
+    return JsonCreate(fields=fields, refs=refs, integration=integration, avatar_id=getattr(body, AVATAR, None))
 
 
 async def _input(services: Services, field: str, ref: InputRef, tenant: str) -> Input:

@@ -11,7 +11,7 @@ from fastapi import HTTPException
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from sqlalchemy.orm import Session
 
-from monologue import keys, repo
+from monologue import captions, keys, repo
 from monologue.contracts import SessionStatus
 from monologue.db import SessionRow
 from monologue.errors import NotFound
@@ -21,13 +21,20 @@ from monologue.storage import LocalStore
 
 from .deps import Services
 
-MEDIA_TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".mp4": "video/mp4", ".m4s": "video/iso.segment"}
+MEDIA_TYPES = {
+    ".m3u8": "application/vnd.apple.mpegurl",
+    ".mp4": "video/mp4",
+    ".m4s": "video/iso.segment",
+    **{f".{fmt.value}": media_type for fmt, media_type in captions.MEDIA_TYPES.items()},
+}
 
 
 def stream_file(services: Services, session_id: str, name: str) -> Response:
     """One file of the HLS stream of a session the caller may see; 404 for any other name."""
     if not keys.PUBLIC_OUTPUT.fullmatch(name):
-        raise HTTPException(404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s")
+        raise HTTPException(
+            404, f"no file {name!r}: the stream has stream.m3u8, init.mp4 and seg-<chunk>.m4s (and captions.vtt/.srt)"
+        )
     key = keys.output(session_id, name)
     media_type = MEDIA_TYPES[name[name.rindex(".") :]]
     # The playlist changes while the render runs; segments never change once written.

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from monologue.captions import PUBLISHED_CAPTIONS
 from monologue.localfs import key_file
-from monologue.schemas import PlaybackLinks
+from monologue.schemas import CaptionLinks, PlaybackLinks
 from monologue.settings import LinkSettings, Settings
 
 from .origin import public_base
@@ -113,17 +114,25 @@ def expiry(links: LinkSettings, *, now: float | None = None) -> int:
     return math.ceil(moment / _ROUND_S) * _ROUND_S
 
 
-def playback_links(settings: Settings, session_id: str) -> PlaybackLinks:
-    """A session's signed links, built from public_url (never from the request's Host)."""
+def playback_links(settings: Settings, session_id: str, *, captioned: bool = False) -> PlaybackLinks:
+    """A session's signed links, built from public_url (never from the request's Host); `captioned`: the session has
+    captions, so a multivariant playlist with its subtitle rendition too."""
     expires = expiry(settings.links)
     base = f"{public_base(settings.api)}{PLAY_PREFIX}/{sign(link_key(settings), session_id, expires)}"
     return PlaybackLinks(
         stream=f"{base}/stream.m3u8",
+        captioned_stream=f"{base}/main.m3u8" if captioned else None,
         video=f"{base}/video.mp4",
         progressive=f"{base}/video.mp4?layout=progressive",
         events=f"{base}/events",
+        captions=caption_links(base) if captioned else None,
         expires_at=datetime.fromtimestamp(expires, UTC),
     )
+
+
+def caption_links(base: str) -> CaptionLinks:
+    """The captions files under a session's folder of links (`base`: the signed playback path or /v1/renders/{id})."""
+    return CaptionLinks(**{fmt.value: f"{base}/{fmt.file_name}" for fmt in PUBLISHED_CAPTIONS})
 
 
 def _signature(key: bytes, session_id: str, expires: int) -> str:

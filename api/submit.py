@@ -14,9 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 import structlog
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as TemporalTimeout
 from temporalio.service import RPCError
 
 from monologue import contracts as c, keys, options as options_, repo, sink_policy
@@ -28,9 +27,11 @@ from monologue.plan import AUDIO_RATE, chunk_sizes, live_frames, plan_chunks
 from monologue.schemas import Integration
 from monologue.settings import Settings
 
+from .avatars import UsedAvatar, copy_to_session
 from .deps import Services
-from .errors import NoNodeForLive, TooManySessions, ValidationUnavailable
+from .errors import NoNodeForLive, TooManySessions
 from .integration import record_callback
+from .node_check import check_on_node
 
 log = structlog.get_logger("api.submit")
 
@@ -39,10 +40,12 @@ NODE_POLL_S = 0.1  # how often a new live session's row is read while it waits f
 
 @dataclass(frozen=True)
 class Uploads:
-    """A new session's files as received, not yet decoded (a node does that: `validate_inputs`)."""
+    """A new session's files as received, not yet decoded (a node does that: `validate_inputs`), or the avatar whose
+    portrait, checked already, it takes instead of an upload."""
 
-    portrait: bytes
+    portrait: bytes | None = None
     audio: bytes | None = None  # None: a live session, whose audio comes later over the audio socket
+    avatar: UsedAvatar | None = None
 
 
 def check_tenant_limit(services: Services, tenant: str) -> None:
@@ -99,12 +102,13 @@ async def _start(
     with structlog.contextvars.bound_contextvars(session_id=session_id, workflow_id=workflow_id):
         try:
             await asyncio.to_thread(_stage, services, session_id, uploads)
-            checked = await _validate(services, session_id, kind, options)
+            checked = await _validate(services, session_id, kind, options, uploads.avatar)
             seconds = checked.audio_samples / AUDIO_RATE
             limit = services.settings.limits.max_sessions_per_tenant
             row: dict[str, Any] = {"session_id": session_id, "tenant": tenant, "kind": kind}
             row |= {"options": options_.stored(options), "workflow_id": workflow_id, "audio_seconds": seconds}
             row |= {"width": checked.width, "height": checked.height, "client_metadata": integration.metadata}
+            row |= {"avatar_id": uploads.avatar.id if uploads.avatar is not None else None}
             if not await asyncio.to_thread(_record, services, limit, row):
                 raise _too_many(tenant, limit)  # another request (perhaps in another API process) took the last place
             await asyncio.to_thread(
@@ -179,17 +183,24 @@ def _undo(services: Services, session_id: str) -> None:
 
 
 def _stage(services: Services, session_id: str, uploads: Uploads) -> None:
-    """The raw uploads, where `validate_inputs` reads them (it deletes them once it has their normalised forms)."""
-    services.store.put(keys.staged_upload(session_id, "portrait"), uploads.portrait)
+    """The raw uploads, where `validate_inputs` reads them (it deletes them once it has their normalised forms); an
+    avatar's portrait, normalised already, where the session keeps its own (`avatars.copy_to_session`)."""
+    if uploads.avatar is not None:
+        copy_to_session(services.store, uploads.avatar, session_id)
+    elif uploads.portrait is not None:
+        services.store.put(keys.staged_upload(session_id, "portrait"), uploads.portrait)
     if uploads.audio is not None:
         services.store.put(keys.staged_upload(session_id, "audio"), uploads.audio)
 
 
 async def _validate(
-    services: Services, session_id: str, kind: c.SessionKind, options: c.RenderOptions
+    services: Services, session_id: str, kind: c.SessionKind, options: c.RenderOptions, avatar: UsedAvatar | None
 ) -> c.ValidateInputsResult:
     """Run `validate_inputs` on a worker and wait for it: InputError with its message if the input is bad,
-    ValidationUnavailable if no worker finished it within MONOLOGUE_API__VALIDATE_TIMEOUT_S."""
+    ValidationUnavailable if no worker finished it within MONOLOGUE_API__VALIDATE_TIMEOUT_S. A live session from an
+    avatar has nothing left to check: no node is asked (what an avatar saves of its time to first frame)."""
+    if avatar is not None and kind is c.SessionKind.LIVE:
+        return c.ValidateInputsResult(width=avatar.width, height=avatar.height)
     settings = services.settings
     request = c.ValidateInputsInput(
         session_id=session_id,
@@ -199,29 +210,21 @@ async def _validate(
         max_audio_seconds=settings.limits.max_audio_seconds,
         text=options.text if kind == c.SessionKind.RENDER else "",  # a render spoken from text: synthesised there
         voice=options.voice,
+        captions=options.captions if kind == c.SessionKind.RENDER else c.CaptionMode.NONE,
+        transcript=options.transcript if options.captions is not c.CaptionMode.NONE else "",
+        portrait_ready=avatar is not None,  # copied from the avatar (`_stage`), checked when the avatar was made
     )
-    timeout_s = settings.api.validate_timeout_s
-    try:
-        result: c.ValidateInputsResult = await services.temporal.execute_workflow(
-            c.VALIDATE_WORKFLOW,
-            request,
-            id=c.validate_workflow_id(session_id),
-            task_queue=settings.temporal.task_queue,
-            result_type=c.ValidateInputsResult,
-            # Temporal ends the check at the deadline even when no worker ever picked it up.
-            execution_timeout=timedelta(seconds=timeout_s),
-        )
-        return result
-    except WorkflowFailureError as err:
-        cause = err.cause.cause if isinstance(err.cause, ActivityError) else err.cause
-        if isinstance(cause, ApplicationError) and cause.non_retryable:
-            raise InputError(cause.message) from None  # the activity's InputError, message unchanged
-        if isinstance(err.cause, TemporalTimeout):
-            raise ValidationUnavailable(
-                f"no node checked the uploads within {timeout_s:g} s (MONOLOGUE_API__VALIDATE_TIMEOUT_S): no node"
-                f" polls the task queue {settings.temporal.task_queue!r}, or all are busy; try again later"
-            ) from None
-        raise
+    result = await check_on_node(
+        services,
+        c.VALIDATE_WORKFLOW,
+        request,
+        workflow_id=c.validate_workflow_id(session_id),
+        result_type=c.ValidateInputsResult,
+        what="the uploads",
+    )
+    if avatar is not None:
+        result.width, result.height = avatar.width, avatar.height
+    return result
 
 
 async def _start_workflow(

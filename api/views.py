@@ -15,7 +15,7 @@ from monologue.schemas import AudioTicket, Latency, Progress, RenderLinks, Rende
 
 from . import queue
 from .deps import Principal, Services
-from .links import playback_links
+from .links import caption_links, playback_links
 from .origin import public_base, public_ws_base
 
 
@@ -57,6 +57,8 @@ def public(
     base, ws_base = public_base(settings.api), public_ws_base(settings.api)
     ui, namespace = settings.temporal.ui_url, settings.temporal.namespace
     callback = repo_webhooks.session_endpoint(db, session_id=row.id)
+    options = c.render_options(row.options)
+    captioned = options.captions is not c.CaptionMode.NONE  # the multivariant playlist with the subtitle rendition
     return RenderPublic(
         id=row.id,
         kind=row.kind,
@@ -64,7 +66,7 @@ def public(
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
-        options=options_.request_model().model_validate(options_.stored(c.render_options(row.options))),
+        options=options_.request_model().model_validate(options_.stored(options)),
         width=row.width,
         height=row.height,
         audio_seconds=row.audio_seconds,
@@ -94,13 +96,16 @@ def public(
         queue=queue.place(services, db, row, estimate),
         links=RenderLinks(
             stream=f"{base}/v1/renders/{row.id}/stream.m3u8",
+            captioned_stream=f"{base}/v1/renders/{row.id}/main.m3u8" if captioned else None,
+            captions=caption_links(f"{base}/v1/renders/{row.id}") if captioned else None,
             self=f"{base}/v1/renders/{row.id}",
             video=f"{base}/v1/renders/{row.id}/video.mp4",
             workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",
             audio=f"{ws_base}/v1/sessions/{row.id}/audio" if row.kind == c.SessionKind.LIVE else None,
-            playback=playback_links(settings, row.id),
+            playback=playback_links(settings, row.id, captioned=captioned),
         ),
         audio_ticket=ticket,
+        avatar_id=row.avatar_id,
         metadata=row.client_metadata,
         callback_url=None if callback is None else callback.url,
     )

@@ -1,6 +1,6 @@
-"""`monologue bench pipeline|gpu|sp|upload|tts|orchestration|cluster|faults`: benchmarks that print figures (nothing
-here asserts speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads torch for
-other commands."""
+"""`monologue bench pipeline|gpu|sp|upload|avatar|tts|orchestration|cluster|faults`: benchmarks that print figures
+(nothing here asserts speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads
+torch for other commands."""
 
 from __future__ import annotations
 
@@ -139,6 +139,32 @@ def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
 
     limit = max_audio_seconds if max_audio_seconds is not None else get_settings().limits.max_audio_seconds
     click.echo(bench_upload(max_seconds=limit, seconds=seconds).line())
+
+
+@bench.command("avatar")
+@click.option("--runs", type=int, default=5, show_default=True, help="Live sessions of each kind (after a warm-up).")
+@click.option("--api", "api_url", default=None, help="A running API (default: the embedded stack, started if down).")
+def bench_avatar_command(runs: int, api_url: str | None) -> None:
+    """Live TTFF (create → first segment) from a portrait upload against from an avatar's id."""
+    from cli.benches.avatar import bench_avatar
+    from cli.renders import api_target
+    from cli.stack import Stack, http_ok
+    from monologue import SAMPLES
+
+    url, key = api_target(api_url)
+    stack = None
+    if api_url is None and not http_ok(f"{url}/healthz"):
+        click.echo("starting Temporal, the API and a node…", err=True)
+        stack = Stack(get_settings())
+        stack.start()
+        key = stack.api_key
+    try:
+        report = bench_avatar(url, key, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", runs=runs)
+    finally:
+        if stack is not None:
+            stack.stop()
+    for line in report.lines():
+        click.echo(line)
 
 
 @bench.command("tts")

@@ -40,19 +40,21 @@ def start_session(
 
 def stream_live(
     api_url: str,
-    portrait: Path,
+    portrait: Path | None,
     audio: Path,
     *,
     options: dict[str, Any] | None = None,
     speed: float = 1.0,
     wait_s: float = 600.0,
     api_key: str | None = None,
+    avatar: str | None = None,
 ) -> LiveReport:
-    """Start a live session, stream `audio` into it at `speed` × real time, end it and wait for the end."""
+    """Start a live session (of `portrait`, or of the avatar of that id), stream `audio` into it at `speed` × real
+    time, end it and wait for the end."""
     wav = normalise_audio(audio.read_bytes()).wav
     pcm = wav[44:]
     with Client(api_url, api_key=api_key) as client:
-        session = client.create_live(portrait=portrait, options=options)
+        session = client.create_live(portrait=portrait, options=options, avatar=avatar)
         segments = _PlaylistWatcher(session.links.stream, auth(api_key))
         segments.start()
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from cli.avatars import avatars
 from cli.bench import bench
 from cli.options import given_options, model_options
 from cli.renders import Input, api_target, input_argument, integration_options, render_to_file, renders
@@ -35,6 +36,7 @@ def main() -> None:
 
 
 main.add_command(renders)
+main.add_command(avatars)
 main.add_command(bench)
 main.add_command(temporal)
 main.add_command(webhooks)
@@ -111,8 +113,9 @@ def migrate() -> None:
 
 
 @main.command()
-@click.argument("portrait", callback=input_argument)
+@click.argument("portrait", callback=input_argument, required=False)
 @click.argument("audio", callback=input_argument, required=False)
+@click.option("--avatar", default=None, help="An avatar's id (`monologue avatars create`) instead of PORTRAIT.")
 @click.option(
     "-o",
     "--output",
@@ -136,8 +139,9 @@ def migrate() -> None:
 @integration_options
 @model_options(SESSION_OPTIONS)
 def render(
-    portrait: Input,
+    portrait: Input | None,
     audio: Input | None,
+    avatar: str | None,
     output: Path,
     api_url: str | None,
     layout: str,
@@ -148,8 +152,13 @@ def render(
     **options: Any,
 ) -> None:
     """Render PORTRAIT speaking AUDIO through the API and download the MP4. Each is a file or a URL for the API
-    to fetch (https://…, s3://bucket/key). Instead of AUDIO, --text (and --voice): speech synthesised on a node."""
+    to fetch (https://…, s3://bucket/key). Instead of AUDIO, --text (and --voice): speech synthesised on a node.
+    Instead of PORTRAIT, --avatar ID: `monologue render --avatar ID AUDIO`."""
     given = given_options(options, SESSION_OPTIONS)
+    if avatar is not None and audio is None:  # `--avatar ID AUDIO`: the one argument is the audio
+        portrait, audio = None, portrait
+    if (portrait is None) == (avatar is None):
+        raise click.UsageError("give PORTRAIT or --avatar, one of them")
     if (audio is None) == (not given.get("text")):
         raise click.UsageError("give AUDIO or --text, one of them")
     render_to_file(
@@ -163,25 +172,40 @@ def render(
         as_json=as_json,
         metadata=metadata,
         callback_url=callback_url,
+        avatar=avatar,
     )
 
 
 @main.command()
-@click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("portrait", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.argument("audio", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.option("--avatar", default=None, help="An avatar's id (`monologue avatars create`) instead of PORTRAIT.")
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Stream at this multiple of real time.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
 @model_options(SESSION_OPTIONS)
-def live(portrait: Path, audio: Path, api_url: str | None, speed: float, as_json: bool, **options: Any) -> None:
-    """Stream AUDIO into a live session of PORTRAIT in real time; print its latency and TTFF."""
+def live(
+    portrait: Path | None,
+    audio: Path | None,
+    avatar: str | None,
+    api_url: str | None,
+    speed: float,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Stream AUDIO into a live session of PORTRAIT (or of --avatar ID: `monologue live --avatar ID AUDIO`) in real
+    time; print its latency and TTFF."""
     import json
 
     from cli.live_stream import stream_live
 
+    if avatar is not None and audio is None:
+        portrait, audio = None, portrait
+    if audio is None or (portrait is None) == (avatar is None):
+        raise click.UsageError("give PORTRAIT AUDIO, or --avatar ID AUDIO")
     url, key = api_target(api_url)
     given = given_options(options, SESSION_OPTIONS) or None
-    report = stream_live(url, portrait, audio, options=given, speed=speed, api_key=key)
+    report = stream_live(url, portrait, audio, options=given, speed=speed, api_key=key, avatar=avatar)
     session = report.session
     latency = session.get("latency") or {}
     figures = {

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from monologue.captions import PUBLISHED_CAPTIONS
 from monologue.client import Client, ClientError, Layout
 from monologue.contracts import SessionStatus
 from monologue.schemas import RenderPublic
@@ -163,7 +164,7 @@ def integration_options(command: Any) -> Any:
 
 def render_to_file(
     api_url: str | None,
-    portrait: Input,
+    portrait: Input | None,
     audio: Input | None,
     output: Path,
     options: dict[str, Any],
@@ -173,8 +174,10 @@ def render_to_file(
     as_json: bool = False,
     metadata: dict[str, Any] | None = None,
     callback_url: str | None = None,
+    avatar: str | None = None,
 ) -> None:
-    """Start a render of `portrait` and `audio` (files or URLs; None: the options' text is spoken), follow it with a
+    """Start a render of `portrait` (or of the avatar of that id) and `audio` (files or URLs; None: the options' text
+    is spoken), follow it with a
     bar of chunks and download the MP4 with a bar of bytes (both on stderr; off a TTY only their labels).
     `wait=False`: return once it is made.
     `as_json`: stdout holds only the session as JSON (as made, or as it finished); the other lines go to stderr."""
@@ -187,6 +190,7 @@ def render_to_file(
             options=options,
             metadata=metadata,
             callback_url=callback_url,
+            avatar=avatar,
         )
         click.echo(f"render {created.id} started ({created.audio_seconds or 0:.1f} s of audio)", err=as_json)
         if created.callback_secret is not None:
@@ -201,9 +205,14 @@ def render_to_file(
             )
         with Bar("download") as download:
             size = client.download(created.id, output, layout=layout, on_progress=download.update)
+        captions: list[Path] = []
+        if render.links.captions is not None:  # `--captions files|burn`: the files beside the video (out.vtt, out.srt)
+            for fmt in PUBLISHED_CAPTIONS:
+                captions.append(output.with_suffix(f".{fmt.value}"))
+                captions[-1].write_text(client.captions(created.id, fmt), encoding="utf-8")
     click.echo(
         f"wrote {output} ({size / 1e6:.1f} MB, {render.progress.frames_total} frames,"
-        f" first frame after {render.ttff_ms or 0:.0f} ms)",
+        f" first frame after {render.ttff_ms or 0:.0f} ms)" + "".join(f", {path}" for path in captions),
         err=as_json,
     )
     if as_json:

@@ -11,6 +11,7 @@ bash infra/postgres.sh
 sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
 missing=()
 for tool in chromium espeak-ng; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)  # burned-in captions' font
 if [ ${#missing[@]} -gt 0 ]; then
   $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

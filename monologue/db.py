@@ -128,6 +128,8 @@ class SessionRow(Base):
     # The create's `metadata` (schemas.SessionMetadata), returned as given and never read here. Not `metadata`:
     # SQLAlchemy's declarative classes keep that name for themselves.
     client_metadata: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The avatar the session's portrait came from (`AvatarRow`), so "is this avatar in use" is a query.
+    avatar_id: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class ChunkRow(Base):
@@ -291,6 +293,20 @@ class WebhookAttemptRow(Base):
     duration_ms: Mapped[float] = mapped_column(Float)
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class AvatarRow(Base):
+    """A portrait checked once (`POST /v1/avatars`) and named by sessions instead of an upload; its objects live
+    under `keys.avatar_prefix(tenant, id)`."""
+
+    __tablename__ = "avatars"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    width: Mapped[int] = mapped_column(Integer)  # the normalised portrait
+    height: Mapped[int] = mapped_column(Integer)
+    portrait_sha256: Mapped[str] = mapped_column(String(64))  # of the normalised portrait
 
 
 def make_engine(url: str, pool: DatabasePoolSettings | None = None) -> Engine:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 import secrets
 
+from monologue.captions import CaptionFormat
 from monologue.contracts.retention import DataPart
 
 # What the API may serve from a session's out/ folder (everything else there is internal). Use `fullmatch`:
 # `match` with `$` also accepts a name followed by a newline.
-PUBLIC_OUTPUT = re.compile(r"init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s")
+PUBLIC_OUTPUT = re.compile(r"init\.mp4|stream\.m3u8|seg-[NI]\d{5}\.m4s|captions\.(vtt|srt)|main\.m3u8|subs\.m3u8")
 
 
 def session_prefix(session_id: str) -> str:
@@ -87,6 +88,16 @@ def playlist(session_id: str) -> str:
     return output(session_id, "stream.m3u8")
 
 
+def main_playlist(session_id: str) -> str:
+    """The multivariant playlist of a session with captions: `stream.m3u8` with the subtitle rendition beside it."""
+    return output(session_id, "main.m3u8")
+
+
+def subtitle_playlist(session_id: str) -> str:
+    """The subtitle rendition's media playlist: one WebVTT segment, `captions.vtt`."""
+    return output(session_id, "subs.m3u8")
+
+
 def frame_hashes(session_id: str, kind: str, index: int) -> str:
     return f"sessions/{session_id}/out/hashes/{kind}{index:05d}.json"
 
@@ -102,6 +113,12 @@ def final_video(session_id: str) -> str:
 def progressive_video(session_id: str) -> str:
     """The final MP4 remuxed with its index first (made from final.mp4 at its first request, then kept)."""
     return output(session_id, "progressive.mp4")
+
+
+def captions(session_id: str, fmt: CaptionFormat) -> str:
+    """The session's captions in one format (`monologue.captions`): written by `validate_inputs` from the words
+    spoken, so they go with the outputs."""
+    return output(session_id, CaptionFormat(fmt).file_name)
 
 
 def live_audio_piece(session_id: str, number: int) -> str:
@@ -137,3 +154,32 @@ def asset_prefix(tenant: str, asset_id: str) -> str:
 def asset(tenant: str, asset_id: str, kind: str) -> str:
     """The asset's bytes, as uploaded; the last part says its kind (portrait or audio)."""
     return f"{asset_prefix(tenant, asset_id)}{kind}"
+
+
+AVATARS = "avatars/"  # every tenant's avatars, under avatars/<tenant>/<avatar id>/
+
+
+def avatar_prefix(tenant: str, avatar_id: str) -> str:
+    """A tenant's avatar (`POST /v1/avatars`): its portrait checked once and what sessions derive from it."""
+    return f"{AVATARS}{tenant}/{avatar_id}/"
+
+
+def avatar_upload(tenant: str, avatar_id: str) -> str:
+    """The portrait as uploaded, until `prepare_avatar` replaces it with its normalised form."""
+    return f"{avatar_prefix(tenant, avatar_id)}upload/portrait"
+
+
+def avatar_portrait(avatar: str) -> str:
+    """The avatar's normalised portrait (PNG), copied into each session made from it. `avatar`: its prefix."""
+    return f"{avatar}portrait.png"
+
+
+def avatar_reference(avatar: str, family: str, output: str) -> str:
+    """The reference conditioning of the avatar's portrait for one family and output shape (`output`: a digest of
+    the session's OutputSpec), encoded by the first session that needs it and copied by the next ones."""
+    return f"{avatar}ref/{family}-{output}.safetensors"
+
+
+def session_avatar(session_id: str) -> str:
+    """The prefix of the avatar a session was made from (text), where its node looks for a stored reference."""
+    return f"sessions/{session_id}/input/avatar"

@@ -112,14 +112,27 @@ class Progress(BaseModel):
     )
 
 
+class CaptionLinks(BaseModel):
+    """A session's captions (option `captions`): the words spoken, timed, as files; they exist once the session is
+    created (made before its first chunk)."""
+
+    vtt: str = Field(description="WebVTT (`text/vtt`): for <track>, hls.js and players.")
+    srt: str = Field(description="SubRip (`.srt`): for video editors and players.")
+
+
 class PlaybackLinks(BaseModel):
     """Signed links for viewers: no API key, read-only, this session only, until `expires_at`. Ask for the session
     again for fresh ones."""
 
     stream: str = Field(description="HLS playlist; its segments are relative links under the same signed path.")
+    captioned_stream: str | None = Field(
+        default=None,
+        description="Sessions with captions: the HLS multivariant playlist, the stream with its subtitle rendition.",
+    )
     video: str = Field(description="The finished MP4 (fragmented, as stored).")
     progressive: str = Field(description="The finished MP4 with its index (moov) first, for editors and players.")
     events: str = Field(description="Server-sent progress events (EventSource).")
+    captions: CaptionLinks | None = Field(default=None, description="Sessions with captions: their files.")
     expires_at: datetime
 
 
@@ -127,11 +140,19 @@ class RenderLinks(BaseModel):
     self: str
     video: str
     stream: str = Field(description="HLS playlist (fMP4 segments); plays while the render runs.")
+    captioned_stream: str | None = Field(
+        default=None,
+        description="Sessions with captions (`captions` files or burn): the HLS multivariant playlist, `stream` with"
+        " a WebVTT subtitle rendition beside it (shown by default). Null otherwise.",
+    )
     workflow: str = Field(description="This session's workflow in Temporal's UI.")
     audio: str | None = Field(
         default=None,
         description="Live sessions: the WebSocket to stream the speech to (needs the key's Authorization header,"
         " or `?ticket=` from `audio_ticket`).",
+    )
+    captions: CaptionLinks | None = Field(
+        default=None, description="Sessions with captions (`captions` files or burn): the WebVTT and SRT files."
     )
     playback: PlaybackLinks | None = Field(default=None, description="Signed links to hand to viewers.")
 
@@ -214,6 +235,7 @@ class RenderPublic(BaseModel):
     audio_ticket: AudioTicket | None = Field(
         default=None, description="Live sessions, in the answer that creates one: a ticket for its audio socket."
     )
+    avatar_id: str | None = Field(default=None, description="The avatar the session's portrait came from, if any.")
     metadata: dict[str, MetadataValue] | None = Field(default=None, description="The create's `metadata`, as given.")
     callback_url: str | None = Field(default=None, description="The create's `callback_url`.")
     callback_secret: str | None = Field(
@@ -341,6 +363,30 @@ class AssetPublic(BaseModel):
     sha256: str
 
 
+class AvatarPublic(BaseModel):
+    """A portrait checked once (`POST /v1/avatars`), named by `avatar_id` in creates instead of a portrait."""
+
+    id: str
+    created_at: datetime
+    width: int = Field(description="The normalised portrait's width (upright, RGB, even sides), as sessions get it.")
+    height: int
+    portrait_sha256: str = Field(description="SHA-256 of the normalised portrait (PNG).")
+
+
+class AvatarList(BaseModel):
+    items: list[AvatarPublic]
+    limit: int
+    offset: int
+
+
+AVATAR_ID_FIELD = Field(
+    default=None,
+    min_length=1,
+    max_length=64,
+    description="An avatar's id (`POST /v1/avatars`) instead of a portrait: its portrait, checked once, is reused.",
+)
+
+
 class InputRef(BaseModel):
     """One input of a JSON create: by URL (the API fetches it: https://… or s3://bucket/key) or by the id of an asset
     uploaded earlier (`POST /v1/assets`), exactly one of them."""
@@ -364,13 +410,15 @@ class InputRef(BaseModel):
 RenderCreate = create_model(
     "RenderCreate",
     __base__=(options_.partial_model(), Integration),
-    __doc__="A render from inputs by URL or uploaded assets, and its options.",
-    portrait=(InputRef, Field(description="The portrait image.")),
+    __doc__="A render from inputs by URL or uploaded assets (or an avatar), and its options.",
+    portrait=(InputRef | None, Field(default=None, description="The portrait image; or give `avatar_id`.")),
+    avatar_id=(str | None, AVATAR_ID_FIELD),
     audio=(InputRef | None, Field(default=None, description="The speech; or leave it out and give `text`.")),
 )
 LiveSessionCreate = create_model(
     "LiveSessionCreate",
     __base__=(options_.partial_model(), Integration),
-    __doc__="A live session from a portrait by URL or an uploaded asset, and its options.",
-    portrait=(InputRef, Field(description="The portrait image.")),
+    __doc__="A live session from a portrait by URL or an uploaded asset (or an avatar), and its options.",
+    portrait=(InputRef | None, Field(default=None, description="The portrait image; or give `avatar_id`.")),
+    avatar_id=(str | None, AVATAR_ID_FIELD),
 )

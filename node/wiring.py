@@ -14,6 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.avatars import AvatarActivities
 from activities.disks import NodeDisks, watch
 from activities.fault_injection import Faults
 from activities.lease import NodeLease
@@ -29,6 +30,7 @@ from monologue import contracts as c
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 from node.lease_gate import lease_tuner
+from workflows.avatar import PrepareAvatarWorkflow
 from workflows.render import RenderWorkflow
 from workflows.retention import RetentionWorkflow
 from workflows.validate import ValidateInputsWorkflow
@@ -48,6 +50,7 @@ class NodeParts:
     shared: SessionActivities
     sched: SchedActivities
     validate: ValidateActivities
+    avatars: AvatarActivities
     sinks: SinkActivities
     hooks: WebhookActivities
     retention: RetentionActivities
@@ -79,6 +82,7 @@ def build_parts(
         shared=SessionActivities(store=store, sessions=sessions),
         sched=SchedActivities(client=client, sessions=sessions, settings=settings.sched),
         validate=ValidateActivities(store=store, tts=TtsConfig(piper_voice=settings.tts.piper_voice)),
+        avatars=AvatarActivities(store=store),
         sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks, scratch_dir=disks.scratch),
         hooks=WebhookActivities(sessions=sessions, settings=settings),
         retention=RetentionActivities(store=store, sessions=sessions),
@@ -138,13 +142,13 @@ def queues(settings: Settings) -> list[str]:
 def _shared_worker(
     client: Client, settings: Settings, parts: NodeParts, executor: ThreadPoolExecutor, grace: timedelta, identity: str
 ) -> Worker:
-    """RenderWorkflow, ValidateInputsWorkflow and RetentionWorkflow, and the activities any node may run for any
-    session."""
+    """RenderWorkflow, ValidateInputsWorkflow, PrepareAvatarWorkflow and RetentionWorkflow, and the activities any
+    node may run for any session."""
     return Worker(
         client,
         task_queue=settings.temporal.task_queue,
         identity=identity,
-        workflows=[RenderWorkflow, ValidateInputsWorkflow, RetentionWorkflow],
+        workflows=[RenderWorkflow, ValidateInputsWorkflow, PrepareAvatarWorkflow, RetentionWorkflow],
         activities=[
             parts.shared.prepare,
             parts.shared.publish,
@@ -153,6 +157,7 @@ def _shared_worker(
             parts.sched.ask_to_yield,
             parts.sched.record_yield,
             parts.validate.validate_inputs,
+            parts.avatars.prepare_avatar,
             parts.hooks.notify_session_ended,
             parts.retention.apply_retention,
             parts.retention.expire_assets,

@@ -73,6 +73,9 @@ class OpsLinks(BaseModel):
 
     temporal: str = Field(description="This session's workflow in Temporal's UI.")
     stream: str = Field(description="The live HLS playlist.")
+    captioned_stream: str | None = Field(
+        default=None, description="Sessions with captions: the multivariant playlist (the stream and its subtitles)."
+    )
     events: str = Field(description="Server-sent progress events.")
     video: str = Field(description="The finished MP4.")
     cancel: str = Field(description="POST: cancel the session.")

@@ -21,7 +21,16 @@ from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
 from monologue import repo
-from monologue.contracts import RESUMABLE, TERMINAL, ChunkKind, QueueClass, SessionKind, SessionStatus
+from monologue.contracts import (
+    RESUMABLE,
+    TERMINAL,
+    CaptionMode,
+    ChunkKind,
+    QueueClass,
+    SessionKind,
+    SessionStatus,
+    render_options,
+)
 from monologue.db import ChunkRow, ChunkStatus, SessionRow, utcnow
 from monologue.plan import chunk_sizes, plan_chunks, plan_timeline
 from monologue.repo import nodes as repo_nodes, ops as repo_ops, webhooks as repo_webhooks
@@ -176,6 +185,9 @@ def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAc
         links=OpsLinks(
             temporal=f"{temporal.ui_url}/namespaces/{quote(temporal.namespace)}/workflows/{workflow}",
             stream=f"{own}/stream/stream.m3u8",
+            captioned_stream=f"{own}/stream/main.m3u8"
+            if render_options(row.options).captions is not CaptionMode.NONE
+            else None,
             events=f"{own}/events",
             video=f"{own}/video.mp4",
             cancel=f"{own}/cancel",
@@ -248,7 +260,7 @@ def session_video(
     responses={200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}, 404: {}},
 )
 def session_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, access: OpsAccess) -> Response:
-    """The live HLS stream: `stream.m3u8`, `init.mp4` and `seg-*.m4s`."""
+    """The live HLS stream: `stream.m3u8`, `init.mp4` and `seg-*.m4s` (with captions: `main.m3u8`, `subs.m3u8`)."""
     _find(db, session_id)
     return stream_file(services, session_id, name)
 

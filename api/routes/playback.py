@@ -20,7 +20,7 @@ from ..deps import DbDep, Services, ServicesDep, with_db
 from ..errors import TooManyStreams
 from ..events import progress_events
 from ..files import stream_file, video_file
-from .renders import NOT_FOUND, TOO_MANY_STREAMS, Responses, answers, operation_id
+from .renders import NOT_FOUND, STREAM_FILE_TYPES, TOO_MANY_STREAMS, Responses, answers, operation_id
 
 router = APIRouter(prefix=links.PLAY_PREFIX, tags=["playback links"], generate_unique_id_function=operation_id)
 REFUSED: Responses = {403: {"description": "Not a valid playback link, or it has expired."}}
@@ -98,12 +98,11 @@ def playback_video(
 @router.get(
     "/{token}/{name}",
     response_class=Response,
-    responses=answers(
-        {200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}}, REFUSED, NOT_FOUND
-    ),
+    responses=answers({200: {"content": STREAM_FILE_TYPES}}, REFUSED, NOT_FOUND),
 )
 def playback_stream_file(token: str, name: str, services: ServicesDep, db: DbDep) -> Response:
     """The link's HLS stream: `stream.m3u8` (its segment links are relative, so they resolve under this link),
-    `init.mp4` and `seg-*.m4s`."""
+    `init.mp4` and `seg-*.m4s`; with captions also `main.m3u8` (the stream with its subtitle rendition), `subs.m3u8`
+    and the caption files."""
     row = _session(db, services, token)
     return stream_file(services, row.id, name)

@@ -12,14 +12,14 @@ from fastapi.routing import APIRoute
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from monologue import contracts as c, repo, sink_policy
+from monologue import captions, contracts as c, repo, sink_policy
 from monologue.db import SessionRow
 from monologue.repo import queue as repo_queue
 from monologue.s3_presign import presigned_playlist, s3_client
 from monologue.schemas import RenderCreate, RenderList, RenderPublic, VideoLayout
 
 from .. import queue, streams
-from ..create import Created, create, read_inputs, spoken_from_text
+from ..create import Created, avatar_input, create, read_inputs, spoken_from_text
 from ..create_json import json_create
 from ..deps import DbDep, Principal, ServicesDep, TenantDep, with_db
 from ..events import progress_events
@@ -51,6 +51,12 @@ def answers(*groups: Responses) -> Responses:
 
 
 NOT_FOUND: Responses = {404: {"description": "No such session for this key's tenant."}}
+# What a session's stream files route answers: the playlists, the segments and the captions files.
+STREAM_FILE_TYPES: dict[str, dict[str, Any]] = {
+    "application/vnd.apple.mpegurl": {},
+    "video/iso.segment": {},
+    **{captions.MEDIA_TYPES[fmt].partition(";")[0]: {} for fmt in captions.PUBLISHED_CAPTIONS},
+}
 CREATE_REFUSALS: Responses = {
     403: {"description": "priority=high asked by a key without the `priority` scope."},
     413: {},
@@ -71,6 +77,9 @@ PortraitUrl = Annotated[
     str | None, Form(description="The portrait by URL instead of a file: https://… or s3://bucket/key.")
 ]
 AudioUrl = Annotated[str | None, Form(description="The speech by URL instead of a file: https://… or s3://bucket/key.")]
+AvatarId = Annotated[
+    str | None, Form(description="An avatar's id (`POST /v1/avatars`) instead of the portrait, checked once, reused.")
+]
 
 
 @router.post(
@@ -92,12 +101,14 @@ async def create_render(
     audio: Annotated[UploadFile | None, File(description="Speech: WAV, MP3, FLAC, OGG or M4A (or `text`)")] = None,
     portrait_url: PortraitUrl = None,
     audio_url: AudioUrl = None,
+    avatar_id: AvatarId = None,
 ) -> RenderPublic:
     """Start rendering a talking-avatar video; returns at once with the session id and its URLs.
 
     Multipart: each input is a file or a URL (`portrait_url`, `audio_url`); instead of audio, `text` to speak (in
     `voice`), synthesised on a node. JSON: each input is `{"url": …}` or
-    `{"asset_id": …}` (from `POST /v1/assets`), beside the same option fields. Options left out take the server's
+    `{"asset_id": …}` (from `POST /v1/assets`), beside the same option fields. Either way, `avatar_id` (from
+    `POST /v1/avatars`) may stand for the portrait. Options left out take the server's
     defaults (`MONOLOGUE_RENDER__*`). With an `Idempotency-Key`, a retried request returns the session the first one
     made. `metadata` comes back in the session, its events and webhooks; a `callback_url` gets the session's endings,
     signed with the `callback_secret` of this answer."""
@@ -113,8 +124,10 @@ async def create_render(
         inputs = await body.inputs(services, tenant=tenant)
     else:
         spoken = spoken_from_text(options, fields, audio=audio is not None or bool(audio_url))
-        given = {"portrait": (portrait, portrait_url)} | ({} if spoken else {"audio": (audio, audio_url)})
-        inputs = await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
+        avatar = avatar_input(avatar_id, uploaded=portrait is not None or bool(portrait_url))
+        given = {} if avatar else {"portrait": (portrait, portrait_url)}
+        given |= {} if spoken else {"audio": (audio, audio_url)}
+        inputs = avatar + await read_inputs(given, limit=services.settings.limits.max_upload_bytes)
     created = await create(
         services,
         kind=c.SessionKind.RENDER,
@@ -270,10 +283,12 @@ def get_video(
 @router.get(
     "/{session_id}/{name}",
     response_class=Response,
-    responses=answers({200: {"content": {"application/vnd.apple.mpegurl": {}, "video/iso.segment": {}}}}, NOT_FOUND),
+    responses=answers({200: {"content": STREAM_FILE_TYPES}}, NOT_FOUND),
 )
 def get_stream_file(session_id: str, name: str, services: ServicesDep, db: DbDep, principal: TenantDep) -> Response:
-    """The live HLS stream: `stream.m3u8` (grows while the render runs), `init.mp4` and its `seg-*.m4s`."""
+    """The live HLS stream: `stream.m3u8` (grows while the render runs), `init.mp4` and its `seg-*.m4s`; with captions
+    also `main.m3u8` (the multivariant playlist) and its subtitle rendition `subs.m3u8` over `captions.vtt`, and
+    `captions.srt`."""
     find(db, session_id, principal)
     return stream_file(services, session_id, name)
 

@@ -36,7 +36,7 @@ from fastapi.concurrency import run_in_threadpool
 from monologue import audio_tickets, contracts as c
 from monologue.schemas import AudioTicket, LiveSessionCreate, RenderPublic
 
-from ..create import create, read_inputs
+from ..create import avatar_input, create, read_inputs
 from ..create_json import json_create
 from ..deps import DbDep, Principal, Services, ServicesDep, TenantDep, principal_from_headers
 from ..inputs import OptionFields, validated_options
@@ -50,6 +50,7 @@ from .renders import (
     CONFLICT,
     CREATE_REFUSALS,
     NOT_FOUND,
+    AvatarId,
     IdempotencyKey,
     PortraitUrl,
     answers,
@@ -77,12 +78,14 @@ async def create_session(
     idempotency_key: IdempotencyKey = None,
     portrait: Annotated[UploadFile | None, File(description="Portrait image: PNG, JPEG, WebP…")] = None,
     portrait_url: PortraitUrl = None,
+    avatar_id: AvatarId = None,
 ) -> RenderPublic:
     """Start a live session; stream its audio to `links.audio` (or `audio_ticket.url` from a browser) and watch
     `links.stream` (or hand `links.playback.stream` to viewers).
 
     Everything else about the session (progress, events, cancel, resume, the final video) is under
-    `/v1/renders/{id}`, as for a render. The portrait comes as for a render: a file, `portrait_url`, or JSON."""
+    `/v1/renders/{id}`, as for a render. The portrait comes as for a render: a file, `portrait_url`, JSON, or
+    `avatar_id`; from an avatar, nothing is left to check and the session starts sooner."""
     tenant = principal.tenant or "local"
     body = await json_create(request, LiveSessionCreate)
     fields = body.fields if body is not None else fields
@@ -93,6 +96,8 @@ async def create_session(
         family = validated_options(services, first, tenant=tenant, scopes=principal.scopes).family
         fields["first_chunk_frames"] = family.first_chunk_on_grid(services.settings.render.live_first_chunk_frames)
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
+    if options.captions is not c.CaptionMode.NONE:  # captions are made from the whole speech, before the first chunk
+        raise HTTPException(422, "captions: live sessions have no captions (their speech is not known in advance)")
     if options.transcript.strip():  # alignment needs the whole speech, which a live session does not have yet
         raise HTTPException(422, "transcript: live sessions recognise phones as the speech arrives; leave it out")
     if options.text.strip() or "voice" in fields:  # a live session's speech is the audio streamed into it
@@ -102,7 +107,8 @@ async def create_session(
         inputs = await body.inputs(services, tenant=tenant)
     else:
         limit = services.settings.limits.max_upload_bytes
-        inputs = await read_inputs({"portrait": (portrait, portrait_url)}, limit=limit)
+        inputs = avatar_input(avatar_id, uploaded=portrait is not None or bool(portrait_url))
+        inputs += await read_inputs({} if inputs else {"portrait": (portrait, portrait_url)}, limit=limit)
     created = await create(
         services,
         kind=c.SessionKind.LIVE,

@@ -11,9 +11,9 @@ be sharded, then all keep rank 0's encoding, the one that is stored), or again w
 mirror.
 
 Sequence parallelism. With an SP group (`RankGroup.sp`, from MONOLOGUE_SP_DEGREE: every rank by default)
-each rank runs its chunks under `sequence_parallel`: the models that support it (the dit family's DiTs and
-VAE decoder) split their work across the group inside each forward and all-gather the result, so every
-rank still sees the full, identical output of every stage, and nothing here changes but the speed. Models
+each rank runs its chunks under `sequence_parallel`: the models that support it (the dit and infinitetalk
+families' DiTs and VAE decoders) split their work across the group inside each forward and all-gather the result,
+so every rank still sees the full, identical output of every stage, and nothing here changes but the speed. Models
 that do not support it ignore it and run whole on every rank, as without SP.
 
 Mirrors live in an LRU that every rank updates with the same operations in the same order, so rank 0

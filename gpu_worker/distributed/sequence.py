@@ -1,10 +1,10 @@
 """Ulysses sequence parallelism (SP): one model forward split across a node's ranks by its tokens.
 
 Every rank receives the same full inputs. A model that supports SP (the dit family's audio-to-video and
-super-resolution DiTs) asks `current_sp()`; with a group it keeps only its own contiguous run of the token
-sequence (`SequenceShard`: split into equal runs of whole *units*, as even as possible: single tokens for the
-A2V DiT, 128-token attention blocks for the SR DiT), runs projections, norms, MLPs and cross-attention on those
-tokens alone, and around each self-attention swaps the sharding with an all-to-all:
+super-resolution DiTs, the infinitetalk family's Wan DiT) asks `current_sp()`; with a group it keeps only its own
+contiguous run of the token sequence (`SequenceShard`: split into equal runs of whole *units*, as even as possible:
+single tokens for the A2V and Wan DiTs, 128-token attention blocks for the SR DiT), runs projections, norms, MLPs and
+cross-attention on those tokens alone, and around each self-attention swaps the sharding with an all-to-all:
 
     (B, heads, L_local, D) --seq_to_heads--> (B, heads / P, L_total, D) --attend--> --heads_to_seq--> back
 

@@ -47,6 +47,11 @@ class FamilyEntry:
     def weights_configured(self) -> bool:
         return any(os.environ.get(self.env(setting), "").strip() for setting in self.weight_settings)
 
+    def configuration(self) -> dict[str, str]:
+        """Its settings as the environment gives them: what a reference kept beyond one session (an avatar's) was
+        encoded under, so other weights or a preset do not reuse it."""
+        return {setting: os.environ.get(self.env(setting), "") for setting in self.settings}
+
     def build(self, **overrides: Any) -> ModelSet:
         """The family's modules, constructed (weights load when a Pipeline starts); `overrides` go to its
         package's `build_family` (weights, precision)."""

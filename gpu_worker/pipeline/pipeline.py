@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpu_worker.pipeline.burn_in import CaptionBurner
 from gpu_worker.pipeline.module import A2VOutput, Anchor, ModelSet, Reference, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
@@ -111,6 +112,7 @@ class Session:
     reference: Reference
     anchors: AnchorStore = field(default_factory=AnchorStore)
     prepared: Any = None  # the context module's work over the whole speech (`ContextGenerator.prepare`), if any
+    captions: CaptionBurner | None = None  # captions=burn: draws the cues into the decoded frames
 
     @property
     def frame_width(self) -> int:

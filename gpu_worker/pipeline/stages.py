@@ -98,7 +98,8 @@ class SuperResolutionStage:
 
 
 class DecodePublishStage:
-    """Latents → RGB frames → per-frame SHA-256 → the sink (the segment encoder)."""
+    """Latents → RGB frames (captions burned in, if the session asks) → per-frame SHA-256 → the sink (the segment
+    encoder)."""
 
     name = "decode_publish"
     role = Role.DECODER
@@ -111,6 +112,8 @@ class DecodePublishStage:
             raise RuntimeError(
                 f"{session.models.name} decoded {frames.shape} {frames.dtype}, expected {expected} uint8"
             )
+        if session.captions is not None:  # the frames as published: hashed with their captions
+            frames = session.captions.burn(frames, state.chunk.first_frame)
         state.frame_hashes = [hashlib.sha256(frame.tobytes()).hexdigest() for frame in frames]
         state.sink.write(frames)
 

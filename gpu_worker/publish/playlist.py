@@ -50,3 +50,46 @@ def playlist(
     if ended:
         lines.append("#EXT-X-ENDLIST")
     return "\n".join(lines) + "\n"
+
+
+def subtitle_playlist(vtt_uri: str, duration_s: float) -> str:
+    """An HLS (version 7) VOD media playlist of one WebVTT segment spanning the whole timeline: a render's captions
+    are all known before its first chunk, so the rendition is complete from the start. The cues carry their own
+    times from 0, which is where the fMP4 timeline starts too (tfdt 0), so no X-TIMESTAMP-MAP is needed."""
+    _check_uri(vtt_uri)
+    if not duration_s > 0 or not math.isfinite(duration_s):
+        raise ValueError(f"subtitle playlist: duration_s={duration_s}, expected a positive number of seconds")
+    lines = [
+        "#EXTM3U",
+        "#EXT-X-VERSION:7",
+        f"#EXT-X-TARGETDURATION:{math.ceil(round(duration_s, _DECIMALS))}",
+        "#EXT-X-MEDIA-SEQUENCE:0",
+        "#EXT-X-PLAYLIST-TYPE:VOD",
+        f"#EXTINF:{duration_s:.{_DECIMALS}f},",
+        vtt_uri,
+        "#EXT-X-ENDLIST",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def multivariant_playlist(
+    stream_uri: str, subtitles_uri: str, *, language: str, bandwidth: int, resolution: tuple[int, int], codecs: str
+) -> str:
+    """An HLS multivariant playlist: the one video variant (`stream_uri`) with one subtitle rendition (`subtitles_uri`,
+    shown by default). `bandwidth` is the peak bits per second of the segments."""
+    for uri in (stream_uri, subtitles_uri):
+        _check_uri(uri)
+    for value in (language, codecs):
+        if not value or any(character in value for character in '\r\n"'):
+            raise ValueError(f"multivariant playlist: {value!r} is empty or holds a quote or line break")
+    width, height = resolution
+    lines = [
+        "#EXTM3U",
+        "#EXT-X-VERSION:7",
+        "#EXT-X-INDEPENDENT-SEGMENTS",
+        f'#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="Captions",LANGUAGE="{language}",DEFAULT=YES,'
+        f'AUTOSELECT=YES,URI="{subtitles_uri}"',
+        f'#EXT-X-STREAM-INF:BANDWIDTH={bandwidth},RESOLUTION={width}x{height},CODECS="{codecs}",SUBTITLES="subs"',
+        stream_uri,
+    ]
+    return "\n".join(lines) + "\n"

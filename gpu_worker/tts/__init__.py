@@ -21,6 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
+from monologue.captions import TimedWord
+
 
 @dataclass(frozen=True)
 class TimedPhone:
@@ -36,11 +38,15 @@ class TimedPhone:
 class Synthesis:
     """What an engine made: mono int16 samples at the engine's own rate (normalised to 16 kHz like an upload, by
     `monologue.media.normalise_audio`) and the phones' timings; None when the engine cannot time them (a Piper voice
-    exported without alignments), and the node then recognises the phones as it does an upload's."""
+    exported without alignments), and the node then recognises the phones as it does an upload's; and the words'
+    timings (espeak-ng's word events) for captions."""
 
     pcm: np.ndarray  # (N,) int16
     rate: int
     phones: tuple[TimedPhone, ...] | None
+    # The text's words as written, with when each is spoken (captions); None when the engine cannot time them
+    # (Piper), and the node then aligns the speech to the text.
+    words: tuple[TimedWord, ...] | None = None
 
     @property
     def seconds(self) -> float:

@@ -9,6 +9,7 @@ second of speech, plus 0.1 s to start the child (docs/benchmarks.md, `monologue 
 
 from __future__ import annotations
 
+import bisect
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import numpy as np
 
 from gpu_worker.tts import Synthesis, TimedPhone
 from gpu_worker.tts.ipa import SILENCE, warp_phone
+from monologue.captions import TimedWord, display_tokens, timed_tokens
 from monologue.errors import InputError
 
 CHILD = Path(__file__).with_name("espeak_child.py")
@@ -46,7 +48,9 @@ class EspeakEngine:
         rate = int(found["rate"])
         pcm = np.frombuffer(samples, dtype=np.int16).copy()
         events = [(int(sample), str(name)) for sample, name in found["events"]]
-        return Synthesis(pcm=pcm, rate=rate, phones=timed_phones(events, pcm.size, rate))
+        phones = timed_phones(events, pcm.size, rate)
+        words = [(int(sample), int(character)) for sample, character in found["words"]]
+        return Synthesis(pcm=pcm, rate=rate, phones=phones, words=timed_words(text, words, phones, pcm.size, rate))
 
 
 def timed_phones(events: list[tuple[int, str]], total: int, rate: int) -> tuple[TimedPhone, ...]:
@@ -64,6 +68,29 @@ def timed_phones(events: list[tuple[int, str]], total: int, rate: int) -> tuple[
         for (start, phone), end in zip(starts, ends, strict=True)
         if end > start
     )
+
+
+def timed_words(
+    text: str, events: list[tuple[int, int]], phones: tuple[TimedPhone, ...], total: int, rate: int
+) -> tuple[TimedWord, ...]:
+    """The text's words as written (`captions.display_tokens`), each from its first spoken phone to its last: a
+    word event gives the sample where espeak-ng starts a word and its first character (1-based); the word lasts
+    until the next word's event, and within that its phones other than silence say when it sounds. A token with
+    no event of its own (a dash) joins its neighbour; one with several (espeak-ng says "42" as two words) spans
+    them all."""
+    tokens = display_tokens(text)
+    starts = [offset for offset, _ in tokens]
+    firsts: dict[int, int] = {}  # token -> the sample of its first word event
+    for sample, character in events:
+        token = bisect.bisect_right(starts, character - 1) - 1
+        firsts.setdefault(max(token, 0), min(max(sample, 0), total))
+    bounds = sorted(firsts.items())
+    spans: dict[int, tuple[float, float]] = {}
+    for number, (token, first) in enumerate(bounds):
+        end = bounds[number + 1][1] if number + 1 < len(bounds) else total
+        sounding = [p for p in phones if p.phone != SILENCE and first / rate <= p.start_s < end / rate]
+        spans[token] = (sounding[0].start_s, sounding[-1].end_s) if sounding else (first / rate, end / rate)
+    return timed_tokens([token for _, token in tokens], [spans.get(number) for number in range(len(tokens))])
 
 
 ESPEAK_ENGINE = EspeakEngine()

@@ -1,9 +1,9 @@
 """One espeak-ng synthesis in a process of its own: `python -I espeak_child.py VOICE < text`; the standard library
 only (run by path, not imported: no package, no NumPy, a fast start).
 
-Writes one JSON line ({"rate": …, "events": [[sample, IPA name], …]}) and then the samples (int16, native order)
-to stdout; exit status 2 with the message on stderr for a voice espeak-ng does not have, 3 without libespeak-ng,
-1 for anything else.
+Writes one JSON line ({"rate": …, "events": [[sample, IPA name], …], "words": [[sample, character], …]}) and then
+the samples (int16, native order) to stdout; exit status 2 with the message on stderr for a voice espeak-ng does not
+have, 3 without libespeak-ng, 1 for anything else.
 
 Why a process per synthesis: libespeak-ng keeps state from one synthesis to the next that nothing in its API
 resets (the same text comes out a few samples shorter every time, even across espeak_Terminate/espeak_Initialize),
@@ -12,8 +12,10 @@ away from the node.
 
 Why the library and not the `espeak-ng` command: only the library reports when each phone starts. Its phoneme
 events (espeakEVENT_PHONEME, asked for with espeakINITIALIZE_PHONEME_EVENTS, named in IPA) carry the sample at
-which the phone begins in the very audio the same call returns. The command's `--pho` timings exist only for
-MBROLA voices (it prints nothing with espeak-ng's own), and `-x`/`-X` print phones without times.
+which the phone begins in the very audio the same call returns; its word events (espeakEVENT_WORD) the sample at
+which each word begins and the word's first character in the text (1-based), which is how captions are timed.
+The command's `--pho` timings exist only for MBROLA voices (it prints nothing with espeak-ng's own), and `-x`/`-X`
+print phones without times.
 """
 
 import ctypes
@@ -24,7 +26,7 @@ import sys
 # speak_lib.h: AUDIO_OUTPUT_SYNCHRONOUS returns once the text is spoken, handing the audio to the callback.
 SYNCHRONOUS = 2
 PHONEME_EVENTS, IPA_NAMES, DONT_EXIT = 0x0001, 0x0002, 0x8000
-EVENT_END_OF_LIST, EVENT_PHONEME = 0, 7
+EVENT_END_OF_LIST, EVENT_WORD, EVENT_PHONEME = 0, 1, 7
 CHARS_UTF8, POS_CHARACTER = 1, 1
 # espeak_PARAMETER: rate (words per minute; espeak-ng's default is 175), volume, pitch, range.
 PARAMETERS = {1: 165, 2: 100, 3: 50, 4: 50}
@@ -69,8 +71,9 @@ class VoiceSpec(ctypes.Structure):
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(Event))
 
 
-def synthesise(text: bytes, voice: bytes) -> tuple[int, list[list[object]], bytes]:
-    """(rate, [[sample, IPA name], …] of each phoneme event, int16 samples)."""
+def synthesise(text: bytes, voice: bytes) -> tuple[int, list[list[object]], list[list[int]], bytes]:
+    """(rate, [[sample, IPA name], …] of each phoneme event, [[sample, character], …] of each word event, int16
+    samples)."""
     try:  # find_library reads ldconfig's cache; the soname is the fallback where there is none
         lib = ctypes.CDLL(ctypes.util.find_library("espeak-ng") or "libespeak-ng.so.1")
     except OSError as err:
@@ -85,6 +88,7 @@ def synthesise(text: bytes, voice: bytes) -> tuple[int, list[list[object]], byte
         raise OSError(f"espeak-ng did not initialise ({rate}): is espeak-ng-data installed?")
     pcm: list[bytes] = []
     events: list[list[object]] = []
+    words: list[list[int]] = []
 
     def receive(wav: object, count: int, found_events: object) -> int:
         if count > 0:
@@ -94,6 +98,8 @@ def synthesise(text: bytes, voice: bytes) -> tuple[int, list[list[object]], byte
             event = found_events[index]  # type: ignore[index]
             if event.type == EVENT_PHONEME:
                 events.append([event.sample, event.id.string.decode("utf-8", "replace")])
+            elif event.type == EVENT_WORD:
+                words.append([event.sample, event.text_position])
             index += 1
         return 0  # go on
 
@@ -111,12 +117,12 @@ def synthesise(text: bytes, voice: bytes) -> tuple[int, list[list[object]], byte
         lib.espeak_SetParameter(parameter, value, 0)
     if lib.espeak_Synth(text, len(text) + 1, 0, POS_CHARACTER, 0, CHARS_UTF8, None, None) != 0:
         raise OSError(f"espeak-ng failed to synthesise {len(text)} bytes")
-    return rate, events, b"".join(pcm)
+    return rate, events, words, b"".join(pcm)
 
 
 def main() -> None:
-    rate, events, pcm = synthesise(sys.stdin.buffer.read(), sys.argv[1].encode())
-    sys.stdout.buffer.write(json.dumps({"rate": rate, "events": events}).encode() + b"\n")
+    rate, events, words, pcm = synthesise(sys.stdin.buffer.read(), sys.argv[1].encode())
+    sys.stdout.buffer.write(json.dumps({"rate": rate, "events": events, "words": words}).encode() + b"\n")
     sys.stdout.buffer.write(pcm)
 
 

@@ -25,7 +25,8 @@ FROM python:3.11-slim-bookworm
 # there for operators checking it: `numactl --hardware`). gcc and libc6-dev: Triton compiles its CUDA launcher
 # helpers with the system C compiler the first time it runs a kernel (torch.compile, flex attention); the slim
 # image has none. libespeak-ng1: espeak-ng, the engine that speaks a render's `text` (gpu_worker/tts/espeak.py).
-RUN apt-get update && apt-get install -y --no-install-recommends numactl gcc libc6-dev libespeak-ng1 \
+# fonts-dejavu-core: the font of burned-in captions (gpu_worker/pipeline/burn_in.py).
+RUN apt-get update && apt-get install -y --no-install-recommends numactl gcc libc6-dev libespeak-ng1 fonts-dejavu-core \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
 COPY --from=build /opt/monologue /opt/monologue

@@ -21,7 +21,8 @@ RUN /opt/monologue/bin/pip install --no-deps /src
 
 FROM python:3.11-slim-bookworm
 # libespeak-ng1: espeak-ng, the engine that speaks a render's `text` (gpu_worker/tts/espeak.py loads it with ctypes).
-RUN apt-get update && apt-get install -y --no-install-recommends libespeak-ng1 \
+# fonts-dejavu-core: the font of burned-in captions (gpu_worker/pipeline/burn_in.py).
+RUN apt-get update && apt-get install -y --no-install-recommends libespeak-ng1 fonts-dejavu-core \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /home/monologue --create-home monologue
 COPY --from=build /opt/monologue /opt/monologue

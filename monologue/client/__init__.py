@@ -16,6 +16,7 @@ carry an Idempotency-Key (one is made unless given) and are retried with it (ten
 Installed alone by clients/python (`monologue-client`): this package and the modules it imports must never import
 the server's (settings, the database, storage, Temporal), directly or not; tests/test_client_dist.py checks it."""
 
+from monologue.captions import CaptionFormat
 from monologue.errors import ApiError, ClientError, SessionEnded
 
 from ._common import Layout, auth
@@ -23,4 +24,14 @@ from .aio import AsyncClient
 from .live import LiveStream
 from .sync import Client
 
-__all__ = ["ApiError", "AsyncClient", "Client", "ClientError", "Layout", "LiveStream", "SessionEnded", "auth"]
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "CaptionFormat",
+    "Client",
+    "ClientError",
+    "Layout",
+    "LiveStream",
+    "SessionEnded",
+    "auth",
+]

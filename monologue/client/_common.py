@@ -14,9 +14,10 @@ import httpx
 import tenacity
 from pydantic import BaseModel
 
+from monologue.captions import PUBLISHED_CAPTIONS, CaptionFormat
 from monologue.contracts import TERMINAL, SessionStatus
-from monologue.errors import ApiError, SessionEnded
-from monologue.schemas import AssetKind, AssetPublic, RenderPublic, VideoLayout
+from monologue.errors import ApiError, ClientError, SessionEnded
+from monologue.schemas import AssetKind, AssetPublic, AvatarPublic, RenderPublic, VideoLayout
 
 Model = TypeVar("Model", bound=BaseModel)
 # A file to upload (a path, or its bytes), or an asset uploaded before (`upload_asset`); a URL goes in *_url.
@@ -73,15 +74,17 @@ def create_call(
     *,
     metadata: Mapping[str, Any] | None = None,
     callback_url: str | None = None,
+    avatar: AvatarPublic | str | None = None,
 ) -> Call:
-    """A create (render or live session): each input as a file or as its URL, the options (and the `metadata` and
-    `callback_url`, sent beside them) as form fields, and an Idempotency-Key (made here when none is given) so that a
-    retry after a network error makes no second session. With an uploaded asset among the inputs it is a JSON body
-    instead (`json_create_call`)."""
+    """A create (render or live session): each input as a file or as its URL, the options (and the `metadata`,
+    `callback_url` and `avatar_id`, sent beside them) as form fields, and an Idempotency-Key (made here when none is
+    given) so that a retry after a network error makes no second session. With an uploaded asset among the inputs it
+    is a JSON body instead (`json_create_call`)."""
     options = {
         **(options or {}),
         "metadata": None if metadata is None else dict(metadata),
         "callback_url": callback_url,
+        "avatar_id": avatar.id if isinstance(avatar, AvatarPublic) else avatar,
     }
     call = Call("POST", path, headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex})
     for name, (given, url) in inputs.items():
@@ -123,6 +126,31 @@ def asset_call(file: Path | bytes, kind: AssetKind) -> Call:
     """An asset upload: the file and its kind (portrait or audio)."""
     name, data = (file.name, file.read_bytes()) if isinstance(file, Path) else (kind.value, file)
     return Call("POST", "/v1/assets", data={"kind": kind.value}, files={"file": (name, data)})
+
+
+def avatar_call(portrait: Input, portrait_url: str | None) -> Call:
+    """An avatar from a portrait: the file, an uploaded asset or a URL (the last two as JSON)."""
+    if (portrait is None) == (portrait_url is None):
+        raise ValueError("portrait: give the portrait (a file, its bytes or an asset) or portrait_url, one of them")
+    if isinstance(portrait, AssetPublic):
+        return Call("POST", "/v1/avatars", json={"portrait": {"asset_id": portrait.id}})
+    if portrait_url is not None:
+        return Call("POST", "/v1/avatars", json={"portrait": {"url": portrait_url}})
+    name, data = (portrait.name, portrait.read_bytes()) if isinstance(portrait, Path) else ("portrait", portrait)
+    return Call("POST", "/v1/avatars", files={"portrait": (name, data or b"")})
+
+
+def captions_call(session_id: str, fmt: CaptionFormat | str) -> Call:
+    """A session's captions file (`captions` option): WebVTT or SRT."""
+    fmt = CaptionFormat(fmt)
+    if fmt not in PUBLISHED_CAPTIONS:
+        raise ClientError(f"captions come as {', '.join(PUBLISHED_CAPTIONS)}, not {fmt}")
+    return Call("GET", f"/v1/renders/{session_id}/{fmt.file_name}")
+
+
+def captions_text(response: httpx.Response) -> str:
+    raise_for(response)
+    return response.content.decode("utf-8")
 
 
 def retried(error: BaseException) -> bool:

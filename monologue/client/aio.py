@@ -11,11 +11,14 @@ from typing import Any
 import httpx
 import tenacity
 
+from monologue.captions import CaptionFormat
 from monologue.errors import ClientError
 from monologue.schemas import (
     AssetKind,
     AssetPublic,
     AudioTicket,
+    AvatarList,
+    AvatarPublic,
     RenderList,
     RenderPublic,
     WebhookDeliveryList,
@@ -36,6 +39,9 @@ from ._common import (
     Progress,
     asset_call,
     auth,
+    avatar_call,
+    captions_call,
+    captions_text,
     content_length,
     create_call,
     create_retries,
@@ -87,10 +93,11 @@ class AsyncClient:
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
         callback_url: str | None = None,
+        avatar: AvatarPublic | str | None = None,
     ) -> RenderPublic:
         inputs = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
         call = create_call(
-            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url, avatar=avatar
         )
         return await self._create(call)
 
@@ -103,10 +110,17 @@ class AsyncClient:
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
         callback_url: str | None = None,
+        avatar: AvatarPublic | str | None = None,
     ) -> RenderPublic:
         inputs = {"portrait": (portrait, portrait_url)}
         call = create_call(
-            "/v1/sessions", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+            "/v1/sessions",
+            inputs,
+            options,
+            idempotency_key,
+            metadata=metadata,
+            callback_url=callback_url,
+            avatar=avatar,
         )
         return await self._create(call)
 
@@ -200,12 +214,36 @@ class AsyncClient:
                         on_progress(size, total)
         return size
 
+    async def captions(self, session_id: str, fmt: CaptionFormat | str = CaptionFormat.VTT) -> str:
+        """The session's captions (created with `captions=files` or `burn`) as WebVTT (`vtt`) or SRT (`srt`) text;
+        ApiError 404 for a session without captions."""
+        return captions_text(await self._send(captions_call(session_id, fmt)))
+
     async def upload_asset(self, file: Path | bytes, *, kind: AssetKind) -> AssetPublic:
         """Upload a portrait or speech for later creates; pass the answer as `portrait=` or `audio=`."""
         return parse(await self._send(asset_call(file, kind)), AssetPublic)
 
     async def delete_asset(self, asset_id: str) -> None:
         raise_for(await self._send(Call("DELETE", f"/v1/assets/{asset_id}")))
+
+    # Avatars: a portrait checked once, then named by creates (`avatar=`) instead of a portrait.
+
+    async def create_avatar(self, portrait: Input = None, *, portrait_url: str | None = None) -> AvatarPublic:
+        """Check a portrait once (its face found, on a node) and keep it; pass the answer as `avatar=` to
+        `create_render` or `create_live`. ApiError 422 naming `portrait` if it has no usable face."""
+        return parse(await self._send(avatar_call(portrait, portrait_url)), AvatarPublic)
+
+    async def avatars(self, *, limit: int = 50, offset: int = 0) -> list[AvatarPublic]:
+        """The tenant's avatars, newest first."""
+        call = Call("GET", "/v1/avatars", params={"limit": limit, "offset": offset})
+        return parse(await self._send(call), AvatarList).items
+
+    async def avatar(self, avatar_id: str) -> AvatarPublic:
+        return parse(await self._send(Call("GET", f"/v1/avatars/{avatar_id}")), AvatarPublic)
+
+    async def delete_avatar(self, avatar_id: str) -> None:
+        """Remove the avatar; ApiError 409 while a session made from it has not ended."""
+        raise_for(await self._send(Call("DELETE", f"/v1/avatars/{avatar_id}")))
 
     async def create_webhook(self, url: str, *, events: list[WebhookEvent] | None = None) -> WebhookEndpointCreated:
         body: dict[str, Any] = {"url": url} | ({"events": [str(event) for event in events]} if events else {})

@@ -13,11 +13,14 @@ from typing import Any
 import httpx
 import tenacity
 
+from monologue.captions import CaptionFormat
 from monologue.errors import ClientError
 from monologue.schemas import (
     AssetKind,
     AssetPublic,
     AudioTicket,
+    AvatarList,
+    AvatarPublic,
     RenderList,
     RenderPublic,
     WebhookDeliveryList,
@@ -38,6 +41,9 @@ from ._common import (
     Progress,
     asset_call,
     auth,
+    avatar_call,
+    captions_call,
+    captions_text,
     content_length,
     create_call,
     create_retries,
@@ -92,14 +98,16 @@ class Client:
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
         callback_url: str | None = None,
+        avatar: AvatarPublic | str | None = None,
     ) -> RenderPublic:
         """Start a render from files (paths or bytes), URLs (https://, s3://) or uploaded assets; returns at once.
         Instead of audio, `options={"text": …, "voice": "espeak:en-us"}`: the speech is synthesised on a node.
         `metadata` (a small flat JSON object) comes back in the session, its events and webhooks; `callback_url` gets
-        its endings, signed with the answer's `callback_secret`."""
+        its endings, signed with the answer's `callback_secret`. `avatar` (from `create_avatar`, or its id) stands for
+        the portrait."""
         inputs = {"portrait": (portrait, portrait_url), "audio": (audio, audio_url)}
         call = create_call(
-            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url
+            "/v1/renders", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url, avatar=avatar
         )
         return self._create(call)
 
@@ -112,11 +120,21 @@ class Client:
         idempotency_key: str | None = None,
         metadata: dict[str, Any] | None = None,
         callback_url: str | None = None,
+        avatar: AvatarPublic | str | None = None,
     ) -> RenderPublic:
-        """Start a live session; its `audio_ticket` opens the audio socket (`stream_audio` streams into it)."""
+        """Start a live session; its `audio_ticket` opens the audio socket (`stream_audio` streams into it). From an
+        `avatar` (instead of a portrait) nothing is left to check, and it starts sooner."""
         inputs = {"portrait": (portrait, portrait_url)}
         return self._create(
-            create_call("/v1/sessions", inputs, options, idempotency_key, metadata=metadata, callback_url=callback_url)
+            create_call(
+                "/v1/sessions",
+                inputs,
+                options,
+                idempotency_key,
+                metadata=metadata,
+                callback_url=callback_url,
+                avatar=avatar,
+            )
         )
 
     def get(self, session_id: str) -> RenderPublic:
@@ -216,6 +234,11 @@ class Client:
                         on_progress(size, total)
         return size
 
+    def captions(self, session_id: str, fmt: CaptionFormat | str = CaptionFormat.VTT) -> str:
+        """The session's captions (created with `captions=files` or `burn`) as WebVTT (`vtt`) or SRT (`srt`) text;
+        ApiError 404 for a session without captions."""
+        return captions_text(self._send(captions_call(session_id, fmt)))
+
     # Assets: files uploaded once, then given to creates (`portrait=asset`), which go as JSON.
 
     def upload_asset(self, file: Path | bytes, *, kind: AssetKind) -> AssetPublic:
@@ -224,6 +247,25 @@ class Client:
 
     def delete_asset(self, asset_id: str) -> None:
         raise_for(self._send(Call("DELETE", f"/v1/assets/{asset_id}")))
+
+    # Avatars: a portrait checked once, then named by creates (`avatar=`) instead of a portrait.
+
+    def create_avatar(self, portrait: Input = None, *, portrait_url: str | None = None) -> AvatarPublic:
+        """Check a portrait once (its face found, on a node) and keep it; pass the answer as `avatar=` to
+        `create_render` or `create_live`. ApiError 422 naming `portrait` if it has no usable face."""
+        return parse(self._send(avatar_call(portrait, portrait_url)), AvatarPublic)
+
+    def avatars(self, *, limit: int = 50, offset: int = 0) -> list[AvatarPublic]:
+        """The tenant's avatars, newest first."""
+        call = Call("GET", "/v1/avatars", params={"limit": limit, "offset": offset})
+        return parse(self._send(call), AvatarList).items
+
+    def avatar(self, avatar_id: str) -> AvatarPublic:
+        return parse(self._send(Call("GET", f"/v1/avatars/{avatar_id}")), AvatarPublic)
+
+    def delete_avatar(self, avatar_id: str) -> None:
+        """Remove the avatar; ApiError 409 while a session made from it has not ended."""
+        raise_for(self._send(Call("DELETE", f"/v1/avatars/{avatar_id}")))
 
     # Webhooks.
 

@@ -7,13 +7,43 @@ standard library: workflow code imports it inside the sandbox."""
 # No `from __future__ import annotations` here: Temporal's converter resolves these field types at
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from monologue.contracts.checks import (
+    PREPARE_AVATAR as PREPARE_AVATAR,
+    PREPARE_AVATAR_WORKFLOW as PREPARE_AVATAR_WORKFLOW,
+    VALIDATE_INPUTS as VALIDATE_INPUTS,
+    VALIDATE_WORKFLOW as VALIDATE_WORKFLOW,
+    PrepareAvatarInput as PrepareAvatarInput,
+    PrepareAvatarResult as PrepareAvatarResult,
+    ValidateInputsInput as ValidateInputsInput,
+    ValidateInputsResult as ValidateInputsResult,
+    prepare_avatar_workflow_id as prepare_avatar_workflow_id,
+    validate_workflow_id as validate_workflow_id,
+)
+from monologue.contracts.render_input import (
+    CHUNK_WINDOW as CHUNK_WINDOW,
+    LEGACY_HEARTBEAT_TIMEOUT_S as LEGACY_HEARTBEAT_TIMEOUT_S,
+    FlatRenderInput as FlatRenderInput,
+    Orchestration as Orchestration,
+    RenderInput as RenderInput,
+    RenderInputs as RenderInputs,
+    ResumePoint as ResumePoint,
+    upgraded as upgraded,
+)
+from monologue.contracts.sched import (
+    AskReason as AskReason,
+    AskToYieldInput as AskToYieldInput,
+    AskToYieldResult as AskToYieldResult,
+    RecordYieldInput as RecordYieldInput,
+    YieldSlot as YieldSlot,
+)
 
 # The session model lives in contracts/session.py; re-exported, as everything that crosses Temporal is named here.
 from monologue.contracts.session import (
     RESUMABLE as RESUMABLE,
     TERMINAL as TERMINAL,
     Bounds as Bounds,
+    CaptionMode as CaptionMode,
     Chunk as Chunk,
     ChunkKind as ChunkKind,
     Family as Family,
@@ -31,6 +61,19 @@ from monologue.contracts.session import (
     Sink as Sink,
     SinkType as SinkType,
     render_options as render_options,
+)
+from monologue.contracts.webhooks import (
+    DELIVER_WEBHOOK as DELIVER_WEBHOOK,
+    NOTIFY_ENDED as NOTIFY_ENDED,
+    WEBHOOK_GIVEN_UP as WEBHOOK_GIVEN_UP,
+    WEBHOOK_REFUSED as WEBHOOK_REFUSED,
+    WEBHOOK_WORKFLOW as WEBHOOK_WORKFLOW,
+    NotifyEndedInput as NotifyEndedInput,
+    NotifyEndedResult as NotifyEndedResult,
+    WebhookGivenUpInput as WebhookGivenUpInput,
+    WebhookInput as WebhookInput,
+    webhook_task_queue as webhook_task_queue,
+    webhook_workflow_id as webhook_workflow_id,
 )
 
 # Activity names, so workflow code can call activities without importing their heavy modules.
@@ -66,11 +109,6 @@ def render_workflow_id(session_id: str) -> str:
     return f"render-{session_id}"
 
 
-# Chunk activities a session keeps scheduled on its node at once (the one running and the next ones,
-# waiting their turn in-process), so the node never waits for Temporal between chunks. Nodes size their
-# slots by it.
-CHUNK_WINDOW = 3
-
 # A session workflow's task (one step of its code on a node) is given to a node again this long after it began when
 # no node answered for it: a node's answer lost to a Temporal restart is never retried sooner than the SDK's own
 # backoff allows (seconds), so the server's timeout (default 10 s) is what frees the session. 5 s: long enough for a
@@ -94,116 +132,6 @@ NODE_DISK_FULL = "NodeDiskFull"  # a node's disk had no room for a write: move t
 # A node's write refused because a newer lease holds the session (the node was cut off and came back: its lease
 # had timed out and the session had moved). Non-retryable; the workflow has abandoned that activity already.
 LEASE_FENCED = "LeaseFenced"  # details[0]: the session's newest lease
-
-
-@dataclass(frozen=True)
-class Orchestration:
-    """How the workflow runs a session: fixed when the session starts, carried unchanged by every later run.
-    No defaults: `monologue.orchestration.orchestration_config(settings)` is where the values come from."""
-
-    window: int  # chunk activities scheduled on the node at once (1: none ahead); see CHUNK_WINDOW
-    continue_as_new_every: int  # chunks per workflow run, so the history stays bounded
-    lease_timeout_s: float  # a node lease silent this long: the node is lost
-    # A pinned activity (init_session, generate_chunk, finalize) silent this long: the node is lost. Seconds,
-    # because nodes heartbeat during a chunk.
-    heartbeat_timeout_s: float
-    idle_timeout_s: float  # a live session with no new audio for this long ends
-    # A live session's lifetime: past it the session ends with the audio it has, even with audio still coming
-    # (0: none, as for sessions started before lifetimes existed). Counted from ResumePoint.live_since_ms.
-    max_live_s: float
-    search_attributes: bool  # upsert SEARCH_ATTRIBUTES (they must be registered on the cluster)
-    # The lease's fairness weight (its tenant's, MONOLOGUE_SCHED__TENANT_WEIGHTS); older sessions: Temporal's default.
-    fairness_weight: float = 1.0
-    # A live session waiting this long for a node asks a render to yield its slot (0: never, as before issue 27).
-    preempt_after_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a run starts: what earlier runs of the session did (continue-as-new carries it; a resume of a
-    failed session sets it). The zero value is a session's start."""
-
-    cursor: int = 0  # chunks of the generation order already generated
-    frames: int = 0  # the timeline's length once known (0: a render's first run asks `prepare`)
-    # Live sessions: the audio stored so far (16 kHz samples) and whether it has ended.
-    audio_samples: int = 0
-    audio_ended: bool = False
-    live_since_ms: float = 0.0  # the first run's start (Temporal's clock, epoch ms); 0: this run is the first
-    lease: int = 0  # the last node lease's number (its fencing token): the next run's leases count on from it
-
-
-@dataclass(frozen=True, kw_only=True)
-class RenderInput:
-    """RenderWorkflow's input: who the session is, its options, how it is orchestrated, where this run starts.
-    Continue-as-new replaces only `resume` (`dataclasses.replace`), so no field is ever dropped on the way."""
-
-    session_id: str
-    tenant: str = "local"
-    kind: SessionKind = SessionKind.RENDER
-    options: RenderOptions = field(default_factory=RenderOptions)
-    # Required: Temporal's converter tries RenderInput before FlatRenderInput (see RenderInputs), and an old
-    # flat input, having no `orchestration`, fails here and falls through to FlatRenderInput.
-    orchestration: Orchestration
-    resume: ResumePoint = field(default_factory=ResumePoint)
-
-
-# The pinned activities' heartbeat timeout of sessions started before it was part of their input: their nodes
-# may not heartbeat during a chunk.
-LEGACY_HEARTBEAT_TIMEOUT_S = 120.0
-
-
-@dataclass
-class FlatRenderInput:
-    """RenderWorkflow's input before it came in three parts: only decoded, from the histories of sessions
-    started by older code (and replayed), and turned into a RenderInput by `upgraded` at once."""
-
-    session_id: str
-    options: RenderOptions = field(default_factory=RenderOptions)
-    cursor: int = 0
-    frames: int = 0
-    lease_timeout_s: float = 10.0
-    continue_as_new_every: int = 500
-    tenant: str = "local"
-    search_attributes: bool = True
-    window: int = CHUNK_WINDOW
-    live: bool = False
-    audio_samples: int = 0
-    audio_ended: bool = False
-    idle_timeout_s: float = 30.0
-    max_live_s: float = 0.0
-    live_since_ms: float = 0.0
-
-
-# What RenderWorkflow.run accepts, in the order Temporal's converter tries: today's input first.
-RenderInputs = RenderInput | FlatRenderInput
-
-
-def upgraded(request: RenderInputs) -> RenderInput:
-    """The three-part input of any session, whichever code started it."""
-    if isinstance(request, RenderInput):
-        return request
-    return RenderInput(
-        session_id=request.session_id,
-        tenant=request.tenant,
-        kind=SessionKind.LIVE if request.live else SessionKind.RENDER,
-        options=request.options,
-        orchestration=Orchestration(
-            window=request.window,
-            continue_as_new_every=request.continue_as_new_every,
-            lease_timeout_s=request.lease_timeout_s,
-            heartbeat_timeout_s=LEGACY_HEARTBEAT_TIMEOUT_S,
-            idle_timeout_s=request.idle_timeout_s,
-            max_live_s=request.max_live_s,
-            search_attributes=request.search_attributes,
-        ),
-        resume=ResumePoint(
-            cursor=request.cursor,
-            frames=request.frames,
-            audio_samples=request.audio_samples,
-            audio_ended=request.audio_ended,
-            live_since_ms=request.live_since_ms,
-        ),
-    )
 
 
 @dataclass
@@ -265,48 +193,6 @@ class HoldNodeInput:
 class NodeAcquired:
     lease: int
     node_id: str
-
-
-class AskReason(StrEnum):
-    """Why a session waiting for a node asks a render to yield (monologue/repo/sched.py says which renders may)."""
-
-    LIVE = "live"  # a live session
-    NODE_LOST = "node_lost"  # a session whose node was lost (it waits as moving)
-    FAIR_SHARE = "fair_share"  # a render of a tenant below its share of the slots
-
-
-@dataclass
-class YieldSlot:
-    """Give the node's slot up at the next chunk boundary, for `for_session`; then queue again as `yielded`, ahead of
-    every render (`as_moving`, named before that class existed: it yields to a live session or one whose node was
-    lost), or in its own class (it yields to a fairer share)."""
-
-    for_session: str
-    as_moving: bool = True
-
-
-@dataclass
-class AskToYieldInput:
-    """A session has waited for a node: ask the render that should give way (policy: monologue/repo/sched.py)."""
-
-    session_id: str  # the session waiting
-    tenant: str = ""
-    queue_class: QueueClass = QueueClass.LIVE
-    why: AskReason = AskReason.LIVE
-
-
-@dataclass
-class AskToYieldResult:
-    asked: str | None  # the session asked to yield; None: none asked (one is already yielding, or none can)
-
-
-@dataclass
-class RecordYieldInput:
-    session_id: str
-    for_session: str
-    node_id: str  # the node given up ("": none was held, so it could not yield)
-    chunks_done: int
-    yielded: bool = True
 
 
 @dataclass
@@ -423,39 +309,6 @@ class RunSinkResult:
     acknowledged: int  # segments the sink holds
 
 
-# Checking a new session's uploads: the API has no media stack (no av, Pillow, OpenCV or torch), so it stages
-# the raw uploads and a worker on the shared queue decodes, checks and normalises them while the API waits.
-VALIDATE_INPUTS = "validate_inputs"
-VALIDATE_WORKFLOW = "ValidateInputsWorkflow"
-
-
-def validate_workflow_id(session_id: str) -> str:
-    return f"validate-{session_id}"
-
-
-@dataclass
-class ValidateInputsInput:
-    """Decode the staged uploads of a new session (`keys.staged_upload`), check them for `family` and store the
-    normalised forms (`keys.portrait`, `keys.audio`) in their place. A live session has a portrait only; a render
-    spoken from text has no audio upload: `text` is synthesised in `voice` (`gpu_worker.tts`) and stored as its audio,
-    with the phones' timings (`keys.speech_phones`)."""
-
-    session_id: str
-    kind: SessionKind
-    family: Family  # histories recorded when this was a str decode to the enum (a StrEnum travels as its value)
-    max_portrait_side: int
-    max_audio_seconds: float
-    text: str = ""
-    voice: str = ""
-
-
-@dataclass
-class ValidateInputsResult:
-    width: int  # the normalised portrait
-    height: int
-    audio_samples: int = 0  # 16 kHz; 0 without audio
-
-
 # A live session whose audio the workflow ends itself (idle timeout or lifetime, no `ended` signal: the API may
 # have crashed) asks storage how much there is: the API acknowledges audio to its client once stored, but
 # signals the workflow only about once a chunk, so the last signal may be short of what the client was promised.
@@ -472,54 +325,3 @@ class StoredAudioInput:
 @dataclass
 class StoredAudioResult:
     samples: int  # 16 kHz, in storage and now marked ended there
-
-
-# Webhooks (issue 18): when a session ends, RenderWorkflow asks the shared queue to queue its messages (one per
-# endpoint of the tenant that takes the event); each is then delivered by its own WebhookDeliveryWorkflow on the
-# webhook queue, retried with exponential back-off until it gets through or gives up.
-NOTIFY_ENDED = "notify_session_ended"
-WEBHOOK_WORKFLOW = "WebhookDeliveryWorkflow"
-DELIVER_WEBHOOK = "deliver_webhook"
-WEBHOOK_GIVEN_UP = "webhook_given_up"
-WEBHOOK_REFUSED = "WebhookRefused"  # ApplicationError type: the endpoint may no longer be sent to; no retry
-
-
-def webhook_task_queue(shared_queue: str) -> str:
-    """The queue of webhook deliveries (a slow receiver never holds the shared queue's slots)."""
-    return f"{shared_queue}-webhooks"
-
-
-def webhook_workflow_id(delivery_id: str) -> str:
-    return f"webhook-{delivery_id}"
-
-
-@dataclass
-class NotifyEndedInput:
-    """The session ended with `status` (completed, failed or cancelled), or a node started it (running): queue
-    its webhook messages. (The activity's name says "ended" from before `session.started`; histories keep it.)"""
-
-    session_id: str
-    tenant: str
-    status: SessionStatus
-
-
-@dataclass
-class NotifyEndedResult:
-    deliveries: int  # messages queued (one per endpoint that takes the event)
-
-
-@dataclass
-class WebhookInput:
-    """Deliver one queued message; the back-off comes from the node's settings when it was queued."""
-
-    delivery_id: str
-    initial_backoff_s: float
-    max_backoff_s: float
-    give_up_after_s: float
-    timeout_s: float  # one attempt
-
-
-@dataclass
-class WebhookGivenUpInput:
-    delivery_id: str
-    error: str

@@ -1,4 +1,4 @@
-"""A session's model: its kinds, statuses and chunks, and its options (`RenderOptions`, THE definition of
+"""A session's model: its kinds and statuses, its queue classes, and its options (`RenderOptions`, THE definition of
 every option), all of which cross Temporal inside the activity and workflow inputs (`monologue.contracts`
 re-exports every name here).
 
@@ -6,12 +6,25 @@ Standard library only: workflow code imports it inside the sandbox."""
 
 # No `from __future__ import annotations` here: Temporal's converter resolves these field types at
 # run time inside the workflow sandbox, where string annotations of nested dataclasses fail to resolve.
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, NamedTuple
 
+from monologue.contracts.bounds import Bounds as Bounds
+from monologue.contracts.chunks import (
+    AnchorEnd as AnchorEnd,
+    AnchorRef as AnchorRef,
+    Chunk as Chunk,
+    ChunkKind as ChunkKind,
+)
 from monologue.contracts.frames import INFINITETALK_SIZES, MAX_SIDE, MIN_SIDE, check_output_size
+from monologue.contracts.sinks import (
+    KvsSink as KvsSink,
+    S3Sink as S3Sink,
+    Sink as Sink,
+    SinkType as SinkType,
+    sink_spec,
+)
 
 
 class SessionKind(StrEnum):
@@ -71,111 +84,6 @@ class QueueClass(StrEnum):
         if moving:
             return cls.MOVING
         return cls.YIELDED if yielded else cls(priority.value)
-
-
-class ChunkKind(StrEnum):
-    """N chunks carry the timeline; an I chunk interpolates the seam after N(index)."""
-
-    N = "N"
-    I = "I"  # noqa: E741 (the name the whole design uses)
-
-
-class AnchorEnd(StrEnum):
-    """Which end of an N chunk an anchor holds: its state at its first frame or at its last."""
-
-    HEAD = "head"
-    TAIL = "tail"
-
-
-@dataclass(frozen=True)
-class AnchorRef:
-    """One anchor: N(index)'s head or tail (only N chunks leave anchors). `name` is how it is shown and stored in
-    flat arrays ("N3.tail"); a checkpoint file keeps its own chunk's anchors under "head." and "tail."."""
-
-    index: int
-    end: AnchorEnd
-
-    @property
-    def name(self) -> str:
-        return f"{ChunkKind.N.value}{self.index}.{self.end.value}"
-
-    @classmethod
-    def parse(cls, name: str) -> "AnchorRef":
-        """The anchor a name such as "N3.tail" stands for; ValueError for anything else."""
-        chunk, _, end = name.partition(".")
-        if not chunk.startswith(ChunkKind.N.value) or not chunk[1:].isdigit():
-            raise ValueError(f"not an anchor name: {name!r} (expected N<index>.head or N<index>.tail)")
-        return cls(int(chunk[1:]), AnchorEnd(end))
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One chunk of the timeline, the one shape from the plan to the pipeline: N chunks carry the timeline, an
-    I chunk fills the seam after N(index). A plain "N"/"I" given as `kind` becomes the enum."""
-
-    kind: ChunkKind
-    index: int
-    first_frame: int
-    n_frames: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", ChunkKind(self.kind))  # ValueError naming anything but N or I
-
-    @property
-    def end_frame(self) -> int:
-        return self.first_frame + self.n_frames
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind.value}{self.index}"
-
-    # THE anchor rule: which anchors a chunk reads, leaves and releases. The generation order is N0 N1 I0 N2 I1 …:
-    # N(k) continues from N(k-1)'s tail; I(k) fills the seam between N(k)'s tail and N(k+1)'s head.
-
-    def anchors_read(self) -> tuple[AnchorRef, ...]:
-        """The anchors this chunk is conditioned on: N(k) reads N(k-1)'s tail (N0 none); I(k) reads N(k)'s tail
-        (its left) and N(k+1)'s head (its right), in that order."""
-        if self.kind is ChunkKind.N:
-            return (AnchorRef(self.index - 1, AnchorEnd.TAIL),) if self.index > 0 else ()
-        return AnchorRef(self.index, AnchorEnd.TAIL), AnchorRef(self.index + 1, AnchorEnd.HEAD)
-
-    def anchors_left(self) -> tuple[AnchorRef, ...]:
-        """The anchors this chunk leaves behind (and its checkpoint stores): an N chunk its head and tail."""
-        if self.kind is ChunkKind.N:
-            return AnchorRef(self.index, AnchorEnd.HEAD), AnchorRef(self.index, AnchorEnd.TAIL)
-        return ()
-
-    def anchors_released(self, held: Iterable[AnchorRef]) -> tuple[AnchorRef, ...]:
-        """Of the anchors `held`, those nothing after this chunk reads. After N(k), I(k-2) is done, so N(k-1)'s
-        head and everything older than N(k-1) go (this also bounds seams without an I chunk; N(k-1)'s tail stays
-        for I(k-1)). After I(k), its seam is done: N(k)'s head and tail and N(k+1)'s head go."""
-        if self.kind is ChunkKind.N:
-            stale = AnchorRef(self.index - 1, AnchorEnd.HEAD)
-            return tuple(ref for ref in held if ref.index < self.index - 1 or ref == stale)
-        seam = {AnchorRef(self.index, AnchorEnd.HEAD), *self.anchors_read()}
-        return tuple(ref for ref in held if ref in seam)
-
-    @property
-    def depends_on(self) -> tuple[tuple[ChunkKind, int], ...]:
-        """Chunks that must be generated first: the N chunks that leave the anchors this one reads."""
-        return tuple((ChunkKind.N, ref.index) for ref in self.anchors_read())
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What an option accepts, kept with its definition (`Annotated[int, Bounds(...)]`): the API's schema, the
-    settings and the CLI read it from here (`monologue/options.py`), so a limit is written once."""
-
-    doc: str
-    ge: float | None = None
-    le: float | None = None
-    pattern: str | None = None
-    max_length: int | None = None
-    multiple_of: int | None = None
-    # The default a new session gets (the HTTP form, the settings, the CLI), where it differs from the field's
-    # dataclass default, which is what an input recorded before the option existed means (a running session's
-    # Temporal payloads and stored rows have no such field). None: the dataclass default serves both.
-    new_sessions: object = None
 
 
 class Family(StrEnum):
@@ -278,58 +186,13 @@ class SamplingPreset(StrEnum):
     FAST = "fast"
 
 
-_SINK_NAME = Bounds("Unique per session; default: type.", pattern=r"^[a-z0-9-]{0,32}$")
-_ENDPOINT = Bounds("Endpoint (default AWS's own).", pattern=r"^https?://[^\s/]+(/\S*)?$")
-_REGION = Bounds("AWS region.", pattern=r"^[a-z0-9-]{1,32}$")
+class CaptionMode(StrEnum):
+    """Captions of the words spoken (from `text` or `transcript`): none; files (WebVTT and SRT files and a subtitle
+    rendition in the HLS stream); or burn (the files too, and the text drawn into the frames)."""
 
-
-@dataclass(frozen=True)
-class S3Sink:
-    """Publish the stream to an S3-compatible bucket: keys under <prefix>/<session id>/. Credentials are the
-    nodes' (boto3's usual chain)."""
-
-    bucket: Annotated[str, Bounds("Bucket.", pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")]
-    type: Literal["s3"] = "s3"
-    name: Annotated[str, _SINK_NAME] = ""
-    prefix: Annotated[str, Bounds("Keys go under <prefix>/<session id>/.", pattern=r"^[A-Za-z0-9/_.-]{0,200}$")] = ""
-    endpoint_url: Annotated[str | None, _ENDPOINT] = None
-    region: Annotated[str | None, _REGION] = None
-
-    def __post_init__(self) -> None:
-        if ".." in self.prefix.split("/"):
-            raise ValueError(f"an s3 prefix may not contain '..' (got {self.prefix!r})")
-
-    @property
-    def label(self) -> str:
-        return self.name or self.type
-
-
-@dataclass(frozen=True)
-class KvsSink:
-    """Publish the stream to a Kinesis Video stream (PutMedia). Credentials are the nodes'."""
-
-    stream_name: Annotated[str, Bounds("Kinesis Video stream name.", pattern=r"^[a-zA-Z0-9_.-]{1,256}$")]
-    type: Literal["kvs"] = "kvs"
-    name: Annotated[str, _SINK_NAME] = ""
-    endpoint_url: Annotated[str | None, _ENDPOINT] = None
-    region: Annotated[str | None, _REGION] = None
-
-    @property
-    def label(self) -> str:
-        return self.name or self.type
-
-
-# A sink, told apart by `type` (S3 first: Temporal's converter tries a union's members in order, and the
-# `type` literal refuses the wrong one).
-Sink = S3Sink | KvsSink
-
-
-class SinkType(StrEnum):
-    """Which publisher a sink is: its spec's `type` tag (the literal that tells the union's members apart on the
-    wire), as an enum for everything past the spec (the sink's row, the API, metrics)."""
-
-    S3 = S3Sink.type
-    KVS = KvsSink.type
+    NONE = "none"
+    FILES = "files"
+    BURN = "burn"
 
 
 # A transcript travels with every chunk's activity input (the options do): 10,000 characters is about 11 minutes
@@ -412,6 +275,7 @@ class RenderOptions:
             pattern=VOICE_PATTERN,
         ),
     ] = "espeak:en-us"
+    captions: Annotated[CaptionMode, Bounds(CaptionMode.__doc__ or "")] = CaptionMode.NONE
 
     def __post_init__(self) -> None:
         if self.text.strip() and self.transcript.strip():
@@ -428,6 +292,11 @@ class RenderOptions:
             raise ValueError(
                 f"transcript: only the warp family's visemes follow a transcript (got family={self.family}, "
                 f"lip_sync={self.lip_sync}); leave it out or use family=warp, lip_sync=visemes"
+            )
+        if self.captions is not CaptionMode.NONE and not (self.text.strip() or self.transcript.strip()):
+            raise ValueError(
+                f"captions: need the words spoken (got captions={self.captions}): give text (speech synthesised) or "
+                "transcript (the words of the audio), or leave captions out"
             )
         if self.sampling_preset is SamplingPreset.FAST and self.family is not Family.INFINITETALK:
             raise ValueError(
@@ -458,7 +327,7 @@ class RenderOptions:
 
 def render_options(values: dict[str, object]) -> RenderOptions:
     """RenderOptions from plain values already validated (a stored session's options, a model_dump)."""
-    sinks = tuple(_sink(spec) for spec in values.get("sinks") or ())  # type: ignore[attr-defined]
+    sinks = tuple(sink_spec(spec) for spec in values.get("sinks") or ())  # type: ignore[attr-defined]
     enums: dict[str, object] = {
         "resolution": Resolution(str(values.get("resolution", Resolution.SOURCE))),
         "family": Family(str(values.get("family", Family.WARP))),
@@ -469,17 +338,6 @@ def render_options(values: dict[str, object]) -> RenderOptions:
         enums["sampling_preset"] = SamplingPreset(str(values["sampling_preset"]))
     if "lip_sync" in values:  # a row stored before the option has none: the dataclass default (loudness)
         enums["lip_sync"] = LipSync(str(values["lip_sync"]))
+    if "captions" in values:
+        enums["captions"] = CaptionMode(str(values["captions"]))
     return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]
-
-
-def _sink(spec: object) -> Sink:
-    if isinstance(spec, S3Sink | KvsSink):
-        return spec
-    fields = {key: value for key, value in dict(spec).items() if value not in ("", None)}  # type: ignore[call-overload]
-    if fields.get("type") == SinkType.KVS:
-        return KvsSink(**{k: v for k, v in fields.items() if k in _KVS_FIELDS})
-    return S3Sink(**{k: v for k, v in fields.items() if k in _S3_FIELDS})
-
-
-_S3_FIELDS = frozenset(S3Sink.__dataclass_fields__)
-_KVS_FIELDS = frozenset(KvsSink.__dataclass_fields__)

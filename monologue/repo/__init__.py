@@ -29,6 +29,7 @@ def create_session(
     height: int,
     kind: SessionKind = SessionKind.RENDER,
     client_metadata: dict[str, Any] | None = None,
+    avatar_id: str | None = None,
 ) -> SessionRow:
     row = SessionRow(
         id=session_id,
@@ -42,6 +43,7 @@ def create_session(
         height=height,
         created_at=utcnow(),
         client_metadata=client_metadata,
+        avatar_id=avatar_id,
     )
     db.add(row)
     db.commit()

@@ -50,7 +50,7 @@ def test_bad_json_bodies_are_422s_naming_the_field_and_write_nothing(
     cases: list[tuple[dict[str, Any], str]] = [
         ({"portrait": {"url": "https://example.com/p.jpg", "asset_id": portrait}, "audio": url}, "body.portrait"),
         ({"portrait": {}, "audio": url}, "body.portrait: give its url or its asset_id"),
-        ({"audio": url}, "body.portrait: Field required"),
+        ({"audio": url}, 'body.portrait: give {"url": …} or {"asset_id": …}, or body.avatar_id'),
         ({"portrait": {"asset_id": "0" * 32}, "audio": url}, "body.portrait.asset_id: no asset"),
         ({"portrait": {"asset_id": theirs}, "audio": url}, "body.portrait.asset_id: no asset"),  # another tenant's
         ({"portrait": {"asset_id": "../../x"}, "audio": url}, "body.portrait.asset_id: no asset"),

@@ -233,6 +233,7 @@ def test_session_detail_lists_every_chunk_in_timeline_order_with_retries_nodes_a
     own = "http://127.0.0.1:8000/ops/api/sessions/run"  # public_url's, not the Host header's (testserver)
     assert {name: url for name, url in links.items() if name != "temporal"} == {
         "stream": f"{own}/stream/stream.m3u8",
+        "captioned_stream": None,  # no captions: no multivariant playlist
         "events": f"{own}/events",
         "video": f"{own}/video.mp4",
         "cancel": f"{own}/cancel",

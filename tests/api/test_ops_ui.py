@@ -238,3 +238,24 @@ def test_nodes_page_lists_the_node_and_signing_out_asks_for_the_key_again(
     page.get_by_role("button", name="Sign out").click()
     page.get_by_label("API key").wait_for(timeout=10_000)
     assert page.evaluate(f"sessionStorage.getItem({KEY_ITEM!r})") is None
+
+
+def test_session_page_of_a_render_with_captions_plays_them(
+    signed_in: Any, url: str, auth: dict[str, str], sample_portrait: bytes
+) -> None:
+    """A session with captions plays its multivariant playlist, so the player shows the subtitle rendition."""
+    data = {"text": "Hello there. These words are captions.", "captions": "files", "preview": "true"}
+    response = httpx.post(
+        f"{url}/v1/renders", files={"portrait": ("portrait.jpg", sample_portrait)}, data=data, headers=auth, timeout=60
+    )
+    assert response.status_code == 201, response.text
+    session_id = response.json()["id"]
+    page = signed_in
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(f"{url}/ops/sessions/{session_id}")
+    shown = """[...document.getElementById('player').textTracks].some(
+        t => t.kind === 'subtitles' && t.mode === 'showing' && t.cues && t.cues.length >= 2)"""
+    page.wait_for_function(shown, timeout=60_000)
+    assert f"{url}/ops/api/sessions/{session_id}/stream/main.m3u8" in requests
+    assert f"{url}/ops/api/sessions/{session_id}/stream/captions.vtt" in requests

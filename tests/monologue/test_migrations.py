@@ -163,6 +163,17 @@ ADDED: dict[str, dict[str, Columns]] = {
         }
     },
     "0009": {"sessions": {"client_metadata": JSON()}, "webhook_endpoints": {"session_id": String()}},
+    "0010": {
+        "avatars": {
+            "id": String(),
+            "tenant": String(),
+            "created_at": UtcDateTime(),
+            "width": Integer(),
+            "height": Integer(),
+            "portrait_sha256": String(),
+        },
+        "sessions": {"avatar_id": String()},
+    },
 }
 REVISIONS = list(ADDED)
 # Columns added with a server default: older rows get the default, not NULL.
@@ -218,6 +229,7 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "outputs_removed_at": moment,
             "deleted_at": moment,
             "client_metadata": {"order": f"o-{tag}", "n": number},
+            "avatar_id": f"avatar-{tag}",
         },
         "chunks": {
             "session_id": session,
@@ -318,6 +330,14 @@ def full_rows(tag: str, number: int) -> dict[str, dict[str, Any]]:
             "status_code": 503,
             "error": "service unavailable",
         },
+        "avatars": {
+            "id": f"avatar-{tag}",
+            "tenant": f"tenant-{tag}",
+            "created_at": moment,
+            "width": 512,
+            "height": 640 + number,
+            "portrait_sha256": "e" * 64,
+        },
     }
 
 
@@ -388,7 +408,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 # Up one revision at a time (seeding at each), down one and several at once, down to nothing and up again.
 PATH = ["0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0002", "0003", "0004", "0001", "0002"]
-PATH += ["0003", "0004", "base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009"]
+PATH += ["0003", "0004", "base", "0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"]
 
 
 def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
@@ -405,17 +425,17 @@ def test_rows_survive_every_upgrade_and_downgrade(database_url: str) -> None:
             if going_up:
                 model.seed(engine)
                 assert in_order(read_all(engine, revision)) == in_order(model.rows), f"seeded at {revision}"
-        # The rows seeded since base (at 0001 to 0009), so the comparisons above were not of empty tables.
+        # The rows seeded since base (at 0001 to 0010), so the comparisons above were not of empty tables.
         counts = {name: len(rows) for name, rows in model.rows.items()}
-        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 7) | dict.fromkeys(ADDED["0004"], 6)
-        assert counts == {"chunks": 9, "checkpoints": 8} | since_0003 | {"sessions": 9}
+        since_0003 = dict.fromkeys(["sinks", "nodes", "api_keys"], 8) | dict.fromkeys(ADDED["0004"], 7)
+        assert counts == {"chunks": 10, "checkpoints": 9} | since_0003 | {"sessions": 10, "avatars": 1}
         # The rebuilt tables still hold their foreign keys: a deleted session takes its chunks, checkpoints, sinks,
         # tickets and callback endpoints; a deleted endpoint its deliveries and their attempts.
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM sessions"))
             connection.execute(text("DELETE FROM webhook_endpoints"))
-        remaining = {name: len(rows) for name, rows in read_all(engine, "0009").items()}
-        kept = {"nodes": 7, "api_keys": 7, "idempotency_keys": 6}  # no parent row: kept
+        remaining = {name: len(rows) for name, rows in read_all(engine, "0010").items()}
+        kept = {"nodes": 8, "api_keys": 8, "idempotency_keys": 7, "avatars": 1}  # no parent row: kept
         assert remaining == dict.fromkeys(remaining, 0) | kept
     finally:
         engine.dispose()

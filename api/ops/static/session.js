@@ -25,6 +25,8 @@ const OWN_LINKS = ["stream", "events", "video", "cancel", "resume", "webhooks"];
 async function refresh() {
   detail = await getJSON(`/ops/api/sessions/${encodeURIComponent(sessionId)}`);
   for (const name of OWN_LINKS) detail.links[name] = new URL(detail.links[name], location.href).pathname;
+  const captioned = detail.links.captioned_stream;
+  if (captioned) detail.links.captioned_stream = new URL(captioned, location.href).pathname;
   showFacts(detail);
   const key = JSON.stringify([detail.chunks, detail.checkpoints]);
   if (key !== drawnKey) {
@@ -132,7 +134,8 @@ function log(text) {
   while (events.children.length > 300) events.lastChild.remove();
 }
 
-// The live player: hls.js over the session's EVENT playlist; it keeps polling the playlist as it grows.
+// The live player: hls.js over the session's EVENT playlist; it keeps polling the playlist as it grows. A session
+// with captions plays its multivariant playlist, whose subtitle rendition hls.js shows (DEFAULT=YES).
 let player = null;
 
 function startPlayer() {
@@ -140,7 +143,7 @@ function startPlayer() {
   const state = (text) => ($("player-state").textContent = text);
   if (!window.Hls?.isSupported()) {
     // iOS Safari plays HLS itself, but sends no API key: that works only when the UI is open on loopback.
-    if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = detail.links.stream;
+    if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = playlist();
     else state("This browser cannot play HLS (no Media Source Extensions).");
     player = "native";
     return;
@@ -166,9 +169,13 @@ function startPlayer() {
     state(data.details === "manifestLoadError" ? "Waiting for the first segment…" : `Player: ${data.details}; retrying`);
     player = setTimeout(startPlayer, 1500); // a truthy placeholder until the retry
   });
-  player.loadSource(detail.links.stream);
+  player.loadSource(playlist());
   player.attachMedia(video);
   video.addEventListener("ended", () => state("Played to the end."), { once: true });
+}
+
+function playlist() {
+  return detail.links.captioned_stream ?? detail.links.stream;
 }
 
 function restartPlayer() {

@@ -16,6 +16,15 @@ keys are diffusers' (rename.py maps the original ones). What diffusers lacks is 
   the plain path), so the self-attention's reference attention map (line 169) is never used and not computed.
 
 The forward is ours (diffusers' WanTransformer3DModel.forward has no place for the audio), the same steps.
+
+Sequence parallelism (gpu_worker/distributed/sequence.py), as the dit family's A2V DiT does it: under `current_sp()`
+each rank keeps a contiguous run of the patch tokens (`SequenceShard` over single tokens, so a latent frame may
+straddle two ranks) and the rotary rows of those tokens, and runs the modulation, norms, feed-forward and the
+text+image cross-attention (its context replicated: 257 + 512 tokens) on them alone. The self-attention goes through
+`UlyssesAttention` (`_ulysses_self_attention`: WanAttnProcessor's steps, its RMS norm across heads on each rank's own
+tokens before the exchange, which needs a token's whole width and nothing else); the audio cross-attention takes
+each local token to its own latent frame's audio tokens, a frame cut by the split in two runs (`frame_runs`). The
+output patches are all-gathered, so every rank returns the whole velocity. Without a group the path is unchanged.
 """
 
 from __future__ import annotations
@@ -24,15 +33,20 @@ import math
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import (
+    WanAttention,
     WanRotaryPosEmbed,
     WanTimeTextImageEmbedding,
     WanTransformerBlock,
 )
 from torch import Tensor, nn
 
+from gpu_worker.distributed.sequence import SequenceShard, UlyssesAttention, current_sp, gather_frames, model_group
 from gpu_worker.models.infinitetalk.config import DiTConfig
+
+Rotary = tuple[Tensor, Tensor]  # diffusers' (cos, sin), each (1, L, 1, head_dim) float64
 
 
 class AudioProjection(nn.Module):
@@ -68,6 +82,22 @@ def latent_audio_windows(audio: Tensor, window: int, stride: int) -> tuple[Tenso
     return first, torch.cat([head, centres, tail], dim=2)
 
 
+def frame_runs(first: int, count: int, per_frame: int) -> list[tuple[slice, slice]]:
+    """Tokens [first, first + count) of a sequence of latent frames of `per_frame` tokens each → runs of (the
+    run's tokens among these, its latent frames): a frame cut at either end of the range a run of its own, the
+    whole frames between one run."""
+    runs, token, end = [], first, first + count
+    while token < end:
+        frame = token // per_frame
+        if token % per_frame or end < (frame + 1) * per_frame:  # a frame the range cuts
+            stop, frames = min(end, (frame + 1) * per_frame), slice(frame, frame + 1)
+        else:
+            stop, frames = end // per_frame * per_frame, slice(frame, end // per_frame)
+        runs.append((slice(token - first, stop - first), frames))
+        token = stop
+    return runs
+
+
 class AudioCrossAttention(nn.Module):
     """Each latent frame's video tokens attend to that frame's audio tokens (one speaker)."""
 
@@ -78,15 +108,64 @@ class AudioCrossAttention(nn.Module):
         self.kv_linear = nn.Linear(audio_dim, 2 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, hidden: Tensor, audio: Tensor) -> Tensor:
-        """hidden (B, T S, D) for T latent frames of S tokens; audio (B, T, M, Da) → (B, T S, D)."""
-        batch, length, dim = hidden.shape
-        frames, tokens = audio.shape[1], audio.shape[2]
-        query = self.q_linear(hidden).view(batch * frames, length // frames, self.heads, -1).transpose(1, 2)
-        key_value = self.kv_linear(audio).view(batch * frames, tokens, 2, self.heads, -1)  # (B T, M, 2, H, Dh)
-        key, value = key_value.permute(2, 0, 3, 1, 4).unbind(0)  # each (B T, H, M, Dh)
-        attended = F.scaled_dot_product_attention(query, key, value)  # (B T, H, S, Dh)
-        return self.proj(attended.transpose(1, 2).reshape(batch, length, dim))
+    def forward(self, hidden: Tensor, audio: Tensor, shard: SequenceShard | None = None) -> Tensor:
+        """hidden (B, T S, D) for T latent frames of S tokens; audio (B, T, M, Da) → (B, T S, D). Under SP, hidden
+        is `shard`'s tokens only (B, L_local, D), in runs of the frames they belong to (`frame_runs`)."""
+        if shard is None:
+            return self.proj(self._attend(self.q_linear(hidden), self.kv_linear(audio)))
+        per_frame = sum(shard.token_counts) // audio.shape[1]
+        query, key_value = self.q_linear(hidden), self.kv_linear(audio)  # (B, L_local, D), (B, T, M, 2 D)
+        runs = frame_runs(shard.tokens.start, hidden.shape[1], per_frame)
+        parts = [self._attend(query[:, tokens], key_value[:, frames]) for tokens, frames in runs]
+        return self.proj(torch.cat(parts, dim=1) if parts else query)  # no tokens here: (B, 0, D)
+
+    def _attend(self, query: Tensor, key_value: Tensor) -> Tensor:
+        """query (B, n s, D) of n frames' (parts of frames') s tokens each, key_value (B, n, M, 2 D) → (B, n s, D)."""
+        batch, length, dim = query.shape
+        frames, tokens = key_value.shape[1], key_value.shape[2]
+        query = query.reshape(batch * frames, length // frames, self.heads, -1).transpose(1, 2)  # (B n, H, s, Dh)
+        key_value = key_value.reshape(batch * frames, tokens, 2, self.heads, -1)  # (B n, M, 2, H, Dh)
+        key, value = key_value.permute(2, 0, 3, 1, 4).unbind(0)  # each (B n, H, M, Dh)
+        attended = F.scaled_dot_product_attention(query, key, value)  # (B n, H, s, Dh)
+        return attended.transpose(1, 2).reshape(batch, length, dim)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """WanAttnProcessor's rotary step (interleaved pairs), x (B, L, H, Dh), cos/sin (1, L, 1, Dh)."""
+    first, second = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = first * cos - second * sin
+    out[..., 1::2] = first * sin + second * cos
+    return out.type_as(x)
+
+
+def _dispatch(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    """diffusers' attention dispatch (its active backend, as WanAttnProcessor calls it) on (B, H, L, Dh) tensors."""
+    out: Tensor = dispatch_attention_fn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+def _ulysses_self_attention(attn: WanAttention, hidden: Tensor, rotary: Rotary, attend: UlyssesAttention) -> Tensor:
+    """`attn` (a self-attention: WanAttnProcessor without the image keys) on this rank's tokens (B, L_local, D): the
+    projections, the RMS norms across heads (a token's whole width, which its rank holds) and the rotary here, for
+    every head at once (the norms need them all, so unlike the dit family's layers no group is projected on demand),
+    the attention over every token through Ulysses, one head group's exchange at a time, and the output projection
+    summed over the head groups' columns, each as soon as its group is back (see UlyssesAttention)."""
+    query = attn.norm_q(attn.to_q(hidden)).unflatten(2, (attn.heads, -1))  # (B, L_local, H, Dh)
+    key = attn.norm_k(attn.to_k(hidden)).unflatten(2, (attn.heads, -1))
+    value = attn.to_v(hidden).unflatten(2, (attn.heads, -1))
+    query, key = _rotate(query, *rotary), _rotate(key, *rotary)
+    query, key, value = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, L_local, Dh)
+    out_proj, head_dim = attn.to_out[0], query.shape[-1]
+
+    def output(heads: slice, out: Tensor) -> Tensor:  # (B, heads in the run, L_local, Dh) → (B, L_local, D), no bias
+        columns = slice(heads.start * head_dim, heads.stop * head_dim)
+        return F.linear(out.transpose(1, 2).flatten(2).type_as(query), out_proj.weight[:, columns])
+
+    shares = attend.projected(lambda heads: (query[:, heads], key[:, heads], value[:, heads]), attn.heads, output)
+    result: Tensor = attn.to_out[1](shares + out_proj.bias)
+    return result
 
 
 class InfiniteTalkBlock(WanTransformerBlock):
@@ -100,14 +179,26 @@ class InfiniteTalkBlock(WanTransformerBlock):
         self.norm_x: nn.Module = FP32LayerNorm(dim, config.eps) if config.norm_input_visual else nn.Identity()
 
     def forward(  # type: ignore[override]
-        self, hidden: Tensor, context: Tensor, modulation: Tensor, rotary: tuple[Tensor, Tensor], audio: Tensor
+        self,
+        hidden: Tensor,
+        context: Tensor,
+        modulation: Tensor,
+        rotary: Rotary,
+        audio: Tensor,
+        attend: UlyssesAttention | None = None,
+        shard: SequenceShard | None = None,
     ) -> Tensor:
-        """hidden (B, L, D); context (B, 257 + 512, D); modulation (B, 6, D); audio (B, T, M, Da)."""
+        """hidden (B, L, D); context (B, 257 + 512, D); modulation (B, 6, D); audio (B, T, M, Da). Under SP
+        (`attend` and `shard`), hidden and rotary are `shard`'s tokens only."""
         shift, scale, gate, ffn_shift, ffn_scale, ffn_gate = (self.scale_shift_table + modulation.float()).chunk(6, 1)
         normed = (self.norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-        hidden = (hidden.float() + self.attn1(normed, None, None, rotary) * gate).type_as(hidden)
+        if attend is None:
+            attended = self.attn1(normed, None, None, rotary)
+        else:
+            attended = _ulysses_self_attention(self.attn1, normed, rotary, attend)
+        hidden = (hidden.float() + attended * gate).type_as(hidden)
         hidden = hidden + self.attn2(self.norm2(hidden.float()).type_as(hidden), context, None, None)
-        hidden = hidden + self.audio_cross_attn(self.norm_x(hidden).type_as(hidden), audio)
+        hidden = hidden + self.audio_cross_attn(self.norm_x(hidden).type_as(hidden), audio, shard)
         normed = (self.norm3(hidden.float()) * (1 + ffn_scale) + ffn_shift).type_as(hidden)
         return (hidden.float() + self.ffn(normed).float() * ffn_gate).type_as(hidden)
 
@@ -147,11 +238,20 @@ class InfiniteTalkDiT(nn.Module):
         context = torch.cat([image, text], dim=1)  # image tokens first, as the processor splits them off
         first, later = latent_audio_windows(audio, self.config.audio_window, self.config.vae_scale)
         audio_tokens = self.audio_proj(first, later).to(hidden.dtype)  # (B, T, tokens, width)
+        attend, shard = None, None
+        sp = current_sp()
+        if sp is not None:  # this rank's run of tokens and their rotary rows; a frame may straddle two ranks
+            sp = model_group("the InfiniteTalk DiT", self.config.num_heads, sp)
+            shard = SequenceShard.split(sp, hidden.shape[1])
+            hidden, rotary = hidden[:, shard.tokens], (rotary[0][:, shard.tokens], rotary[1][:, shard.tokens])
+            attend = shard.attend(_dispatch)
         for block in self.blocks:
-            hidden = block(hidden, context, modulation, rotary, audio_tokens)
+            hidden = block(hidden, context, modulation, rotary, audio_tokens, attend, shard)
         shift, scale = (self.scale_shift_table + time.unsqueeze(1)).chunk(2, dim=1)
         hidden = (self.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-        hidden = self.proj_out(hidden)  # (B, L, p_t p_h p_w out)
+        hidden = self.proj_out(hidden)  # (B, L, p_t p_h p_w out); under SP (B, L_local, ...)
+        if shard is not None and sp is not None:  # every rank's tokens in order: (B, L, p_t p_h p_w out)
+            hidden = gather_frames(hidden, 1, shard.token_counts, sp)
         hidden = hidden.reshape(batch, frames // p_t, height // p_h, width // p_w, p_t, p_h, p_w, -1)
         hidden = hidden.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, out, T', p_t, H', p_h, W', p_w)
         return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3).float()

@@ -7,6 +7,10 @@ steps (quality: 40 of three DiT passes, text+audio, no text, neither; fast: 4 of
 encode, the motion frames' decode (38 primed + 3 latents) and encode, and the decoder's 38 primed latents + the
 chunk's own. umT5, CLIP and wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is
 allocated.
+
+With `--sp-degree P` (a multi-GPU node's sequence parallelism, dit.py) it also prints what one rank sends per DiT
+layer and per denoising step in the Ulysses all-to-alls (`sp_exchange_bytes`); the audio and text cross-attentions
+send nothing (their keys and values are replicated).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 from torch.utils.flop_counter import FlopCounterMode
 
+from gpu_worker.distributed.sequence import split_frames
 from gpu_worker.models.infinitetalk.checkpoint import _vae
 from gpu_worker.models.infinitetalk.config import WAN_14B, InfiniteTalkConfig, SamplingConfig
 from gpu_worker.models.infinitetalk.dit import InfiniteTalkDiT
@@ -46,6 +51,18 @@ def step_flops(config: InfiniteTalkConfig, width: int, height: int, latents: int
         text = torch.zeros(batch, dit_config.text_len, dit_config.text_dim)
         image = torch.zeros(batch, 257, dit_config.image_dim)  # CLIP ViT-H/14's 256 patches + the class token
         return _count(lambda: dit(inputs, torch.zeros(batch), text, image, audio))
+
+
+def sp_exchange_bytes(
+    config: InfiniteTalkConfig, width: int, height: int, latents: int, batch: int, degree: int
+) -> int:
+    """Bytes the busiest rank sends per DiT layer under sequence parallelism of `degree` in bf16: its tokens' query,
+    key and value for the other ranks' heads, then its heads' attention output for the other ranks' tokens."""
+    spatial, (_, patch_h, patch_w) = config.vae.spatial_stride, config.dit.patch_size
+    tokens = latents * (height // spatial // patch_h) * (width // spatial // patch_w)
+    own = max(end - start for start, end in split_frames(tokens, degree))
+    dim, others = config.dit.dim, (degree - 1) / degree
+    return int(2 * batch * (3 * own * dim * others + (tokens - own) * dim / degree))
 
 
 def chunk_flops(
@@ -80,6 +97,7 @@ def main() -> None:
     parser.add_argument("--preset", type=SamplingPreset, default=SamplingPreset.QUALITY, choices=list(SamplingPreset))
     parser.add_argument("--steps", type=int, default=0, help="0: the preset's (quality 40, fast 4)")
     parser.add_argument("--chunk-frames", type=int, default=72)
+    parser.add_argument("--sp-degree", type=int, default=1, help="also print the SP exchange per layer at this degree")
     args = parser.parse_args()
     sampling = WAN_14B.sampler(args.preset)
     steps = args.steps or sampling.steps
@@ -92,6 +110,13 @@ def main() -> None:
             f"{name} {width}x{height}, {args.preset}: {steps} steps x {sampling.passes} passes: {total:.1f} TFLOP per "
             f"output frame ({shown})"
         )
+        if args.sp_degree > 1:
+            latents = 1 + (WAN_14B.stream.motion_frames - 1) // 4 + args.chunk_frames // 4
+            sent = sp_exchange_bytes(WAN_14B, width, height, latents, sampling.passes, args.sp_degree)
+            print(
+                f"  SP over {args.sp_degree} ranks: {sent / 1e6:.0f} MB a rank sends per layer, "
+                f"{sent * WAN_14B.dit.num_layers / 1e9:.1f} GB per step"
+            )
 
 
 if __name__ == "__main__":

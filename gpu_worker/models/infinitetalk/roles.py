@@ -25,6 +25,11 @@ its last motion frames; `motion_audio`, their windows. The decoder primes its ca
 continues N(k)'s stream; N(k+1) continues it too, skipping I(k), which does not exist yet when N(k+1) is decoded.
 With `decoder_context` ≥ the decoder's receptive field (38) the primed cache is exactly the cache of decoding
 the stream from the video's start (vae.py), so a chunk decodes the same after a resume on any node.
+
+Under sequence parallelism (`current_sp()`, a multi-GPU node's default) the DiT splits its tokens across the ranks
+(dit.py) and the decoder its latents (`vae.decode_share`: each rank its run, primed on the latents before it; the
+uint8 frames all-gathered), both returning the one-process result on every rank. The VAE encodes (the I2V
+condition, the motion frames), the tail's motion decode (a few latents) and the encoders run whole on every rank.
 """
 
 from __future__ import annotations
@@ -36,12 +41,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_worker.distributed.sequence import current_sp, gather_frames
 from gpu_worker.models.infinitetalk.config import SamplingConfig
 from gpu_worker.models.infinitetalk.lora import LORA_ENV
 from gpu_worker.models.infinitetalk.reference import reference_image
 from gpu_worker.models.infinitetalk.runtime import WanModule
 from gpu_worker.models.infinitetalk.sampling import sample, timesteps
-from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
+from gpu_worker.models.infinitetalk.vae import DecodeStream, decode_share, encode
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
@@ -235,14 +241,33 @@ class InfiniteTalkDecoder(WanModule, Decoder):
     model_names = ("vae",)
 
     def decode(self, reference: Reference, upscaled: WanLatents) -> np.ndarray:
+        """Under SP each rank decodes its run of the latents (`decode_share`) and the ranks all-gather the uint8
+        frames: every rank returns the one-process frames."""
+        sp = current_sp()
         with self.running():
-            stream = DecodeStream(self.models["vae"])  # type: ignore[arg-type]
-            if upscaled.context is not None:
-                stream.prime(upscaled.context[None].to(self.device))
-            frames = stream.decode(upscaled.frames[None].to(self.device))[0, :, : upscaled.video_frames]  # (3, F, H, W)
-            pixels = ((frames + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0)
+            vae = self.models["vae"]
+            context = None if upscaled.context is None else upscaled.context[None].to(self.device)
+            latents = upscaled.frames[None].to(self.device)
+            if sp is None:
+                stream = DecodeStream(vae)  # type: ignore[arg-type]
+                if context is not None:
+                    stream.prime(context)
+                frames = stream.decode(latents)[0]  # (3, F, H, W)
+            else:
+                stride, primed = self.settings.vae.temporal_stride, self.settings.stream.decoder_context
+                frames, counts = decode_share(vae, context, latents, stride, primed, sp)  # type: ignore[arg-type]
+                frames = frames[0]  # (3, F_rank, H, W)
+            pixels = _pixels(frames)  # (F or F_rank, H, W, 3)
+            if sp is not None:
+                pixels = gather_frames(pixels, 0, counts, sp)
+            pixels = pixels[: upscaled.video_frames]
         if pixels.shape[0] != upscaled.video_frames:
             raise ValueError(
                 f"{upscaled.frames.shape[1]} latents made {pixels.shape[0]} frames, not {upscaled.video_frames}"
             )
         return np.ascontiguousarray(pixels.cpu().numpy())
+
+
+def _pixels(frames: Tensor) -> Tensor:
+    """(3, F, H, W) in [-1, 1] → uint8 (F, H, W, 3)."""
+    return ((frames + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0)

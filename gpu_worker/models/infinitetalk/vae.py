@@ -12,15 +12,28 @@ stored: it is rebuilt from latents. The decoder's causal receptive field is `Str
 latents: a fresh stream fed the 38 latents before a point holds, after them, exactly the cache a decode from
 the video's start holds there (measured, test_vae.py), whatever came before. Anchors carry those latents.
 
+Under sequence parallelism (`decode_share`) each rank of the group decodes a contiguous run of a chunk's latents, its
+stream primed on the up to `decoder_context` latents before the run (the chunk's context, then the chunk's own
+latents before the run; fewer reach back to the one-process stream's start, so the priming is that decode's own
+start): by the receptive field, its cache is then the one-process cache there, and every latent goes through the
+decoder in the one-process call shapes (one latent a call, the post-quant convolution over the whole context and the
+whole chunk as one process makes it), so the frames are the one-process frames bit for bit. The ranks gather them
+(roles.py). A rank pays the priming in full: the split shortens a chunk's decode from context + T latents to
+context + T / P.
+
 Latents are normalised as the original's WanVAE does (`wan/modules/vae.py`: (mu - mean) / std per channel,
 with the means and deviations diffusers keeps in AutoencoderKLWan's config).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d
 from torch import Tensor
+
+from gpu_worker.distributed.sequence import SPGroup, split_frames
 
 
 def _statistics(vae: AutoencoderKLWan, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -46,14 +59,20 @@ class DecodeStream:
         self.cache: list[object] = [None] * sum(isinstance(m, WanCausalConv3d) for m in vae.decoder.modules())
         self.latents = 0  # latents seen: the first one is the video's first frame
 
-    def _step(self, latents: Tensor, keep: bool) -> list[Tensor]:
+    def features(self, latents: Tensor) -> Tensor:
+        """Normalised latents (B, z, T, h, w) → the decoder's inputs (B, z, T, h, w): the post-quant convolution,
+        over all T in one call (as `decode` and `prime` make it)."""
         mean, std = _statistics(self.vae, latents)
         raw = (latents.float() * std + mean).to(self.vae.dtype)
-        x = self.vae.post_quant_conv(raw)
+        features: Tensor = self.vae.post_quant_conv(raw)
+        return features
+
+    def feed(self, features: Tensor, keep: bool) -> list[Tensor]:
+        """Run `features` through the decoder one latent a call, the cache carried; their frames if `keep`."""
         outputs = []
-        for index in range(x.shape[2]):
+        for index in range(features.shape[2]):
             frames = self.vae.decoder(
-                x[:, :, index : index + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=self.latents == 0
+                features[:, :, index : index + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=self.latents == 0
             )
             self.latents += 1
             if keep:
@@ -63,9 +82,38 @@ class DecodeStream:
     def decode(self, latents: Tensor) -> Tensor:
         """Normalised latents (B, z, T, h, w) → frames (B, 3, F, H, W) in [-1, 1], F = 4 T (1 + 4 (T - 1) if
         they start the stream)."""
-        return torch.cat(self._step(latents, keep=True), dim=2).float().clamp(-1.0, 1.0)
+        return _frames(self.feed(self.features(latents), keep=True))
 
     def prime(self, latents: Tensor) -> None:
         """Run `latents` through the cache without keeping their frames (the stream's context)."""
         if latents.shape[2]:
-            self._step(latents, keep=False)
+            self.feed(self.features(latents), keep=False)
+
+
+def _frames(outputs: list[Tensor]) -> Tensor:
+    return torch.cat(outputs, dim=2).float().clamp(-1.0, 1.0)
+
+
+def frames_made(first: int, count: int, stride: int) -> int:
+    """Frames latents [first, first + count) of a decode stream make (the stream's first latent makes one)."""
+    return stride * count - (stride - 1 if first == 0 and count else 0)
+
+
+def decode_share(
+    vae: AutoencoderKLWan, context: Tensor | None, latents: Tensor, stride: int, primed: int, sp: SPGroup
+) -> tuple[Tensor, Sequence[int]]:
+    """This rank's share of `DecodeStream(vae)` primed on `context` (B, z, K, h, w) then decoding `latents` (B, z, T,
+    h, w): (its frames (B, 3, F_rank, H, W), every rank's frame count). Its run of latents (`split_frames`) is decoded
+    after the up to `primed` (the decoder's receptive field) stream latents before it (see the module docstring)."""
+    known = 0 if context is None else context.shape[2]
+    ranges = split_frames(latents.shape[2], sp.degree)
+    counts = [frames_made(known + start, end - start, stride) for start, end in ranges]
+    start, end = ranges[sp.rank]
+    stream = DecodeStream(vae)
+    if start == end:
+        height, width = (size * stream.vae.config.scale_factor_spatial for size in latents.shape[-2:])
+        return latents.new_empty((latents.shape[0], 3, 0, height, width)), counts
+    parts = [stream.features(context)] if context is not None else []
+    features = torch.cat([*parts, stream.features(latents)], dim=2)  # the one-process inputs, whole stream
+    stream.feed(features[:, :, max(0, known + start - primed) : known + start], keep=False)
+    return _frames(stream.feed(features[:, :, known + start : known + end], keep=True)), counts

@@ -25,6 +25,7 @@ import numpy as np
 from gpu_worker.models.warp.phonemes import PHONE_IDS, RECOGNISER, SILENCE, RecogniserConfig
 from gpu_worker.pipeline.types import AudioSource
 from gpu_worker.tts import TimedPhone
+from monologue.captions import TimedWord, display_tokens, timed_tokens
 from monologue.errors import InputError
 from monologue.phone_windows import PHONE_WINDOWS, PhoneWindows
 
@@ -32,6 +33,7 @@ from monologue.phone_windows import PHONE_WINDOWS, PhoneWindows
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
 _NOT_A_WORD = re.compile(r"[^a-z']+")
 _UNKNOWN_SHOWN = 12
+_FILLERS = ("<", "[", "+")  # the alignment's silences and noises (<sil>, <s>, [NOISE], ++…++), not words
 
 
 def transcript_words(transcript: str) -> list[str]:
@@ -81,6 +83,34 @@ class TranscriptAligner:
 
     def align(self, audio: AudioSource, transcript: str) -> AlignedPhones:
         """The phones of every step of `audio`; InputError when the transcript cannot be aligned to it."""
+        samples, alignment = self._search(audio, transcript)
+        steps = np.full(samples.size // self.windows.step_samples, SILENCE, dtype=np.uint8)
+        for word in alignment:
+            for phone in word:
+                steps[phone.start : phone.start + phone.duration] = PHONE_IDS.get(phone.name, SILENCE)
+        return AlignedPhones(steps)
+
+    def align_words(self, audio: AudioSource, transcript: str) -> tuple[TimedWord, ...]:
+        """The transcript's words as written (`captions.display_tokens`), each timed by its aligned words: a token
+        spans the words `transcript_words` finds in it ("well-known": two), in order; a token with none ("42", a
+        dash) joins its neighbour. InputError (naming `transcript`) when it cannot be aligned."""
+        _, alignment = self._search(audio, transcript)
+        step, rate = self.windows.step_samples, self.windows.rate
+        aligned = [
+            (word.start * step / rate, (word.start + word.duration) * step / rate)
+            for word in alignment
+            if not word.name.startswith(_FILLERS)
+        ]
+        tokens = [token for _, token in display_tokens(transcript)]
+        times: list[tuple[float, float] | None] = []
+        for token in tokens:
+            count = len(transcript_words(token))
+            mine, aligned = aligned[:count], aligned[count:]
+            times.append((mine[0][0], mine[-1][1]) if mine else None)
+        return timed_tokens(tokens, times)
+
+    def _search(self, audio: AudioSource, transcript: str) -> tuple[np.ndarray, Any]:
+        """The speech's samples and PocketSphinx's alignment of the transcript's words over them."""
         total = audio.total_samples
         if total is None:
             raise InputError("a transcript needs the whole speech: only renders take one")
@@ -97,9 +127,10 @@ class TranscriptAligner:
                 f"transcript: {len(unknown)} word(s) are not in the pronunciation dictionary ({shown}); "
                 "spell them as they sound in common English words, or leave the transcript out"
             )
-        return self._align(decoder, audio.read(0, total), " ".join(words))
+        samples = audio.read(0, total)
+        return samples, self._align(decoder, samples, " ".join(words))
 
-    def _align(self, decoder: Any, samples: np.ndarray, text: str) -> AlignedPhones:
+    def _align(self, decoder: Any, samples: np.ndarray, text: str) -> Any:
         # The same fixed dither as the recogniser's windows (digital silence would otherwise drive the cepstra to
         # log(0)), seeded alike, drawn for the whole speech.
         dither = np.random.Generator(np.random.PCG64(0)).standard_normal(samples.size)
@@ -121,11 +152,7 @@ class TranscriptAligner:
         alignment = decoder.get_alignment()
         if alignment is None:
             raise _not_aligned()
-        steps = np.full(samples.size // self.windows.step_samples, SILENCE, dtype=np.uint8)
-        for word in alignment:
-            for phone in word:
-                steps[phone.start : phone.start + phone.duration] = PHONE_IDS.get(phone.name, SILENCE)
-        return AlignedPhones(steps)
+        return alignment
 
     def _decoder(self) -> Any:
         """A fresh decoder per alignment (0.2 s): nothing from one session's search reaches another's."""
