@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import sessionmaker
 from temporalio import activity
 
@@ -31,6 +32,7 @@ from activities.checkpoints import Checkpoints
 from activities.chunk_order import ChunkOrder
 from activities.errors import activity_context
 from activities.fault_injection import Faults
+from activities.frame_tap import FrameTap, TeeSink, chunk_speech
 from activities.heartbeat import ChunkHeartbeat
 from activities.pipelines import Pipelines, node_pipeline
 from activities.playlist import write_playlist
@@ -82,6 +84,7 @@ class NodeActivities:
         self._cache = SessionCache(store=store, pipelines=self._pipelines, faults=self._faults)
         self._checkpoints = Checkpoints(store=store, sessions=sessions)
         self._order = ChunkOrder()
+        self.frame_tap: FrameTap | None = None  # a live WebRTC session's frames, also to its viewers (node/webrtc/)
 
     @property
     def pipelines(self) -> Pipelines:
@@ -210,6 +213,8 @@ class NodeActivities:
                     )
             self._cache.drop(sid)
             self._order.forget(sid)
+            if self.frame_tap is not None:
+                self.frame_tap.session_ended(sid)
             log.info("session completed", frames=request.frames, bytes=size)
             return c.FinalizeResult(video_key=video_key, size_bytes=size)
 
@@ -227,7 +232,12 @@ class NodeActivities:
             self._checkpoints.ensure_anchors(request, session, heartbeat)
             self._faults.hang(chunk.name)
             writer = SegmentWriter(stream_format(session), first_frame=request.chunk.first_frame, audio=session.audio)
-            result = pipeline.run_chunk(session, chunk, writer, heartbeat)
+            tee = TeeSink(writer) if self._tapped(request) else None
+            result = pipeline.run_chunk(session, chunk, tee or writer, heartbeat)
+            if tee is not None and self.frame_tap is not None:
+                first, fps = request.chunk.first_frame, session.output.fps
+                speech = chunk_speech(session.audio, first, request.chunk.n_frames, fps)
+                self.frame_tap.chunk_made(request.session_id, first, np.concatenate(tee.frames), speech, fps)
             checkpoint_key, checkpoint_ms = self._checkpoint(request, session, heartbeat)
         heartbeat("encoding")
         segment = writer.finish()
@@ -235,6 +245,14 @@ class NodeActivities:
         if checkpoint_key is not None:
             stage_ms["checkpoint"] = checkpoint_ms
         return MadeChunk(segment, result.frame_hashes, stage_ms, checkpoint_key)
+
+    def _tapped(self, request: c.GenerateChunkInput) -> bool:
+        """Whether this chunk's frames also go to the session's WebRTC viewers."""
+        return (
+            self.frame_tap is not None
+            and request.session_kind == c.SessionKind.LIVE
+            and request.options.delivery == c.Delivery.WEBRTC
+        )
 
     def _checkpoint(
         self, request: c.GenerateChunkInput, session: Session, heartbeat: ChunkHeartbeat

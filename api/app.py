@@ -29,6 +29,7 @@ from .routes import (
     avatars,
     deletes,
     health,
+    live,
     ops,
     playback,
     problems as problem_pages,
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(renders.router)
     app.include_router(sessions.router)
+    app.include_router(live.router)
     app.include_router(deletes.router)
     app.include_router(playback.router)
     app.include_router(webhooks.router)

@@ -56,6 +56,22 @@ class TooManyStreams(Refusal):
         super().__init__(message, retry_after_s=self.RETRY_AFTER_S)
 
 
+class TooManyViewers(Refusal):
+    """The live session has as many WebRTC viewers as it may (→ 429; its node counts them: node/webrtc/peers.py)."""
+
+    code = ProblemCode.TOO_MANY_VIEWERS
+    RETRY_AFTER_S = 10  # a viewer leaves when its page closes, which nothing here can foresee
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after_s=self.RETRY_AFTER_S)
+
+
+class NodeFailed(Refusal):
+    """The node holding the session answered a forwarded request with an error of its own (→ 502)."""
+
+    code = ProblemCode.NODE_FAILED
+
+
 class ValidationUnavailable(Refusal):
     """No worker checked the uploads in time (→ 503): no node is polling the shared queue, or all are busy."""
 

@@ -28,7 +28,14 @@ from .deps import Services, principal_from_headers
 from .problems import problem_response, unavailable
 
 GUARDED_PREFIX = "/v1/"
+# WebRTC signalling (api/routes/live.py) is authorised by a playback link or an audio ticket, not a key, and reads at
+# most api/webrtc.py's MAX_OFFER_BYTES of its body itself.
+SIGNALLING_PREFIX = "/v1/live/"
 PRINCIPAL_STATE = "principal"  # request.state.principal, read by api.deps.require_key
+
+
+def _guarded(path: str) -> bool:
+    return path.startswith(GUARDED_PREFIX) and not path.startswith(SIGNALLING_PREFIX)
 
 
 class BodyTooLarge(Exception):
@@ -42,7 +49,7 @@ class UploadGuard:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(GUARDED_PREFIX) or not _has_body(scope):
+        if scope["type"] != "http" or not _guarded(scope["path"]) or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         services: Services = scope["app"].state.services

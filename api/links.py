@@ -114,11 +114,16 @@ def expiry(links: LinkSettings, *, now: float | None = None) -> int:
     return math.ceil(moment / _ROUND_S) * _ROUND_S
 
 
-def playback_links(settings: Settings, session_id: str, *, captioned: bool = False) -> PlaybackLinks:
+def playback_links(
+    settings: Settings, session_id: str, *, captioned: bool = False, webrtc: bool = False
+) -> PlaybackLinks:
     """A session's signed links, built from public_url (never from the request's Host); `captioned`: the session has
-    captions, so a multivariant playlist with its subtitle rendition too."""
+    captions, so a multivariant playlist with its subtitle rendition too; `webrtc`: a live session delivered over
+    WebRTC, so its player page and WHEP endpoint (api/routes/live.py) too."""
     expires = expiry(settings.links)
-    base = f"{public_base(settings.api)}{PLAY_PREFIX}/{sign(link_key(settings), session_id, expires)}"
+    token = sign(link_key(settings), session_id, expires)
+    base = f"{public_base(settings.api)}{PLAY_PREFIX}/{token}"
+    live = f"{public_base(settings.api)}/v1/live/{session_id}"
     return PlaybackLinks(
         stream=f"{base}/stream.m3u8",
         captioned_stream=f"{base}/main.m3u8" if captioned else None,
@@ -126,6 +131,8 @@ def playback_links(settings: Settings, session_id: str, *, captioned: bool = Fal
         progressive=f"{base}/video.mp4?layout=progressive",
         events=f"{base}/events",
         captions=caption_links(base) if captioned else None,
+        player=f"{live}/player?link={token}" if webrtc else None,
+        whep=f"{live}/whep" if webrtc else None,
         expires_at=datetime.fromtimestamp(expires, UTC),
     )
 

@@ -28,7 +28,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from monologue import contracts as c, repo
 from monologue.errors import StorageUnavailable
-from monologue.live_audio import LiveAudioWriter, stored_live_audio
+from monologue.live_audio import LIVE_PIECE_SAMPLES, TAKEOVER_S, LiveAudioWriter, stored_live_audio
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
 from monologue.repo.nodes import aware
 from monologue.storage import retrying_for
@@ -48,10 +48,12 @@ END_SIGNAL_WAIT_S = 5.0  # how long `end` waits for the workflow to hear of it b
 # WebSocket close codes (4000-4999 are the application's own).
 CLOSE_NOT_FOUND, CLOSE_CONFLICT, CLOSE_BAD_AUDIO, CLOSE_UNAUTHORIZED = 4404, 4409, 4400, 4401
 CLOSE_TOO_MANY = 4429
-# A socket that brought no audio for this long loses its session to a new socket of the session (its client has
-# reconnected after a drop the server has not noticed yet, or its API process died); its claim is refreshed at most
-# once a second while audio comes.
-TAKEOVER_S = 3.0
+# With `start`'s `realtime`, silence is stored once the client's audio trails the wall clock by this much: what a client
+# streaming in real time may lag by (network, scheduling) without a gap being filled in its speech.
+REALTIME_SLACK_S = 0.5
+REALTIME_TICK_S = 0.1  # how often a realtime socket looks whether silence is due
+# A socket that brought no audio for TAKEOVER_S loses its session to a new socket (monologue.live_audio); its claim is
+# refreshed at most once a second while audio comes.
 CLAIM_REFRESH_S = 1.0
 log = structlog.get_logger("api.sessions")
 T = TypeVar("T")
@@ -98,7 +100,7 @@ class AudioStream:
         list(self._planner.advance(live_frames(stored, options, ended=False), final=False))
         self._options = options  # the workflow plans live chunks from the same (lip sync: the look-ahead)
         self._marks: list[list[float]] = []
-        self._signalled = 0
+        self._signalled = stored  # the workflow may know of the stored audio (an earlier socket's signals)
         self.signaller = WorkflowSignaller(services.temporal, session_id)
         self._rate, self._channels = AUDIO_RATE, 1
         self._resampler: PcmResampler | None = None
@@ -107,6 +109,7 @@ class AudioStream:
         self._first_audio = stored == 0  # the session's clock (TTFF) starts with its first audio
         self.received_audio = False  # on this socket
         self._held: list[np.ndarray] = []  # audio taken while storage was down, not yet handed to the writer
+        self._realtime: tuple[float, int] | None = None  # `start`'s realtime: (monotonic, samples taken) at its start
         self._store_again_at = 0.0  # monotonic: storage failed; until then, audio is only held
 
     def configure(self, header: dict[str, Any]) -> None:
@@ -116,6 +119,11 @@ class AudioStream:
         if header.get("format", "s16le") != "s16le":
             raise AudioRefused(f"format {header.get('format')!r} is not supported; send PCM 's16le'")
         rate, channels = header.get("sample_rate", AUDIO_RATE), header.get("channels", 1)
+        realtime = header.get("realtime", False)
+        if not isinstance(realtime, bool):
+            raise AudioRefused(f"realtime {realtime!r} must be true or false")
+        if realtime:
+            self._realtime = (time.monotonic(), self._accepted)
         if not isinstance(rate, int) or not 8000 <= rate <= 192_000:
             raise AudioRefused(f"sample_rate {rate!r} must be an integer from 8000 to 192000 Hz")
         if channels not in (1, 2):
@@ -135,10 +143,26 @@ class AudioStream:
                 f" {self._channels} channel(s), a multiple of {2 * self._channels} bytes"
             )
         self.received_audio = True
+        return await self._take(self._to_mono16k(np.frombuffer(data, dtype="<i2")))
+
+    async def keep_up(self) -> None:
+        """With `start`'s `realtime`: while the client sends nothing, store silence, so the session's audio keeps up
+        with the wall clock (less REALTIME_SLACK_S, in whole pieces) and its avatar idles (blinks, sway) instead of
+        stalling. The silence is stored audio like the rest: the frames stay a function of what is stored."""
+        if self._realtime is None or self.ended:
+            return
+        since, taken = self._realtime
+        due = taken + int((time.monotonic() - since - REALTIME_SLACK_S) * AUDIO_RATE)
+        missing = (due - self._accepted) // LIVE_PIECE_SAMPLES * LIVE_PIECE_SAMPLES
+        if missing > 0:
+            await self._take(np.zeros(missing, dtype="<i2"))
+
+    async def _take(self, pcm: np.ndarray) -> int:
+        """Store 16 kHz mono samples (the client's, or `keep_up`'s silence); returns the samples stored so far."""
         if self._first_audio:
             self._first_audio = False
             await _unless_database_down(self._session_id, self._record, 0)
-        samples, full = self._fit(self._to_mono16k(np.frombuffer(data, dtype="<i2")))
+        samples, full = self._fit(pcm)
         stored = await self._store(samples)
         await self._progress(stored, ended=False)
         if full:
@@ -166,7 +190,7 @@ class AudioStream:
             log.warning("live audio held: storage is unavailable", session_id=self._session_id, error=str(err))
             return self._writer.stored
 
-    def _patiently(self, write: Callable[..., int], *args: Any) -> int:
+    def _patiently(self, write: Callable[..., T], *args: Any) -> T:
         """The last write (the end of the audio) waits out a storage outage as a node does
         (MONOLOGUE_STORAGE__RETRY_FOR_S), not a request's short while: the client is told `ended` once every sample it
         sent is stored."""
@@ -189,9 +213,24 @@ class AudioStream:
             raise AudioRefused(self.signaller.refused, CLOSE_CONFLICT)
         return stored
 
+    async def interrupt(self) -> dict[str, Any]:
+        """Barge-in: drop the audio the workflow has not been told of, so not yet planned (`LiveAudioWriter.interrupt`:
+        stored as a cut, read as silence), and what this socket holds unstored (never acknowledged). Returns the
+        `interrupted` message: the interrupt point and how many stored samples were dropped."""
+        self._held = []
+        cut = await run_in_threadpool(self._patiently, self._writer.interrupt, self._signalled)
+        point = self._writer.stored if cut is None else cut.start
+        dropped = 0 if cut is None else cut.end - cut.start
+        log.info("live audio interrupted", session_id=self._session_id, at=point, dropped=dropped)
+        return {"type": "interrupted", "samples": self._writer.stored, "at": point, "dropped": dropped}
+
     @property
     def ended(self) -> bool:
         return self._writer.ended
+
+    @property
+    def realtime(self) -> bool:
+        return self._realtime is not None
 
     @property
     def stored(self) -> int:
@@ -234,7 +273,8 @@ async def _receive_audio(websocket: WebSocket, stream: AudioStream, watch: Socke
     try:
         while True:
             await watch.check()
-            message = await watch.receive(websocket)
+            await stream.keep_up()
+            message = await watch.receive(websocket, tick_s=REALTIME_TICK_S if stream.realtime else None)
             if message is None:  # a check is due
                 continue
             if message["type"] == "websocket.disconnect":
@@ -245,10 +285,14 @@ async def _receive_audio(websocket: WebSocket, stream: AudioStream, watch: Socke
             command = _parse_text(message.get("text") or "")
             if command.get("type") == "start":
                 stream.configure(command)
+            elif command.get("type") == "interrupt":
+                await websocket.send_json(await stream.interrupt())
             elif command.get("type") == "end":
                 raise SessionEnds()
             else:
-                raise AudioRefused(f"unknown message type {command.get('type')!r}; expected 'start' or 'end'")
+                raise AudioRefused(
+                    f"unknown message type {command.get('type')!r}; expected 'start', 'interrupt' or 'end'"
+                )
     except SessionEnds as ending:
         stored = await stream.end()
         reply: dict[str, Any] = {"type": "ended", "samples": stored, "seconds": stored / AUDIO_RATE}
@@ -293,9 +337,11 @@ class SocketWatch:
         self._idle_until = time.monotonic() + self._idle_s
         self._audio_unclaimed = True
 
-    async def receive(self, websocket: WebSocket) -> Message | None:
-        """The socket's next message, or None when a check is due first."""
+    async def receive(self, websocket: WebSocket, *, tick_s: float | None = None) -> Message | None:
+        """The socket's next message, or None when a check (or, with `tick_s`, a tick) is due first."""
         wait_s = min(self._idle_until, self._lifetime_until, self._recheck_at) - time.monotonic()
+        if tick_s is not None:
+            wait_s = min(wait_s, tick_s)
         if wait_s <= 0:
             return None
         try:
@@ -433,5 +479,7 @@ def _parse_text(text: str) -> dict[str, Any]:
     except ValueError:
         command = None
     if not isinstance(command, dict):
-        raise AudioRefused('text messages must be JSON objects: {"type": "start", ...} or {"type": "end"}')
+        raise AudioRefused(
+            'text messages must be JSON objects: {"type": "start", ...}, {"type": "interrupt"} or {"type": "end"}'
+        )
     return command

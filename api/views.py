@@ -102,10 +102,15 @@ def public(
             video=f"{base}/v1/renders/{row.id}/video.mp4",
             workflow=f"{ui}/namespaces/{namespace}/workflows/{quote(row.workflow_id or '')}",
             audio=f"{ws_base}/v1/sessions/{row.id}/audio" if row.kind == c.SessionKind.LIVE else None,
-            playback=playback_links(settings, row.id, captioned=captioned),
+            playback=playback_links(settings, row.id, captioned=captioned, webrtc=_webrtc(row)),
         ),
         audio_ticket=ticket,
         avatar_id=row.avatar_id,
         metadata=row.client_metadata,
         callback_url=None if callback is None else callback.url,
     )
+
+
+def _webrtc(row: SessionRow) -> bool:
+    """A live session delivered over WebRTC (its links then include the player and WHEP endpoint)."""
+    return row.kind == c.SessionKind.LIVE and row.options.get("delivery") == c.Delivery.WEBRTC

@@ -1,4 +1,4 @@
-"""`monologue bench pipeline|gpu|sp|upload|avatar|tts|orchestration|cluster|faults`: benchmarks that print figures
+"""`monologue bench pipeline|gpu|sp|upload|avatar|live|tts|orchestration|cluster|faults`: benchmarks that print figures
 (nothing here asserts speed). Each command imports its benchmark when it runs, so the CLI starts fast and never loads
 torch for other commands."""
 
@@ -165,6 +165,64 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
             stack.stop()
     for line in report.lines():
         click.echo(line)
+
+
+@bench.command("live")
+@click.option(
+    "--webrtc", is_flag=True, help="Watch over WebRTC (WHEP) in headless Chromium (the one mode measured here)."
+)
+@click.option("--runs", type=int, default=3, show_default=True, help="Live sessions, one after another.")
+@click.option("--bursts", type=int, default=5, show_default=True, help="Speech onsets per session.")
+@click.option("--lip-sync", type=click.Choice([v.value for v in LipSync]), default=None, help="The sessions' lip_sync.")
+@click.option("--api", "api_url", default=None, help="A running API (default: the embedded stack, started if down).")
+@click.option("--dump", type=click.Path(dir_okay=False), default=None, help="Write each run's frame series (JSON).")
+def bench_live_command(
+    webrtc: bool, runs: int, bursts: int, lip_sync: str | None, api_url: str | None, dump: str | None
+) -> None:
+    """A live session's TTFF and glass-to-glass latency (speech onset sent → mouth moving in the page) as a viewer
+    sees them, p50/p95 over every onset of every run (cli/benches/webrtc.py)."""
+    import json
+    import shutil
+
+    from cli.benches.webrtc import WebrtcFigures, local_reference, measure
+    from cli.renders import api_target
+    from cli.stack import Stack, http_ok
+    from monologue import SAMPLES
+
+    if not webrtc:
+        raise click.UsageError("only --webrtc is measured here (HLS: `monologue bench avatar`, `monologue live`)")
+    url, key = api_target(api_url)
+    stack = None
+    if api_url is None and not http_ok(f"{url}/healthz"):
+        click.echo("starting Temporal, the API and a node…", err=True)
+        stack = Stack(get_settings())
+        stack.start()
+        key = stack.api_key
+    total, dumps = WebrtcFigures(), []
+    try:
+        for run in range(runs):
+            options = {} if lip_sync is None else {"lip_sync": lip_sync}
+            figures = measure(
+                url,
+                key,
+                SAMPLES / "portrait.jpg",
+                SAMPLES / "speech.wav",
+                bursts=bursts,
+                options=options,
+                chromium=shutil.which("chromium") or "chromium",
+                reference=local_reference(get_settings()),
+            )
+            click.echo(f"run {run + 1}: " + "; ".join(figures.lines()))
+            total.merge(figures)
+            dumps.append({"series": figures.series, "onsets_ms": figures.onsets_ms})
+    finally:
+        if stack is not None:
+            stack.stop()
+    for line in total.lines():
+        click.echo(line)
+    if dump is not None:
+        with open(dump, "w") as out:
+            json.dump(dumps, out)
 
 
 @bench.command("tts")

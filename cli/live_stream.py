@@ -27,6 +27,7 @@ class LiveReport:
     acks: int = 0
     reconnects: int = 0
     segments_while_streaming: int = 0  # segments in the playlist before the last audio was sent
+    interrupted: dict[str, Any] | None = None  # the server's `interrupted` message (`interrupt_at_s`)
     errors: list[str] = field(default_factory=list)
 
 
@@ -48,9 +49,10 @@ def stream_live(
     wait_s: float = 600.0,
     api_key: str | None = None,
     avatar: str | None = None,
+    interrupt_at_s: float | None = None,
 ) -> LiveReport:
     """Start a live session (of `portrait`, or of the avatar of that id), stream `audio` into it at `speed` × real
-    time, end it and wait for the end."""
+    time (with `interrupt_at_s`, up to there, then `interrupt`), end it and wait for the end."""
     wav = normalise_audio(audio.read_bytes()).wav
     pcm = wav[44:]
     with Client(api_url, api_key=api_key) as client:
@@ -58,7 +60,7 @@ def stream_live(
         segments = _PlaylistWatcher(session.links.stream, auth(api_key))
         segments.start()
         try:
-            streamed = client.stream_audio(session, pcm, speed=speed)
+            streamed = client.stream_audio(session, pcm, speed=speed, interrupt_at_s=interrupt_at_s)
             segments.stop_counting()
         finally:
             segments.stop()
@@ -72,6 +74,7 @@ def stream_live(
         reconnects=streamed.reconnects,
         segments_while_streaming=segments.count_while_streaming,
         errors=streamed.errors,
+        interrupted=streamed.interrupted,
     )
 
 

@@ -182,6 +182,12 @@ def render(
 @click.option("--avatar", default=None, help="An avatar's id (`monologue avatars create`) instead of PORTRAIT.")
 @click.option("--api", "api_url", default=None, help="API base URL (default: from settings).")
 @click.option("--speed", type=float, default=1.0, show_default=True, help="Stream at this multiple of real time.")
+@click.option(
+    "--interrupt-at",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Barge in at this second of AUDIO: send `interrupt` instead of the rest (what is not yet spoken is dropped).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the summary.")
 @model_options(SESSION_OPTIONS)
 def live(
@@ -190,6 +196,7 @@ def live(
     avatar: str | None,
     api_url: str | None,
     speed: float,
+    interrupt_at: float | None,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -205,7 +212,9 @@ def live(
         raise click.UsageError("give PORTRAIT AUDIO, or --avatar ID AUDIO")
     url, key = api_target(api_url)
     given = given_options(options, SESSION_OPTIONS) or None
-    report = stream_live(url, portrait, audio, options=given, speed=speed, api_key=key, avatar=avatar)
+    report = stream_live(
+        url, portrait, audio, options=given, speed=speed, api_key=key, avatar=avatar, interrupt_at_s=interrupt_at
+    )
     session = report.session
     latency = session.get("latency") or {}
     figures = {
@@ -215,6 +224,7 @@ def live(
         "streamed_s": round(report.send_seconds, 2),
         "segments_while_streaming": report.segments_while_streaming,
         "reconnects": report.reconnects,
+        "interrupted": report.interrupted,
         "ttff_ms": session.get("ttff_ms"),
         "latency_p50_ms": latency.get("p50_ms"),
         "latency_p95_ms": latency.get("p95_ms"),

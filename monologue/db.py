@@ -193,6 +193,7 @@ class NodeRow(Base):
     memory_mb: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+    media_url: Mapped[str | None] = mapped_column(String(256))  # its WebRTC signalling port (node/webrtc/)
 
 
 class ApiKeyRow(Base):

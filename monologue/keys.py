@@ -132,6 +132,16 @@ def live_audio_end(session_id: str) -> str:
     return f"sessions/{session_id}/input/live/end.json"
 
 
+def live_audio_cuts(session_id: str) -> str:
+    """The folder of a live session's interruptions (`monologue.live_audio`): one object per `interrupt`."""
+    return f"sessions/{session_id}/input/live/cuts/"
+
+
+def live_audio_cut(session_id: str, start: int) -> str:
+    """An interruption of a live session's audio from sample `start`: the stored samples it drops (JSON)."""
+    return f"{live_audio_cuts(session_id)}{start:012d}.json"
+
+
 ASSETS = "assets/"  # every tenant's uploaded assets, under assets/<tenant>/<asset id>/
 ASSET_TIME_HEX = 12  # an asset id's first 12 hex digits: its upload time in Unix milliseconds (48 bits)
 

@@ -5,12 +5,18 @@ Pieces have a fixed size (0.1 s), so sample s is in piece s // LIVE_PIECE_SAMPLE
 needed; the API acknowledges audio to the client only once the pieces holding it are stored. When the
 audio ends, the last (short) piece and `end.json` (the total) are written. Object keys come from
 `monologue.keys` (ids only).
+
+An `interrupt` (barge-in) drops the audio not yet spoken: what the workflow has not been told of (its chunks never
+read it). The writer's unstored rest goes at once; the stored part becomes a `Cut` (`cuts/<start>.json`), which
+every later read sees as silence: the frames after the cut close the mouth and idle, its audio is never heard,
+and since the cut is stored before any chunk could read past its start, a rebuilt session reads the same.
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +26,26 @@ from monologue.plan import AUDIO_RATE
 from monologue.storage import ObjectStore
 
 LIVE_PIECE_SAMPLES = AUDIO_RATE // 10  # 0.1 s: what the API holds back from storage at most
+# A sender (the API's audio socket, a node's WHIP connection) that brought no audio for this long loses its session to a
+# new sender of the session: its client has reconnected after a drop the server has not noticed yet, or it died.
+TAKEOVER_S = 3.0
 _CACHED_PIECES = 64
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Stored samples [start, end) an `interrupt` dropped: read as silence, so never rendered or heard."""
+
+    start: int
+    end: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({"start": self.start, "end": self.end}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Cut:
+        value = json.loads(raw)
+        return cls(int(value["start"]), int(value["end"]))
 
 
 class LiveAudioWriter:
@@ -58,6 +83,21 @@ class LiveAudioWriter:
             self.ended = True
         return self.stored
 
+    def interrupt(self, spoken: int) -> Cut | None:
+        """Barge-in: drop the audio after the first `spoken` samples (what the workflow may have planned: its chunks
+        read no further). The buffered rest was never acknowledged and goes; the stored rest becomes a stored `Cut`
+        (the same start again widens it: no chunk has read past it meanwhile). Returns it; None if nothing stored was
+        past `spoken`. Later audio is stored after the dropped samples: the timeline keeps their length, as silence."""
+        if self.ended:
+            raise ValueError("the audio has ended; there is nothing left to interrupt")
+        self._pending = self._pending[:0]
+        if self.stored <= spoken:
+            return None
+        cut = Cut(spoken, self.stored)
+        key = keys.live_audio_cut(self._session_id, cut.start)
+        self._store.put(key, cut.to_json(), content_type="application/json")
+        return cut
+
     @staticmethod
     def mark_ended(store: ObjectStore, session_id: str, samples: int) -> None:
         """End a live session's audio at `samples` (resuming a session whose socket is gone)."""
@@ -86,6 +126,12 @@ def stored_live_audio(store: ObjectStore, session_id: str) -> tuple[int, bool]:
     return count * LIVE_PIECE_SAMPLES, False
 
 
+def live_audio_cuts(store: ObjectStore, session_id: str) -> tuple[Cut, ...]:
+    """A live session's interruptions, in order."""
+    found = (Cut.from_json(store.get(key)) for key in store.list(keys.live_audio_cuts(session_id)))
+    return tuple(sorted(found, key=lambda cut: cut.start))
+
+
 class LiveAudio:
     """An AudioSource over a live session's stored pieces. `update` tells it how much audio the workflow
     knows of; reading past that before the audio has ended is a bug (the frames would depend on when the
@@ -99,11 +145,23 @@ class LiveAudio:
         self.available = 0
         self.total_samples: int | None = None  # known once the audio has ended
         self._pieces: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.cuts: tuple[Cut, ...] = ()
+        self._cuts_read = (-1, False)  # (available, ended) when the cuts were last listed
 
     def update(self, samples: int, ended: bool) -> None:
+        """What the workflow says is stored. The cuts are listed again when that grows: an interrupt stores its cut
+        before the workflow can hear of audio past its start, so every cut a read up to `available` meets is known."""
         self.available = max(self.available, samples)
         if ended:
             self.total_samples = samples
+        if (self.available, ended) != self._cuts_read:
+            self.cuts = live_audio_cuts(self._store, self._session_id)
+            self._cuts_read = (self.available, ended)
+
+    def silenced(self, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The parts of samples [start, end) an interrupt dropped (absolute sample ranges)."""
+        parts = ((max(start, cut.start), min(end, cut.end)) for cut in self.cuts)
+        return tuple((lo, hi) for lo, hi in parts if lo < hi)
 
     def read(self, start: int, end: int) -> np.ndarray:
         """float32 samples [start, end); zeros before 0 and past the end of ended audio."""
@@ -126,6 +184,8 @@ class LiveAudio:
             offset = position - piece_start
             out[position - start : position - start + take] = piece[offset : offset + take]
             position += take
+        for lo, hi in self.silenced(start, end):
+            out[lo - start : hi - start] = 0.0
         return out
 
     def _piece(self, number: int) -> np.ndarray:

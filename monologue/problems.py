@@ -25,13 +25,16 @@ class ProblemCode(StrEnum):
     CONFLICT = "conflict"
     GONE = "gone"
     TOO_LARGE = "too-large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported-media-type"
     INVALID_REQUEST = "invalid-request"
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"
     TOO_MANY_SESSIONS = "too-many-sessions"
     TOO_MANY_STREAMS = "too-many-streams"
+    TOO_MANY_VIEWERS = "too-many-viewers"
     INTERNAL_ERROR = "internal-error"
     SERVICE_UNAVAILABLE = "service-unavailable"
     NO_NODE_AVAILABLE = "no-node-available"
+    NODE_FAILED = "node-failed"
 
 
 # Problem types are `PROBLEM_TYPE_BASE + code`: an identifier that stays the same whatever the deployment's own URL
@@ -66,6 +69,7 @@ PROBLEMS: dict[ProblemCode, ProblemKind] = {
         410, "The session, or the files asked for, were deleted (by a DELETE, or by the operator's retention)."
     ),
     ProblemCode.TOO_LARGE: ProblemKind(413, "An upload or the request is larger than the operator's limit."),
+    ProblemCode.UNSUPPORTED_MEDIA_TYPE: ProblemKind(415, "The body's Content-Type is not one this route takes."),
     ProblemCode.INVALID_REQUEST: ProblemKind(
         422, "A field is missing or wrong; `detail` names each, and `errors` lists them when the schema caught them."
     ),
@@ -76,11 +80,15 @@ PROBLEMS: dict[ProblemCode, ProblemKind] = {
     ProblemCode.TOO_MANY_STREAMS: ProblemKind(
         429, "The key (or the playback link's session) holds its limit of open streams; close one."
     ),
+    ProblemCode.TOO_MANY_VIEWERS: ProblemKind(
+        429, "The live session has its limit of WebRTC viewers (MONOLOGUE_NODE__MAX_VIEWERS_PER_SESSION); close one."
+    ),
     ProblemCode.INTERNAL_ERROR: ProblemKind(500, "An unexpected error; it is logged on the server."),
     ProblemCode.SERVICE_UNAVAILABLE: ProblemKind(
         503, "A service beneath the API (Temporal, the database, storage) is down for now."
     ),
     ProblemCode.NO_NODE_AVAILABLE: ProblemKind(503, "No node checked the inputs or took the live session in time."),
+    ProblemCode.NODE_FAILED: ProblemKind(502, "The node holding the live session answered with an error."),
 }
 
 

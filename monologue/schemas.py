@@ -133,6 +133,15 @@ class PlaybackLinks(BaseModel):
     progressive: str = Field(description="The finished MP4 with its index (moov) first, for editors and players.")
     events: str = Field(description="Server-sent progress events (EventSource).")
     captions: CaptionLinks | None = Field(default=None, description="Sessions with captions: their files.")
+    player: str | None = Field(
+        default=None,
+        description="Live sessions with delivery=webrtc: a page that plays the session in a browser (WebRTC, WHEP).",
+    )
+    whep: str | None = Field(
+        default=None,
+        description="Live sessions with delivery=webrtc: the WHEP endpoint; POST an SDP offer with"
+        " 'Authorization: Bearer <token>', the token of this link (the path segment after /play/).",
+    )
     expires_at: datetime
 
 

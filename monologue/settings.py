@@ -173,6 +173,25 @@ class NodeSettings(BaseModel):
     temporal_metrics_port: int | None = Field(
         default=None, description="the node's Temporal SDK metrics (Prometheus) on this port; unset: off"
     )
+    media_port: int = Field(
+        default=0,
+        ge=0,
+        description="the node's WebRTC signalling port (WHEP/WHIP, forwarded by the API; node/webrtc/); 0: any free "
+        "port. Its address is recorded in the node's row, where the API finds it",
+    )
+    media_url: str | None = Field(
+        default=None,
+        description="the address the API reaches that port at (http://<pod-ip>:<port> in a pod); unset: "
+        "http://<http_host>:<media_port>",
+    )
+    max_viewers_per_session: int = Field(
+        default=16, ge=1, description="WebRTC viewers one live session may have at once on its node (more: 429)"
+    )
+    ice_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a WebRTC viewer whose connection is not up this long after its offer is dropped",
+    )
     require_gpu: bool = Field(default=False, description="/readyz fails until a CUDA device is visible")
     # Finalize assembles the whole final MP4 here and a sink pump copies it here: give it room for the longest video.
     scratch_dir: Path | None = Field(

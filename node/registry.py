@@ -35,6 +35,7 @@ class NodeReporter:
         held_sessions: Callable[[], list[str]],
         chunks_done: Callable[[], int],
         interval_s: float = REPORT_EVERY_S,
+        media_url: str | None = None,
     ) -> None:
         self._sessions = sessions
         self._node_id = node_id
@@ -42,6 +43,7 @@ class NodeReporter:
         self._held_sessions = held_sessions
         self._chunks_done = chunks_done
         self._interval_s = interval_s
+        self.media_url = media_url  # set once the WebRTC port listens (node/webrtc/server.py)
         self._started_at = utcnow()
         self._wake = asyncio.Event()
         self.status = NodeStatus.UP
@@ -81,6 +83,7 @@ class NodeReporter:
                 chunks_done=chunks_done,
                 memory_mb=resident_mb(),
                 started_at=self._started_at,
+                media_url=self.media_url,
             )
 
 

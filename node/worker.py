@@ -16,11 +16,12 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
 from temporalio.client import Client
 
 from activities.node import NodeActivities
@@ -35,6 +36,9 @@ from node.pollers import Pollers, watch_temporal
 from node.registry import NodeReporter
 from node.warm import warm
 from node.wiring import NodeParts, build_parts, executors, queues, renewable_workers, steady_workers
+
+if TYPE_CHECKING:
+    from node.webrtc.server import MediaServer
 
 SHUTDOWN_MARGIN_S = 10.0  # past the graceful shutdown, what the workers may take to stop before the node exits anyway
 HEALTH_EVERY_S = 5.0  # how often the node checks that its database answers (for /readyz; Temporal: node/pollers.py)
@@ -82,6 +86,7 @@ async def run_node(
         shortage=parts.disks.shortage,
     )
     server = None if node.http_port is None else node_http.serve(health, node.http_host, node.http_port)
+    media = _start_media(settings, parts, reporter, sessions=sessions, client=client)
     await warm(node, parts.pinned.pipelines, health)  # before any worker polls: no lease until warm
     executor, sink_executor = executors(settings)
     with executor, sink_executor:
@@ -95,9 +100,32 @@ async def run_node(
     overrun.cancel()  # the workers and their threads stopped in time (a node inside a test must not end its host)
     if server is not None:
         server.shutdown()
+    if media is not None:
+        await media.peers.close_all()
+        if media.whip is not None:
+            await media.whip.close_all()
+        media.shutdown()
     engine.dispose()
     tracing.shutdown()
     log.info("node stopped", node_id=node.id)
+
+
+def _start_media(
+    settings: Settings, parts: NodeParts, reporter: NodeReporter, *, sessions: sessionmaker[Any], client: Client
+) -> MediaServer | None:
+    """The node's WebRTC port and media hub (node/webrtc/), its address in the node's row, and its WHIP audio
+    ingress; None without aiortc (a node installed without the `node` extra's WebRTC stack serves HLS only)."""
+    try:
+        from node.webrtc import server as webrtc
+        from node.webrtc.whip import WhipIngress
+    except ImportError as err:
+        log.warning("WebRTC off: aiortc is not installed", error=str(err))
+        return None
+    whip = WhipIngress(store=open_store(settings.storage), sessions=sessions, temporal=client)
+    media, hub = webrtc.start(settings.node, asyncio.get_running_loop(), whip)
+    parts.pinned.frame_tap = hub
+    reporter.media_url = settings.node.media_url or media.url(settings.node.http_host)
+    return media
 
 
 def _check_weights() -> None:

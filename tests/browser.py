@@ -7,16 +7,7 @@ from typing import Any
 
 import pytest
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # CI runs as root
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # The machine has no network: stop Chromium from calling home (and failing) at every start.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from cli.chromium import CHROMIUM_ARGS
 
 
 def chromium_path() -> str:

@@ -406,3 +406,39 @@ def test_a_cancelled_live_session_resumes_to_a_video_of_the_audio_it_received(
     timeline = timeline_order(plan_chunks(frames, n_frames=40, i_frames=4))
     same_until = timeline[-2].first_frame if timeline[-2].kind == "I" else timeline[-1].first_frame
     assert same_until >= 40 and hashes[:same_until] == baseline["hashes"][:same_until]
+
+
+def test_an_interrupted_live_session_survives_its_node_being_killed_with_identical_frames(
+    durable_stack: Stack,
+) -> None:
+    """Barge-in is recorded with the audio (a stored cut): a session interrupted mid-utterance whose node is SIGKILLed
+    after the interrupt makes, on the other node, the frames of the same session left alone."""
+    from monologue.client import Client
+    from monologue.media import normalise_audio
+    from tests.test_live_interrupt import _loud, _signals
+
+    url = str(durable_stack.settings.api.public_url)
+    wav = normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav
+    speech = np.frombuffer(wav[44:], dtype="<i2")[: 3 * 16_000]
+    hashes, victims = [], []
+    for kill in (False, True):
+        with Client(url, api_key=api_key(url)) as client:
+            session = client.create_live(portrait=SAMPLES / "portrait.jpg", options={"delivery": "webrtc"})
+            options = c.render_options(session.options.model_dump(mode="json"))
+            pairs = [(stored, at) for stored, at in _signals(options, 2 * 16_000) if _loud(speech, at)]
+            stored, _ = max(pairs, key=lambda pair: pair[0] - pair[1])
+            report = client.stream_audio(session, speech.tobytes(), speed=0, interrupt_at_s=stored / 16_000)
+            assert report.interrupted is not None and report.interrupted["dropped"] > 0
+            if kill:
+                running = _wait_for(url, session.id, lambda r: r["node_id"] and r["progress"]["chunks_done"] >= 2)
+                victims.append(running["node_id"])
+                _node_process(durable_stack, running["node_id"]).send_signal(signal.SIGKILL)
+            try:
+                done = client.wait(session.id, timeout_s=180)
+            finally:
+                if kill:
+                    durable_stack.start_node(victims[0])
+        assert done.status == "completed", done.error
+        hashes.append(_hashes(durable_stack, session.id))
+    assert node_of(url, session.id) != victims[0]
+    assert hashes[0] == hashes[1]

@@ -14,6 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from api.routes.sessions import WEBRTC_CHUNKS, WEBRTC_LIP_SYNC
 from cli.live_stream import start_session, stream_live
 from cli.stack import Stack
 from monologue.client import Client
@@ -73,6 +74,48 @@ def test_live_session_publishes_while_audio_arrives_and_matches_a_render(
     render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech, first_chunk_frames=16).json()["id"])
     assert render["status"] == "completed", render["error"]
     assert _frame_hashes(stack, session["id"]) == _frame_hashes(stack, render["id"])
+
+
+@pytest.mark.parametrize("given", [{}, {"i_frames": 2}], ids=["defaults", "small-i-chunks"])
+def test_a_webrtc_live_session_makes_small_chunks_as_its_audio_arrives_and_a_render_the_same_frames(
+    stack: Stack, api_url: str, sample_portrait: bytes, sample_speech: bytes, given: dict[str, int]
+) -> None:
+    """delivery=webrtc: small chunks by default (`WEBRTC_CHUNKS`: warp has no I chunks, its N chunks carry the
+    motion across each seam; or small I chunks if asked), planned as the audio arrives; a render of the same
+    samples with the same chunk options gives the very same frames."""
+    options = {"delivery": "webrtc", **given}
+    report = stream_live(api_url, PORTRAIT, SPEECH, options=options, api_key=api_key(api_url))  # real time
+    session = report.session
+    assert session["status"] == "completed", session["error"]
+    chosen = {name: session["options"][name] for name in ("chunk_frames", "i_frames", "first_chunk_frames")}
+    assert chosen == {**WEBRTC_CHUNKS, **given} and session["options"]["lip_sync"] == WEBRTC_LIP_SYNC
+    frames, n_frames = session["progress"]["frames_total"], WEBRTC_CHUNKS["chunk_frames"]
+    if not given:
+        assert session["progress"]["chunks_total"] == -(-frames // n_frames)  # N chunks only
+    assert session["latency"]["chunks"] == session["progress"]["chunks_total"]
+    assert report.segments_while_streaming >= 10  # small chunks went out while the speech was still coming in
+
+    same = {**chosen, "lip_sync": session["options"]["lip_sync"]}
+    render = wait_done(api_url, submit(api_url, sample_portrait, sample_speech, **same).json()["id"])
+    assert render["status"] == "completed", render["error"]
+    assert _frame_hashes(stack, session["id"]) == _frame_hashes(stack, render["id"])
+
+
+@pytest.mark.parametrize("given", [{}, {"chunk_frames": 6, "i_frames": 2}], ids=["defaults", "sizes-given"])
+def test_a_webrtc_live_session_keeps_the_chunk_sizes_its_client_gives(api_url: str, given: dict[str, int]) -> None:
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        session = client.create_live(portrait=PORTRAIT, options={"delivery": "webrtc", **given})
+        client.cancel(session.id)
+    expected = {**WEBRTC_CHUNKS, **given}
+    assert {name: getattr(session.options, name) for name in expected} == expected
+
+
+def test_only_live_sessions_deliver_over_webrtc(api_url: str, sample_portrait: bytes, sample_speech: bytes) -> None:
+    before = get(f"{api_url}/v1/renders", params={"limit": 200}).json()["items"]
+    refused = submit(api_url, sample_portrait, sample_speech, delivery="webrtc")
+    assert refused.status_code == 422 and "delivery" in refused.text, refused.text
+    after = get(f"{api_url}/v1/renders", params={"limit": 200}).json()["items"]
+    assert {item["id"] for item in after} == {item["id"] for item in before}  # nothing created
 
 
 def test_other_rates_are_resampled_and_audio_may_come_faster_than_real_time(stack: Stack, api_url: str) -> None:

@@ -81,6 +81,9 @@ class OpsLinks(BaseModel):
     cancel: str = Field(description="POST: cancel the session.")
     resume: str = Field(description="POST: resume a failed or cancelled session.")
     webhooks: str = Field(description="The session's webhook deliveries and their attempts.")
+    player: str | None = Field(
+        default=None, description="Live sessions with delivery=webrtc: the WebRTC player page (a signed link)."
+    )
 
 
 class OpsSessionDetail(BaseModel):

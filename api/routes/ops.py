@@ -26,6 +26,7 @@ from monologue.contracts import (
     TERMINAL,
     CaptionMode,
     ChunkKind,
+    Delivery,
     QueueClass,
     SessionKind,
     SessionStatus,
@@ -39,10 +40,11 @@ from monologue.repo.webhooks import DeliveryFilter
 from monologue.schemas import VideoLayout, WebhookDeliveryList
 
 from .. import openapi, queue, streams
-from ..deps import DbDep, OpsAccess, ServicesDep, with_db
+from ..deps import DbDep, OpsAccess, Services, ServicesDep, with_db
 from ..events import progress_events
 from ..files import stream_file, video_file
 from ..inputs import enum_filter
+from ..links import playback_links
 from ..ops.schemas import (
     OpsCheckpoint,
     OpsChunk,
@@ -193,6 +195,7 @@ def get_session(session_id: str, services: ServicesDep, db: DbDep, access: OpsAc
             cancel=f"{own}/cancel",
             resume=f"{own}/resume",
             webhooks=f"{own}/webhooks",
+            player=_player(services, row),
         ),
     )
 
@@ -398,3 +401,10 @@ def _moved(made: list[ChunkRow]) -> set[tuple[str, int]]:
             moved.add((chunk.kind, chunk.index))
         previous = chunk.node_id
     return moved
+
+
+def _player(services: Services, row: SessionRow) -> str | None:
+    """A running live WebRTC session's player page, under this origin (a signed link: the page sends no key)."""
+    if row.kind != SessionKind.LIVE or row.options.get("delivery") != Delivery.WEBRTC or row.status in TERMINAL:
+        return None
+    return playback_links(services.settings, row.id, webrtc=True).player

@@ -115,7 +115,13 @@ async def create_render(
     tenant = principal.tenant or "local"
     body = await json_create(request, RenderCreate)
     fields = body.fields if body is not None else fields
-    options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
+    # A render is delivered as HLS whatever the server's default delivery for live sessions; asking for more is refused.
+    given = {"delivery": c.Delivery.HLS, **fields}
+    options = validated_options(services, given, tenant=tenant, scopes=principal.scopes)
+    try:
+        c.check_delivery(c.SessionKind.RENDER, options)
+    except ValueError as err:
+        raise HTTPException(422, str(err)) from None
     attached = await checked(services, body.integration if body is not None else integration, tenant=tenant)
     if body is not None:
         spoken = spoken_from_text(options, fields, audio="audio" in body.refs)

@@ -6,9 +6,16 @@ WebSocket cannot send headers), `?ticket=` with a single-use ticket: `audio_tick
 the session, or a fresh one from `POST /v1/sessions/{id}/ticket`. Framing:
 - the server first sends `{"type": "ready", "samples": n, "seconds": s}`: the audio stored so far (0 on the first
   socket; on a reconnect, where to continue: send the audio from sample n on);
-- optional first text message `{"type": "start", "sample_rate": 16000, "channels": 1, "format": "s16le"}`
-  (other rates and stereo are resampled to 16 kHz mono; without it the stream must be 16 kHz mono);
+- optional first text message `{"type": "start", "sample_rate": 16000, "channels": 1, "format": "s16le", "realtime":
+  false}` (other rates and stereo are resampled to 16 kHz mono; without it the stream must be 16 kHz mono; with
+  `realtime` true, for conversations, the server stores silence while the client sends nothing, keeping the audio
+  within 0.5 s of the wall clock, so the avatar idles, blinking and swaying, instead of stalling; it counts as audio
+  for the session's length, not for its idle timeout);
 - binary messages: raw PCM, signed 16-bit little-endian, channels interleaved, whole samples only;
+- text `{"type": "interrupt"}` (barge-in): the audio not yet spoken is dropped: what the workflow has not been told
+  of yet (so not planned) and what the server holds unstored; answered `{"type": "interrupted", "samples": n, "at":
+  a, "dropped": d}` (the interrupt point a; the d stored samples after it read as silence: the mouth is at rest
+  within 100 ms of media time after a, the dropped audio is never heard; later audio follows them);
 - text `{"type": "end"}`: no more audio; the session finishes its last chunks and completes.
 The server answers `{"type": "ack", "samples": n, "seconds": s}` once audio up to n samples (16 kHz) is stored (it
 stores 0.1 s pieces, so up to 0.1 s may wait for the next message), and `{"type": "ended", "samples": n,
@@ -27,7 +34,7 @@ MONOLOGUE_API__KEY_RECHECK_S.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, File, HTTPException, Request, Response, UploadFile, WebSocket, status
@@ -89,12 +96,7 @@ async def create_session(
     tenant = principal.tenant or "local"
     body = await json_create(request, LiveSessionCreate)
     fields = body.fields if body is not None else fields
-    # A live session's first chunk waits for its own audio: keep it short (a setting) unless told, on the grid of
-    # the session's family (16 frames become 17 for infinitetalk's Wan VAE); 0 ("derived") is valid for any family.
-    if "first_chunk_frames" not in fields:
-        first = {**fields, "first_chunk_frames": 0}
-        family = validated_options(services, first, tenant=tenant, scopes=principal.scopes).family
-        fields["first_chunk_frames"] = family.first_chunk_on_grid(services.settings.render.live_first_chunk_frames)
+    fields = _live_defaults(services, fields, tenant=tenant, scopes=principal.scopes)
     options = validated_options(services, fields, tenant=tenant, scopes=principal.scopes)
     if options.captions is not c.CaptionMode.NONE:  # captions are made from the whole speech, before the first chunk
         raise HTTPException(422, "captions: live sessions have no captions (their speech is not known in advance)")
@@ -122,6 +124,40 @@ async def create_session(
     answer = await created_answer(response, services, created, principal)
     answer.audio_ticket = await run_in_threadpool(_ticket, services, created.session_id, principal)
     return answer
+
+
+# With delivery=webrtc a live session makes small chunks, so each goes out as soon as its audio is stored (a frame waits
+# for at most 8 frames' audio; 4-frame chunks fell behind real time on a 2-core node: each chunk costs its workflow
+# and activity round trips). Warp's N chunks carry all the motion across a seam (their anchors), so warp needs no
+# I chunks there: an I chunk is generated after the N chunk that follows it (it needs that chunk's first frame), so its
+# frames would wait for that chunk's audio too. The other families keep I chunks of a latent's frames. Lips follow
+# loudness: visemes read fixed 1 s phone windows (`monologue.phone_windows`), 0.3-1.3 s of audio past a frame, far
+# beyond a conversation's latency. Measured in docs/benchmarks.md ("Small live chunks").
+WEBRTC_CHUNKS = {"chunk_frames": 8, "i_frames": 0, "first_chunk_frames": 8}
+WEBRTC_LIP_SYNC = c.LipSync.LOUDNESS
+
+
+def _live_defaults(
+    services: Services, fields: dict[str, Any], *, tenant: str, scopes: tuple[str, ...]
+) -> dict[str, Any]:
+    """A live session's options as given, with what the client left out of them for a live session: the first
+    chunk short (a setting) on the grid of the session's family (16 frames become 17 for infinitetalk's Wan VAE);
+    with webrtc, small chunks (`WEBRTC_CHUNKS`, on the family's grid) and `WEBRTC_LIP_SYNC` too."""
+    if {"first_chunk_frames", "chunk_frames", "i_frames", "lip_sync"} <= fields.keys():
+        return fields
+    derived = {**fields, "first_chunk_frames": fields.get("first_chunk_frames", 0)}  # 0 ("derived"): any family
+    base = validated_options(services, derived, tenant=tenant, scopes=scopes)
+    family, stride = base.family, base.family.temporal_stride
+    defaults: dict[str, Any] = {
+        "first_chunk_frames": family.first_chunk_on_grid(services.settings.render.live_first_chunk_frames)
+    }
+    if base.delivery is c.Delivery.WEBRTC:
+        defaults = {name: -(-size // stride) * stride for name, size in WEBRTC_CHUNKS.items()}
+        defaults["first_chunk_frames"] = family.first_chunk_on_grid(WEBRTC_CHUNKS["first_chunk_frames"])
+        defaults["lip_sync"] = WEBRTC_LIP_SYNC
+        if family is not c.Family.WARP:  # their N chunks do not carry all the motion across a seam
+            defaults["i_frames"] = max(defaults["i_frames"], stride)
+    return {**defaults, **fields}
 
 
 @router.get("/{session_id}", response_model=RenderPublic, responses=NOT_FOUND)

@@ -11,7 +11,7 @@ import numpy as np
 
 from gpu_worker.pipeline.module import A2VOutput, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
-from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink
+from gpu_worker.pipeline.types import AudioWindow, ChunkRequest, FrameSink, InterruptedAudio
 from monologue.contracts import ChunkKind
 
 if TYPE_CHECKING:
@@ -50,7 +50,10 @@ class ContextStage:
         module = session.models.context
         chunk, fps, audio = state.chunk, session.output.fps, session.audio
         start, end = module.audio_range(chunk, fps, audio.rate)
-        state.window = AudioWindow(audio.read(start, end), start, audio.rate, fps, prepared=session.prepared)
+        silenced = audio.silenced(start, end) if isinstance(audio, InterruptedAudio) else ()
+        state.window = AudioWindow(
+            audio.read(start, end), start, audio.rate, fps, prepared=session.prepared, silenced=silenced
+        )
         state.context = module.context(state.window, chunk, state.rng)
 
 

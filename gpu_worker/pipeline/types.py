@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -146,6 +146,14 @@ class AudioSource(Protocol):
     def read(self, start: int, end: int) -> np.ndarray: ...
 
 
+@runtime_checkable
+class InterruptedAudio(Protocol):
+    """An AudioSource whose parts an interrupt dropped (a live session's: `monologue.live_audio.LiveAudio`); they read
+    as silence, and a family may treat them as more than that (warp closes the mouth at once)."""
+
+    def silenced(self, start: int, end: int) -> tuple[tuple[int, int], ...]: ...
+
+
 class ArrayAudio:
     """An AudioSource over an array in memory (tests, benchmarks, short renders)."""
 
@@ -173,6 +181,7 @@ class AudioWindow:
     # What the context module prepared from the whole speech when the session started (`ContextGenerator.prepare`,
     # e.g. the warp family's alignment to a transcript); None when it prepared nothing.
     prepared: Any = None
+    silenced: tuple[tuple[int, int], ...] = ()  # absolute sample ranges an interrupt dropped (`InterruptedAudio`)
 
     def frame_start(self, frame: int) -> int:
         """Index into `samples` where absolute frame `frame` begins."""

@@ -46,6 +46,7 @@ from monologue.contracts.session import (
     CaptionMode as CaptionMode,
     Chunk as Chunk,
     ChunkKind as ChunkKind,
+    Delivery as Delivery,
     Family as Family,
     KvsSink as KvsSink,
     LipSync as LipSync,
@@ -60,6 +61,7 @@ from monologue.contracts.session import (
     SessionStatus as SessionStatus,
     Sink as Sink,
     SinkType as SinkType,
+    check_delivery as check_delivery,
     render_options as render_options,
 )
 from monologue.contracts.webhooks import (

@@ -5,7 +5,7 @@
 # monologue/contracts/__init__.py, which re-exports every name here).
 from dataclasses import dataclass, field
 
-from monologue.contracts.session import RenderOptions, SessionKind
+from monologue.contracts.session import RenderOptions, SessionKind, check_delivery
 
 # Chunk activities a session keeps scheduled on its node at once (the one running and the next ones,
 # waiting their turn in-process), so the node never waits for Temporal between chunks. Nodes size their
@@ -62,6 +62,9 @@ class RenderInput:
     # flat input, having no `orchestration`, fails here and falls through to FlatRenderInput.
     orchestration: Orchestration
     resume: ResumePoint = field(default_factory=ResumePoint)
+
+    def __post_init__(self) -> None:
+        check_delivery(self.kind, self.options)
 
 
 # The pinned activities' heartbeat timeout of sessions started before it was part of their input: their nodes

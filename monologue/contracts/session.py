@@ -195,6 +195,15 @@ class CaptionMode(StrEnum):
     BURN = "burn"
 
 
+class Delivery(StrEnum):
+    """How a live session's video reaches its viewers: hls (segments and a playlist, a few seconds behind) or
+    webrtc (WHEP: frames sent as they are made, for conversations; live sessions only). With webrtc a live
+    session's chunks default small (8 frames; warp: no I chunks) and its lips follow loudness, unless given."""
+
+    HLS = "hls"
+    WEBRTC = "webrtc"
+
+
 # A transcript travels with every chunk's activity input (the options do): 10,000 characters is about 11 minutes
 # of speech at 15 characters a second, and keeps a long render's history well inside Temporal's limits.
 TRANSCRIPT_MAX_CHARS = 10_000
@@ -276,6 +285,7 @@ class RenderOptions:
         ),
     ] = "espeak:en-us"
     captions: Annotated[CaptionMode, Bounds(CaptionMode.__doc__ or "")] = CaptionMode.NONE
+    delivery: Annotated[Delivery, Bounds(Delivery.__doc__ or "")] = Delivery.HLS
 
     def __post_init__(self) -> None:
         if self.text.strip() and self.transcript.strip():
@@ -340,4 +350,15 @@ def render_options(values: dict[str, object]) -> RenderOptions:
         enums["lip_sync"] = LipSync(str(values["lip_sync"]))
     if "captions" in values:
         enums["captions"] = CaptionMode(str(values["captions"]))
+    if "delivery" in values:
+        enums["delivery"] = Delivery(str(values["delivery"]))
     return RenderOptions(**{**values, **enums, "sinks": sinks})  # type: ignore[arg-type]
+
+
+def check_delivery(kind: SessionKind, options: RenderOptions) -> None:
+    """THE rule of `delivery`: only a live session's frames go out over WebRTC (a render has no viewers while it
+    runs); a ValueError naming the option otherwise."""
+    if kind != SessionKind.LIVE and options.delivery != Delivery.HLS:  # equal as strings too (StrEnum)
+        raise ValueError(
+            f"delivery: only live sessions deliver over {options.delivery} (got a {kind}); leave it out or use hls"
+        )

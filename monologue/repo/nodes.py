@@ -24,6 +24,7 @@ def report_node(
     chunks_done: int,
     memory_mb: float | None,
     started_at: datetime,
+    media_url: str | None = None,
 ) -> None:
     """Upsert the node's row with a fresh heartbeat (a node restarted under the same id overwrites it)."""
     if status not in set(NodeStatus):
@@ -38,6 +39,7 @@ def report_node(
             memory_mb=memory_mb,
             started_at=started_at,
             heartbeat_at=utcnow(),
+            media_url=media_url,
         )
     )
     db.commit()

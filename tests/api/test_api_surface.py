@@ -36,7 +36,8 @@ def app(tmp_path: Path, db_sessions: sessionmaker[Any]) -> FastAPI:
 
 
 def test_the_bearer_scheme_is_on_exactly_the_routes_that_take_a_key(app: FastAPI, db_sessions: Any) -> None:
-    """Derived from each route's dependencies: /v1 routes carry it; playback links, health and /problems do not."""
+    """Derived from each route's dependencies: /v1 routes carry it; playback links, WebRTC signalling, health and
+    /problems do not."""
     schema = TestClient(app).get("/openapi.json").json()
     assert schema["components"]["securitySchemes"]["bearer"] == {
         "type": "http",
@@ -61,7 +62,9 @@ def test_the_bearer_scheme_is_on_exactly_the_routes_that_take_a_key(app: FastAPI
         if "security" in op
     )
     open_paths = {path for path, ops in schema["paths"].items() if not any("security" in op for op in ops.values())}
-    assert open_paths == {"/healthz", "/readyz"} | {path for path in schema["paths"] if path.startswith("/play/")}
+    # Playback links and WebRTC signalling (a playback token or an audio ticket as the Bearer: api/routes/live.py)
+    signed = {path for path in schema["paths"] if path.startswith(("/play/", "/v1/live/"))}
+    assert open_paths == {"/healthz", "/readyz"} | signed
     _, operator = key(db_sessions, "ops-team", "ops")
     ops_schema = TestClient(app, headers=operator).get("/ops/api/openapi.json").json()
     assert all("security" in op for ops in ops_schema["paths"].values() for op in ops.values())

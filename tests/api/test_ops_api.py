@@ -239,6 +239,7 @@ def test_session_detail_lists_every_chunk_in_timeline_order_with_retries_nodes_a
         "cancel": f"{own}/cancel",
         "resume": f"{own}/resume",
         "webhooks": f"{own}/webhooks",
+        "player": None,  # a render: no WebRTC player (a live session with delivery=webrtc has its signed page)
     }
     assert detail["session"]["progress"]["chunks_done"] == 3 and detail["options"]["fps"] == 25
 

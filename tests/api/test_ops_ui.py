@@ -259,3 +259,31 @@ def test_session_page_of_a_render_with_captions_plays_them(
     page.wait_for_function(shown, timeout=60_000)
     assert f"{url}/ops/api/sessions/{session_id}/stream/main.m3u8" in requests
     assert f"{url}/ops/api/sessions/{session_id}/stream/captions.vtt" in requests
+
+
+def test_session_page_of_a_live_webrtc_session_plays_it_over_webrtc(
+    signed_in: Any, url: str, auth: dict[str, str], sample_portrait: bytes
+) -> None:
+    """A live session with delivery=webrtc plays in its own player page (WHEP, a signed link) inside the ops page."""
+    from cli.benches.webrtc import AudioSender, speech_with_onsets
+    from monologue import SAMPLES
+
+    response = httpx.post(
+        f"{url}/v1/sessions",
+        files={"portrait": ("portrait.jpg", sample_portrait)},
+        data={"delivery": "webrtc"},
+        headers=auth,
+        timeout=60,
+    )
+    assert response.status_code == 201, response.text
+    session = response.json()
+    pcm, _ = speech_with_onsets(SAMPLES / "speech.wav", bursts=1)
+    sender = AudioSender(session["audio_ticket"]["url"], pcm)
+    sender.start()
+    page = signed_in
+    page.goto(f"{url}/ops/sessions/{session['id']}")
+    page.wait_for_selector("iframe.webrtc-player", timeout=30_000)
+    player = next(frame for frame in page.frames if "/player" in frame.url)
+    assert f"/v1/live/{session['id']}/player?link=" in player.url
+    player.wait_for_function("window.monologuePlayer && window.monologuePlayer.firstFrameAt !== null", timeout=60_000)
+    sender.join(timeout=60)

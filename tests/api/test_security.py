@@ -6,6 +6,7 @@ and `monologue keys` stores only a key's hash."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import time
 from collections.abc import Iterator
@@ -57,7 +58,9 @@ SESSION_ROUTES: dict[tuple[str, str], list[tuple[str, int]]] = {
     # A reaches its render, which has no s3 sink (a 404 that names the sink, not the session).
     ("GET", "/v1/renders/{session_id}/sinks/{sink}/stream.m3u8"): [("/v1/renders/{id}/sinks/s3/stream.m3u8", 404)],
 }
-# The routes without a session id, and the audio socket: each has its own test below.
+# The routes without a session id, and the audio socket: each has its own test below, or in the module named
+# before a colon (the feature's own tests, on the same stack).
+AVATARS = "tests.api.test_avatars:test_avatars_belong_to_their_tenant_and_bad_creates_keep_nothing"
 OTHER_ROUTES = {
     ("GET", "/v1/renders"): "test_lists_show_only_the_callers_sessions",
     ("POST", "/v1/renders"): "test_sessions_belong_to_the_tenant_that_starts_them",
@@ -69,9 +72,24 @@ OTHER_ROUTES = {
     ("GET", "/v1/webhooks/deliveries"): "test_webhook_endpoints_and_deliveries_are_their_tenants_alone",
     ("POST", "/v1/assets"): "test_assets_are_their_tenants_alone",
     ("DELETE", "/v1/assets/{asset_id}"): "test_assets_are_their_tenants_alone",
+    ("POST", "/v1/avatars"): AVATARS,
+    ("GET", "/v1/avatars"): AVATARS,
+    ("GET", "/v1/avatars/{avatar_id}"): AVATARS,
+    ("DELETE", "/v1/avatars/{avatar_id}"): AVATARS,
     # The owner's delete (which would end the shared render above) is tests/api/test_delete.py's.
     ("DELETE", "/v1/renders/{session_id}"): "test_another_tenants_delete_is_404_exactly_like_an_unknown_id",
     ("DELETE", "/v1/sessions/{session_id}"): "test_another_tenants_delete_is_404_exactly_like_an_unknown_id",
+}
+# WebRTC's routes take no key: a viewer holds the session's signed playback link, a microphone its audio ticket (or a
+# key), and a connection's DELETE its unguessable resource id from `Location`. Each names the test of its refusals.
+WHEP_LINKS = "tests.test_webrtc:test_offers_without_a_valid_link_are_refused"
+WHIP_TICKETS = "tests.test_webrtc_whip:test_whip_without_a_ticket_or_opus_is_refused"
+KEYLESS_ROUTES = {
+    ("POST", "/v1/live/{session_id}/whep"): WHEP_LINKS,
+    ("DELETE", "/v1/live/{session_id}/whep/{resource}"): WHEP_LINKS,
+    ("GET", "/v1/live/{session_id}/player"): WHEP_LINKS,
+    ("POST", "/v1/live/{session_id}/whip"): WHIP_TICKETS,
+    ("DELETE", "/v1/live/{session_id}/whip/{resource}"): WHIP_TICKETS,
 }
 
 
@@ -149,10 +167,12 @@ def _concrete(path: str, session_id: str = UNKNOWN) -> str:
 def test_every_v1_route_is_in_the_tenant_table_and_needs_a_key(tmp_path: Path) -> None:
     """A new /v1 route fails here until it is added to a table above, with its cross-tenant check."""
     routes = _routes(Settings(home=tmp_path), "/v1")
-    assert set(routes) == set(SESSION_ROUTES) | set(OTHER_ROUTES)
-    assert set(OTHER_ROUTES.values()) <= set(globals())  # each names a test in this file
+    assert set(routes) == set(SESSION_ROUTES) | set(OTHER_ROUTES) | set(KEYLESS_ROUTES)
+    for test in [*OTHER_ROUTES.values(), *KEYLESS_ROUTES.values()]:  # a test in this file, or "module:test"
+        module, _, name = test.rpartition(":")
+        assert callable(getattr(importlib.import_module(module), name) if module else globals().get(name)), test
     for (method, path), route in routes.items():
-        if method != "WS":  # the audio socket checks its key itself (tested below)
+        if method != "WS" and (method, path) not in KEYLESS_ROUTES:  # the audio socket checks its key itself
             assert require_key in _calls(route.dependant), f"{method} {path} does not depend on require_key"
 
 

@@ -170,7 +170,10 @@ def test_log_lines_carry_session_workflow_and_chunk_ids(stack: Stack, api_url: s
     node_lines = [json.loads(line) for line in node_log if line.startswith("{")]
     activity_lines = [line for line in node_lines if "activity" in line]
     assert activity_lines
-    assert all({"session_id", "workflow_id", "run_id"} <= line.keys() for line in activity_lines)
+    # Every line names its workflow and what it works on: a session, or an avatar (`prepare_avatar`, when a test
+    # on the same stack made one).
+    assert all({"workflow_id", "run_id"} <= line.keys() for line in activity_lines)
+    assert all(line.keys() & {"session_id", "avatar_id"} for line in activity_lines)
     chunk_lines = [line for line in activity_lines if line["event"] == "chunk done"]
     assert chunk_lines and all(
         {"chunk", "node_id", "context_ms", "audio_to_video_ms", "super_resolution_ms", "encode_ms"} <= line.keys()

@@ -141,6 +141,20 @@ let player = null;
 function startPlayer() {
   const video = $("player");
   const state = (text) => ($("player-state").textContent = text);
+  if (detail.links.player) {
+    // A live WebRTC session: its own player page (WHEP, signed link), under this origin.
+    const link = new URL(detail.links.player, location.href);
+    const frame = el("iframe", {
+      src: link.pathname + link.search,
+      title: "Live session over WebRTC",
+      class: "webrtc-player",
+      allow: "autoplay; microphone",
+    });
+    video.replaceWith(frame);
+    state("Live over WebRTC (WHEP).");
+    player = "webrtc";
+    return;
+  }
   if (!window.Hls?.isSupported()) {
     // iOS Safari plays HLS itself, but sends no API key: that works only when the UI is open on loopback.
     if (video.canPlayType("application/vnd.apple.mpegurl")) video.src = playlist();

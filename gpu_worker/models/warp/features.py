@@ -55,6 +55,8 @@ class SpeechFeatures:
     # With visemes: (V, 5) mouth targets (`visemes.TARGET_NAMES`) of frames [viseme_first_frame, + V).
     visemes: np.ndarray | None = None
     viseme_first_frame: int = 0
+    # (F,) bool: frames whose centre an interrupt dropped (`AudioWindow.silenced`); None when none is.
+    cut: np.ndarray | None = None
 
     def has(self, frame: int) -> bool:
         return self.first_frame <= frame < self.first_frame + self.level_db.size
@@ -63,6 +65,10 @@ class SpeechFeatures:
         """(level_db, spread, hiss) of an absolute frame that `has` says is present."""
         index = frame - self.first_frame
         return float(self.level_db[index]), float(self.spread[index]), float(self.hiss[index])
+
+    def is_cut(self, frame: int) -> bool:
+        """Whether an interrupt dropped this present frame's audio: the mouth closes at once."""
+        return self.cut is not None and bool(self.cut[frame - self.first_frame])
 
     def shape(self, frame: int) -> np.ndarray | None:
         """(5,) the viseme targets of a frame of the chunk, or None when lips follow loudness alone."""
@@ -78,6 +84,8 @@ class SpeechFeatures:
         }
         if self.visemes is not None:
             context |= {"visemes": self.visemes, "viseme_first_frame": self.viseme_first_frame}
+        if self.cut is not None:
+            context["cut"] = self.cut
         return context
 
     @classmethod
@@ -90,6 +98,7 @@ class SpeechFeatures:
             hiss=context["hiss"],
             visemes=context.get("visemes"),
             viseme_first_frame=int(context.get("viseme_first_frame", 0)),
+            cut=context.get("cut"),
         )
 
 
@@ -128,13 +137,21 @@ def speech_features(
     if kept and kept != list(range(kept[0], kept[0] + len(kept))):
         raise RuntimeError("speech features must cover consecutive frames")
     table = np.array(values, dtype=np.float64).reshape(-1, 3)  # (F, 3)
+    cut = _cut_frames(window, kept)
     return SpeechFeatures(
         fps=window.fps,
         first_frame=kept[0] if kept else first_frame,
         level_db=table[:, 0].copy(),
         spread=table[:, 1].copy(),
         hiss=table[:, 2].copy(),
+        cut=cut if cut.any() else None,
     )
+
+
+def _cut_frames(window: AudioWindow, frames: list[int]) -> np.ndarray:
+    """(F,) whether an interrupt dropped each frame's centre sample."""
+    centres = [window.start_sample + (window.frame_start(f) + window.frame_start(f + 1)) // 2 for f in frames]
+    return np.array([any(lo <= c < hi for lo, hi in window.silenced) for c in centres], dtype=bool)
 
 
 class SpeechContext(ContextGenerator):

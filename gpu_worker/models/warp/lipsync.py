@@ -24,6 +24,9 @@ class MouthDynamics:
     attack: float = 0.65
     release: float = 0.6
     shape_rate: float = 0.45
+    # Where an interrupt dropped the audio (barge-in) the mouth shuts faster than in a pause: at this share per
+    # frame it is at rest (under `closed_below`) two frames after the cut, well within 100 ms.
+    cut_release: float = 0.85
     reference_fps: int = 25
     # Loudness is judged against the speaker's recent peak level, so quiet and loud recordings both move
     # the mouth fully: the peak follows louder speech quickly and sinks slowly in quiet passages.
@@ -70,6 +73,7 @@ class MouthFilter:
         self._attack = _rate(dynamics.attack, fps, dynamics.reference_fps)
         self._release = _rate(dynamics.release, fps, dynamics.reference_fps)
         self._shape = _rate(dynamics.shape_rate, fps, dynamics.reference_fps)
+        self._cut = _rate(dynamics.cut_release, fps, dynamics.reference_fps)
         self._peak_attack = _rate(dynamics.peak_attack, fps, dynamics.reference_fps)
         self._nod_rate = _rate(dynamics.nod_rate, fps, dynamics.reference_fps)
         self._decay = dynamics.peak_decay_db_per_second / fps
@@ -92,9 +96,12 @@ class MouthFilter:
         floor = peak - dynamics.open_range_db
         loudness = min(max((level - floor) / (dynamics.open_range_db - dynamics.full_below_peak_db), 0.0), 1.0)
         target = loudness**dynamics.loudness_curve * (1.0 - dynamics.hiss_closing * hiss)
-        opening += (self._attack if target > opening else self._release) * (target - opening)
-        # Lip shape only means something while there is voice; silence returns the lips to neutral.
-        width += self._shape * (spread * min(1.0, 2.0 * loudness) - width)
+        if features.is_cut(ahead):  # an interrupt dropped the audio: the lips shut and go neutral at once
+            opening, width = opening - self._cut * opening, width - self._cut * width
+        else:
+            opening += (self._attack if target > opening else self._release) * (target - opening)
+            # Lip shape only means something while there is voice; silence returns the lips to neutral.
+            width += self._shape * (spread * min(1.0, 2.0 * loudness) - width)
         slow += self._nod_rate * (loudness - slow)
         return np.array([opening, width, peak, slow], dtype=np.float64)
 

@@ -1,0 +1,100 @@
+"""`/v1/live/{id}`: a live session over WebRTC, for viewers who hold its signed playback link (no key).
+- `POST /v1/live/{id}/whep` (WHEP): body an SDP offer (`application/sdp`), `Authorization: Bearer <token>` with the
+  token of the session's playback link (`links.playback`: `/play/<token>/…`); answers 201 with the SDP answer and a
+  `Location` to `DELETE` when done. The session must have been created with `delivery=webrtc`.
+- `DELETE /v1/live/{id}/whep/{resource}`: stop watching.
+- `POST /v1/live/{id}/whip` (WHIP): a browser's microphone into the session, as the audio socket takes it (stored in
+  the same 0.1 s pieces, the workflow told the same way; `DELETE` ends the session's audio as `end` does): body an SDP
+  offer sending Opus audio, `Authorization: Bearer <audio ticket>` (`audio_ticket` of the session, or a fresh one from
+  `POST /v1/sessions/{id}/ticket`) or an API key of its tenant; 201 with the answer and a `Location` to `DELETE`. One
+  sender at a time, socket or WHIP (409). The session must have been created with `delivery=webrtc`.
+- `GET /v1/live/{id}/player?link=<token>`: a page that plays the session (WHEP) and re-offers through the same URL
+  when the connection drops (the session moved to another node).
+Checks and forwarding are api/webrtc.py's; the peer connections live on the session's node (node/webrtc/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+
+from .. import webrtc
+from ..deps import ServicesDep
+from .renders import operation_id
+
+router = APIRouter(prefix="/v1/live", tags=["webrtc"], generate_unique_id_function=operation_id)
+PLAYER_PAGE = Path(__file__).resolve().parent.parent / "player" / "player.html"
+_LINK = "the token of the session's playback link (links.playback: /play/<token>/…)"
+
+
+@router.post("/{session_id}/whep", status_code=201, response_class=Response)
+async def whep_offer(session_id: str, request: Request, services: ServicesDep) -> Response:
+    """Start watching a live session: an SDP offer in, the SDP answer out (WHEP)."""
+    webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHEP)
+    route = await webrtc.node_route(services, session_id, webrtc_only=True)
+    answer = await webrtc.forward("POST", f"{route.media_url}/whep/{session_id}?fps={route.fps}", body=offer)
+    if answer.status_code != 201:
+        raise webrtc.node_refusal(answer)
+    resource = answer.headers["X-Resource"]
+    return Response(
+        answer.text,
+        status_code=201,
+        media_type=webrtc.SDP_TYPE,
+        headers={"Location": f"/v1/live/{session_id}/whep/{resource}"},
+    )
+
+
+@router.delete("/{session_id}/whep/{resource}", status_code=204, response_class=Response)
+async def whep_stop(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
+    """Stop watching (the resource from the offer's `Location`)."""
+    webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    route = await webrtc.node_route(services, session_id, webrtc_only=True)
+    answer = await webrtc.forward("DELETE", f"{route.media_url}/whep/{session_id}/{resource}")
+    if answer.status_code != 204:
+        raise webrtc.node_refusal(answer)
+    return Response(status_code=204)
+
+
+_TICKET = "an audio ticket of the session (POST /v1/sessions/{id}/ticket) or an API key"
+
+
+@router.post("/{session_id}/whip", status_code=201, response_class=Response)
+async def whip_offer(session_id: str, request: Request, services: ServicesDep) -> Response:
+    """Send a microphone's audio into a live session: an SDP offer in (Opus), the SDP answer out (WHIP)."""
+    await run_in_threadpool(webrtc.audio_grant, services, webrtc.bearer(request, _TICKET), session_id)
+    offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHIP)
+    route = await webrtc.node_route(services, session_id, webrtc_only=True)
+    answer = await webrtc.forward("POST", f"{route.media_url}/whip/{session_id}", body=offer)
+    if answer.status_code != 201:
+        raise webrtc.node_refusal(answer)
+    resource = answer.headers["X-Resource"]
+    return Response(
+        answer.text,
+        status_code=201,
+        media_type=webrtc.SDP_TYPE,
+        headers={"Location": f"/v1/live/{session_id}/whip/{resource}"},
+    )
+
+
+@router.delete("/{session_id}/whip/{resource}", status_code=204, response_class=Response)
+async def whip_stop(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
+    """Stop sending: the session's audio ends with what was stored (as `end` on the audio socket). The resource id
+    from the offer's `Location` is the sender's credential here (a ticket is single-use)."""
+    route = await webrtc.node_route(services, session_id, webrtc_only=True)
+    answer = await webrtc.forward("DELETE", f"{route.media_url}/whip/{session_id}/{resource}")
+    if answer.status_code != 204:
+        raise webrtc.node_refusal(answer)
+    return Response(status_code=204)
+
+
+@router.get("/{session_id}/player", response_class=HTMLResponse)
+def player(session_id: str, services: ServicesDep, link: Annotated[str, Query(max_length=200)]) -> HTMLResponse:
+    """A page that plays the live session over WebRTC (`link`: the playback link's token)."""
+    webrtc.playback_grant(services, link, session_id)
+    return HTMLResponse(
+        PLAYER_PAGE.read_text(), headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+    )

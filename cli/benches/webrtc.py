@@ -1,0 +1,288 @@
+"""`monologue bench live --webrtc` (and tests/test_webrtc_browser.py): a live session watched over WebRTC in headless
+Chromium, its figures measured where a person sees them.
+
+Speech with known onsets (bursts of the bundled speech between silences) goes in over the audio WebSocket in real
+time; the page is the session's player (`/v1/live/{id}/player`), and a script added to it draws every video frame
+the browser presents onto a canvas and records the share of near-black pixels (the open mouth's cavity, as the
+repo's lip-sync checks read it) with the wall time. Glass-to-glass latency of an onset: the first presented frame
+whose mouth has opened after the onset was sent, minus the time it was sent. TTFF: first audio sent → first frame
+presented. Stall (with `kill`): the node killed → the first frame presented after it. Nothing here asserts."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from websockets.sync.client import connect
+
+from cli.chromium import CHROMIUM_ARGS
+from monologue import keys
+from monologue.client import Client
+from monologue.media import normalise_audio
+from monologue.settings import Settings
+
+RATE = 16_000
+MOUTH_CELLS = 6  # of the page's 32×32 grid: a 512² frame's mouth cavity spans a few 16-pixel cells
+PIECE_S = 0.02  # audio sent 20 ms at a time, paced to real time
+LEAD_S, BURST_S, GAP_S = 2.0, 1.0, 2.0  # silence first, then bursts of speech, each followed by silence
+CHROMIUM_FLAGS = [
+    "--use-fake-ui-for-media-stream",  # a microphone without a prompt (the player's WHIP side)
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+    "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates aiortc can reach (no .local names)
+]
+# Added to the player page before its own script: every presented frame's dark share with its wall time (ms).
+FRAME_PROBE = """
+window.__frames = [];
+const GRID = 32;
+const probe = () => {
+  const video = document.getElementById("video");
+  if (!video) { setTimeout(probe, 5); return; }
+  const canvas = document.createElement("canvas");
+  const context = canvas.getContext("2d", { willReadFrequently: true });
+  const onFrame = (now) => {
+    const width = video.videoWidth, height = video.videoHeight;
+    if (width && height) {
+      canvas.width = width; canvas.height = height;
+      context.drawImage(video, 0, 0);
+      const pixels = context.getImageData(0, 0, width, height).data;
+      const cells = new Array(GRID * GRID).fill(0);
+      for (let y = 0; y < height; y++) {
+        const row = Math.floor((y * GRID) / height) * GRID;
+        for (let x = 0; x < width; x++) {
+          const i = 4 * (y * width + x);
+          const luma = 0.299 * pixels[i] + 0.587 * pixels[i + 1] + 0.114 * pixels[i + 2];
+          if (luma < 50) cells[row + Math.floor((x * GRID) / width)]++;
+        }
+      }
+      const area = (width * height) / (GRID * GRID);
+      window.__frames.push([performance.timeOrigin + now, cells.map((n) => Math.round((1000 * n) / area) / 1000)]);
+    }
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+};
+document.addEventListener("DOMContentLoaded", probe);
+"""
+
+
+@dataclass
+class WebrtcFigures:
+    """Milliseconds: time to first frame, each onset's glass-to-glass latency, stalls after a node kill."""
+
+    ttff_ms: float | None = None
+    glass_ms: list[float] = field(default_factory=list)
+    missed: int = 0  # onsets after which no mouth motion was seen
+    stalls_ms: list[float] = field(default_factory=list)
+    frames: int = 0
+    ttffs_ms: list[float] = field(default_factory=list)  # merged runs' TTFFs
+    series: list[list[float]] = field(default_factory=list, repr=False)  # (wall ms, dark share) per shown frame
+    onsets_ms: list[float] = field(default_factory=list, repr=False)
+
+    def merge(self, other: WebrtcFigures) -> None:
+        """Add another run's figures (TTFF: every run's, reported as p50/p95)."""
+        self.glass_ms += other.glass_ms
+        self.missed += other.missed
+        self.stalls_ms += other.stalls_ms
+        self.frames += other.frames
+        self.ttffs_ms += [other.ttff_ms] if other.ttff_ms is not None else []
+
+    def lines(self) -> list[str]:
+        if self.ttffs_ms:
+            ttff = f"p50 {_percentile(self.ttffs_ms, 50):.0f} ms, p95 {_percentile(self.ttffs_ms, 95):.0f} ms"
+        else:
+            ttff = _ms(self.ttff_ms)
+        out = [f"TTFF (first audio sent → first frame shown): {ttff}; frames shown: {self.frames}"]
+        if self.glass_ms:
+            p50, p95 = _percentile(self.glass_ms, 50), _percentile(self.glass_ms, 95)
+            out.append(
+                f"glass-to-glass (onset sent → mouth moving in the page): p50 {p50:.0f} ms, p95 {p95:.0f} ms"
+                f" (n={len(self.glass_ms)}, missed {self.missed}; {', '.join(f'{v:.0f}' for v in self.glass_ms)})"
+            )
+        else:
+            out.append(f"glass-to-glass: no onset seen (missed {self.missed})")
+        if self.stalls_ms:
+            out.append(f"stall after the node kill: {', '.join(f'{v:.0f}' for v in self.stalls_ms)} ms")
+        return out
+
+
+def speech_with_onsets(speech: Path, *, bursts: int) -> tuple[np.ndarray, list[int]]:
+    """16 kHz s16 PCM: LEAD_S of silence, then `bursts` × (BURST_S of the speech from its first loud sample, GAP_S
+    of silence); and the sample where each burst starts."""
+    pcm = np.frombuffer(normalise_audio(speech.read_bytes()).wav[44:], dtype="<i2")
+    loud = int(np.flatnonzero(np.abs(pcm) > 0.1 * np.abs(pcm).max())[0])
+    burst = pcm[loud : loud + int(BURST_S * RATE)]
+    parts, onsets, at = [np.zeros(int(LEAD_S * RATE), np.int16)], [], int(LEAD_S * RATE)
+    for _ in range(bursts):
+        onsets.append(at)
+        parts += [burst, np.zeros(int(GAP_S * RATE), np.int16)]
+        at += len(burst) + int(GAP_S * RATE)
+    return np.concatenate(parts), onsets
+
+
+def measure(
+    api_url: str,
+    api_key: str | None,
+    portrait: Path,
+    speech: Path,
+    *,
+    bursts: int = 5,
+    options: dict[str, Any] | None = None,
+    kill: Callable[[str], None] | None = None,
+    chromium: str = "chromium",
+    reference: Callable[[str], Path] | None = None,
+) -> WebrtcFigures:
+    """One live session watched in headless Chromium while `bursts` of speech go in; `kill` (optional) is called
+    with the session's id halfway through the speech (to kill the node holding it); `reference` finds a session's
+    stored reference (the embedded stack's storage), where the mouth is."""
+    from playwright.sync_api import sync_playwright
+
+    pcm, onsets = speech_with_onsets(speech, bursts=bursts)
+    with Client(api_url, api_key=api_key) as client:
+        session = client.create_live(portrait=portrait, options={"delivery": "webrtc", **(options or {})})
+    if session.links.playback is None or session.audio_ticket is None:
+        raise RuntimeError("the live session came without a playback link or an audio ticket")
+    token = urlsplit(session.links.playback.stream).path.split("/")[2]
+    sender = AudioSender(session.audio_ticket.url, pcm)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=chromium, args=[*CHROMIUM_ARGS, *CHROMIUM_FLAGS], headless=True
+        )
+        try:
+            page = browser.new_page()
+            page.add_init_script(FRAME_PROBE)
+            page.goto(f"{api_url}/v1/live/{session.id}/player?link={token}")
+            sender.start()
+            killed_at = None
+            half = len(pcm) / RATE / 2
+            while sender.is_alive():
+                time.sleep(0.1)
+                if kill is not None and killed_at is None and time.time() - sender.started_at > half:
+                    killed_at = time.time() * 1000
+                    kill(session.id)
+            time.sleep(2.0)  # the last burst's frames
+            series: list[list[float]] = page.evaluate("window.__frames")
+        finally:
+            browser.close()
+    started = sender.started_at * 1000
+    onsets_ms = [started + 1000 * onset / RATE for onset in onsets]
+    box = None if reference is None else MouthBox.of_reference(reference(session.id))
+    return figures(series, started, onsets_ms, killed_at, box)
+
+
+def local_reference(settings: Settings) -> Callable[[str], Path] | None:
+    """Where a session's stored reference lies in a local store (the embedded stack's); None for S3."""
+    root = settings.storage.root
+    if settings.storage.backend != "local" or root is None:
+        return None
+    return lambda session_id: root / keys.reference(session_id)
+
+
+def figures(
+    series: list[list[Any]],
+    first_sent_ms: float,
+    onsets_ms: list[float],
+    killed_at_ms: float | None,
+    box: MouthBox | None = None,
+) -> WebrtcFigures:
+    """The figures from the page's frames ((wall ms, dark share of each GRID² cell) in presentation order)."""
+    out = WebrtcFigures(frames=len(series), series=series, onsets_ms=onsets_ms)
+    if not series:
+        out.missed = len(onsets_ms)
+        return out
+    times = np.array([t for t, _ in series])
+    out.ttff_ms = float(times[0] - first_sent_ms)
+    mouth = mouth_signal(np.array([cells for _, cells in series], dtype=np.float64), box)
+    closed, opened = float(np.percentile(mouth, 10)), float(np.percentile(mouth, 98))
+    if opened - closed < 0.05:  # the mouth never moved
+        out.missed = len(onsets_ms)
+        return out
+    # Each burst opens the mouth a few times; bursts are told apart by the silence between them (GAP_S): the k-th
+    # run of openings after a closed spell of over GAP_S / 2 answers the k-th onset (frames shown in order).
+    opened_at = times[mouth > closed + 0.4 * (opened - closed)]
+    starts = [t for i, t in enumerate(opened_at) if i == 0 or t - opened_at[i - 1] > 500 * GAP_S]
+    out.glass_ms = [float(start - onset) for start, onset in zip(starts, onsets_ms, strict=False)]
+    out.missed = len(onsets_ms) - len(out.glass_ms)
+    if killed_at_ms is not None:
+        later = times[times > killed_at_ms]
+        gaps = np.diff(np.concatenate([[killed_at_ms], later]))
+        out.stalls_ms.append(float(gaps.max()) if len(gaps) else float("nan"))
+    return out
+
+
+def mouth_signal(cells: np.ndarray, box: MouthBox | None) -> np.ndarray:
+    """(T, GRID²) dark shares → (T,): how much open mouth shows, over the cells of the mouth's `box` (the session's
+    reference says where it is); without one, the MOUTH_CELLS inner cells whose darkness changes most."""
+    grid = round(np.sqrt(cells.shape[1]))
+    frames = cells.reshape(len(cells), grid, grid)
+    if box is not None:
+        rows = [r for r in range(grid) if box.top <= (r + 0.5) / grid <= box.bottom]
+        columns = [c for c in range(grid) if box.left <= (c + 0.5) / grid <= box.right]
+        mouth: np.ndarray = frames[:, rows][:, :, columns].sum(axis=(1, 2))
+        return mouth
+    inner = frames[:, 2:-2, 2:-2].reshape(len(cells), -1)  # the frame's edges flicker with the encoder
+    busiest: np.ndarray = inner[:, np.argsort(inner.std(axis=0))[-MOUTH_CELLS:]].sum(axis=1)
+    return busiest
+
+
+@dataclass(frozen=True)
+class MouthBox:
+    """Where the mouth opens, in fractions of the frame (as tests/test_end_to_end.py reads it from the layout)."""
+
+    left: float
+    top: float
+    right: float
+    bottom: float
+
+    @classmethod
+    def of_reference(cls, path: Path) -> MouthBox:
+        """From a session's stored reference (`ref/conditioning.safetensors`: warp's layout, in frame pixels)."""
+        from safetensors.numpy import load_file
+
+        reference = load_file(path)
+        height, width = (int(v) for v in reference["portrait"].shape[:2])
+        mouth_x, mouth_y, half = (float(v) for v in reference["layout"][9:12])
+        left, right = (mouth_x - half) / width, (mouth_x + half) / width
+        return cls(left, (mouth_y - half / 2) / height, right, (mouth_y + 1.5 * half) / height)
+
+
+class AudioSender(threading.Thread):
+    """Streams PCM into the audio socket at real time, 20 ms at a time; `started_at` is when sample 0 went out."""
+
+    def __init__(self, url: str, pcm: np.ndarray) -> None:
+        super().__init__(daemon=True, name="audio-sender")
+        self._url, self._pcm = url, pcm
+        self.started_at = 0.0
+
+    def run(self) -> None:
+        piece = int(PIECE_S * RATE)
+        with connect(self._url, max_size=None) as socket:
+            json.loads(socket.recv())  # ready
+            self.started_at = time.time()
+            for index, start in enumerate(range(0, len(self._pcm), piece)):
+                delay = self.started_at + index * PIECE_S - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                socket.send(self._pcm[start : start + piece].tobytes())
+            socket.send(json.dumps({"type": "end"}))
+            try:
+                for _ in socket:
+                    pass
+            except Exception:  # the server closes once the session's audio is over
+                return
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) > 1 else float(statistics.mean(values))
+
+
+def _ms(value: float | None) -> str:
+    return "none" if value is None else f"{value:.0f} ms"
