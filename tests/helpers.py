@@ -170,6 +170,18 @@ def poll(
     return found.model_dump(mode="json")
 
 
+async def eventually(check: Any, *, timeout_s: float = 30.0, what: str = "") -> None:
+    """Wait, on the running event loop, until `check()` holds: tests wait for the state they need, never for a guess
+    of how long it takes. Fails after `timeout_s` naming `what`."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check():
+        assert loop.time() < deadline, f"not within {timeout_s:g} s: {what or check}"
+        await asyncio.sleep(0.02)
+
+
 def skip_ready(socket: Any) -> dict[str, Any]:
     """Read an audio socket's first message, the server's `ready` (where the audio continues), and return it."""
     import json

@@ -29,6 +29,7 @@ class SessionMedia:
     ended: bool = False
     largest_chunk: int = 1  # frames of the largest chunk handed over: how far a viewer on time may trail the edge
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    touched: int = 0  # the hub's count when a chunk last came: the session that moved away stops coming
 
     def add(self, first_frame: int, frames: np.ndarray, audio: np.ndarray) -> None:
         if self.first is None:
@@ -67,8 +68,13 @@ class SessionMedia:
 class MediaHub:
     """The node's live sessions' media, owned by its event loop; `chunk_made` may be called from any thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, max_sessions: int = 8) -> None:
+        """`max_sessions`: buffers kept at once (a few more than the node's slots). A session that moved to another
+        node sends no `session_ended` here; when a new session needs room, the buffer whose last chunk is oldest
+        ends (its viewers reconnect through the API to the session's new node)."""
         self._loop = loop
+        self._max_sessions = max(1, max_sessions)
+        self._chunks = 0
         self._sessions: dict[str, SessionMedia] = {}
         self.on_end: list[Callable[[str], None]] = []  # told on the loop when a session's media ends
 
@@ -76,7 +82,9 @@ class MediaHub:
         """The session's buffer (made empty if the node has none yet: a viewer may come before the first chunk)."""
         media = self._sessions.get(session_id)
         if media is None or media.fps != fps:
-            media = self._sessions[session_id] = SessionMedia(fps=fps, rate=rate)
+            if media is None and len(self._sessions) >= self._max_sessions:
+                self._end(min(self._sessions, key=lambda other: self._sessions[other].touched))
+            media = self._sessions[session_id] = SessionMedia(fps=fps, rate=rate, touched=self._chunks)
         return media
 
     def chunk_made(self, session_id: str, first_frame: int, frames: np.ndarray, audio: np.ndarray, fps: int) -> None:
@@ -90,7 +98,10 @@ class MediaHub:
         self._loop.call_soon_threadsafe(self._end, session_id)
 
     def _add(self, session_id: str, first_frame: int, frames: np.ndarray, pcm: np.ndarray, fps: int) -> None:
-        self.session(session_id, fps=fps, rate=16_000).add(first_frame, frames, pcm)
+        self._chunks += 1
+        media = self.session(session_id, fps=fps, rate=16_000)
+        media.touched = self._chunks
+        media.add(first_frame, frames, pcm)
 
     def _end(self, session_id: str) -> None:
         media = self._sessions.pop(session_id, None)

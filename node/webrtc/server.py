@@ -116,6 +116,6 @@ def start(
     settings: NodeSettings, loop: asyncio.AbstractEventLoop, whip: WhipIngress | None = None
 ) -> tuple[MediaServer, MediaHub]:
     """The node's media hub and its signalling port, listening (with `whip`, WHIP audio too)."""
-    hub = MediaHub(loop)
+    hub = MediaHub(loop, max_sessions=2 * settings.capacity + 2)
     peers = WhepPeers(hub, max_viewers=settings.max_viewers_per_session, ice_timeout_s=settings.ice_timeout_s)
     return MediaServer(peers, loop, settings.http_host, settings.media_port, whip), hub

@@ -26,6 +26,7 @@ from monologue.plan import AUDIO_RATE
 from monologue.storage import LocalStore
 from node.webrtc.peers import OfferRefused
 from node.webrtc.whip import WhipIngress
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.timeout(90)
 OPTIONS = {"delivery": "webrtc", "chunk_frames": 8, "i_frames": 2, "first_chunk_frames": 8, "lip_sync": "loudness"}
@@ -175,8 +176,7 @@ def test_offers_it_cannot_take_are_refused_and_leave_nothing_behind(
         assert refused.value.status == status and words in str(refused.value)
         assert ingress.count() == 0
         await client.close()
-        await asyncio.sleep(0.1)
-        assert len(asyncio.all_tasks()) <= tasks
+        await eventually(lambda: len(asyncio.all_tasks()) <= tasks, what="no task left behind")
 
     asyncio.run(main())
     with sessions() as db:

@@ -1,0 +1,129 @@
+"""The settings of what Monologue talks to and keeps beside sessions: sinks, playback links, webhooks, requests to
+caller-chosen URLs, URL inputs, data retention and speech synthesis. Sections of `monologue.settings.Settings` (which
+re-exports them); nothing here reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr
+
+
+class SinkSettings(BaseModel):
+    """Where sessions may publish besides their own stream. Sinks write with the nodes' credentials, so
+    nothing is allowed until the operator lists it (JSON lists in the environment). Every pattern may name
+    `{tenant}`, replaced by the session's tenant, and may end in `*` (any rest); the lists are checked when a
+    session starts, when it resumes and by each sink pump before it writes."""
+
+    s3_buckets: list[str] = Field(
+        default_factory=list,
+        description="where S3 sinks may write: 'bucket' (any prefix) or 'bucket/prefix' (that prefix and below),"
+        " e.g. 'videos/{tenant}'",
+    )
+    kvs_streams: list[str] = Field(
+        default_factory=list, description="Kinesis Video stream names sinks may use, e.g. 'avatar-{tenant}-*'"
+    )
+    s3_endpoints: list[str] = Field(
+        default_factory=list, description="endpoint_url values S3 sinks may use besides AWS's own"
+    )
+    kvs_endpoints: list[str] = Field(
+        default_factory=list,
+        description="Kinesis Video endpoints sinks may use besides AWS's own: control planes given as"
+        " endpoint_url and the data endpoints they return ('https://*.example.com' matches subdomains)",
+    )
+
+
+# Issue 18: what integrators' viewers, services and inputs use (links, webhooks, outbound requests, URL inputs).
+
+
+class LinkSettings(BaseModel):
+    """Signed playback links and live audio tickets: what players and browsers use instead of an API key."""
+
+    secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC key of playback links (unset: <home>/link-secret, made at first use; every API process"
+        " must share it)",
+    )
+    ttl_s: float = Field(default=3600.0, gt=0, le=7 * 86400, description="a playback link works this long")
+    ticket_ttl_s: float = Field(default=60.0, gt=0, le=3600, description="a live audio ticket works this long, once")
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="origins whose pages may read playback links (CORS, GET only; '*' any), e.g. https://app.example",
+    )
+    max_streams_per_session: int = Field(default=32, ge=1, description="open event streams per session's links")
+
+
+class WebhookSettings(BaseModel):
+    """Signed notifications of a session's end, sent to endpoints each tenant registers. A delivery is retried
+    with exponential back-off until it succeeds or `give_up_after_s` has passed."""
+
+    allowed_urls: list[str] = Field(
+        default_factory=lambda: ["https://*"],
+        description="where endpoints may point: URL patterns, '{tenant}' filled in, a trailing '*' any rest",
+    )
+    initial_backoff_s: float = Field(default=5.0, gt=0, description="the wait after the first failed attempt")
+    max_backoff_s: float = Field(default=3600.0, gt=0, description="the longest wait between two attempts")
+    give_up_after_s: float = Field(default=27 * 3600.0, gt=0, description="a delivery is retried this long")
+    timeout_s: float = Field(default=10.0, gt=0, description="one attempt's time limit")
+    max_endpoints: int = Field(default=10, ge=1, description="endpoints per tenant")
+    # Held outside the database so that a copy of it (a backup, a read replica, a leaked dump) signs nothing.
+    # A list so keys rotate: `monologue webhooks rotate-key` re-encrypts under the first
+    # (monologue/webhooks/encryption.py).
+    secret_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Fernet keys that encrypt endpoints' signing secrets in the database, newest first: the first"
+        " encrypts, every one decrypts (unset: <home>/webhook-key, made at first use; the API and every node must"
+        " share them)",
+    )
+
+
+class OutboundSettings(BaseModel):
+    """Requests to addresses a caller chooses (URL inputs, webhooks): public addresses only, checked on the
+    address actually connected to, unless the operator allows a range."""
+
+    allowed_ranges: list[str] = Field(
+        default_factory=list,
+        description="CIDR ranges reachable besides public addresses (loopback, private, link-local), e.g. 10.1.0.0/16",
+    )
+    allow_http: bool = Field(default=False, description="plain http:// besides https:// (tests, internal networks)")
+
+
+class InputSettings(BaseModel):
+    """Inputs given by URL (`portrait_url`, `audio_url`): https, or s3:// from the buckets listed here."""
+
+    s3_buckets: list[str] = Field(
+        default_factory=list,
+        description="where s3:// inputs may come from: 'bucket' or 'bucket/prefix' ('{tenant}' filled in)",
+    )
+    s3_endpoint_url: str | None = Field(default=None, description="the S3 server of s3:// inputs (unset: AWS)")
+    fetch_timeout_s: float = Field(default=30.0, gt=0, description="one input's whole download")
+    max_redirects: int = Field(default=5, ge=0, le=20)
+
+
+class RetentionSettings(BaseModel):
+    """How long a session's data is kept after it ended (portraits and voices are personal data). The scheduled
+    RetentionWorkflow applies these; `monologue temporal setup` (and the embedded stack at start) writes them into
+    its Temporal Schedule, so run it again after changing them. Unset: kept until the session is deleted."""
+
+    inputs_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="remove the portrait, the speech and what is derived from them (the reference, the checkpoints:"
+        " a session can no longer resume) this many days after the session ended; unset: keep",
+    )
+    outputs_days: float | None = Field(
+        default=None,
+        ge=0,
+        description="remove the stream and the video this many days after the session ended; unset: keep",
+    )
+    every_s: float = Field(default=3600.0, ge=60, description="how often the retention workflow runs")
+    batch: int = Field(default=100, ge=1, le=1000, description="sessions one activity call clears (heartbeating)")
+
+
+class TtsSettings(BaseModel):
+    """Speech from text on the nodes (`text` instead of audio; `gpu_worker/tts/`). espeak-ng needs nothing here."""
+
+    piper_voice: Path | None = Field(
+        default=None,
+        description="a Piper voice's .onnx file (its .onnx.json beside it) for voice=piper; needs the piper extra",
+    )
