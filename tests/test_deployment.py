@@ -206,7 +206,10 @@ def test_a_node_drains_within_its_grace_period_and_is_probed_on_its_port(overlay
     assert ports == {
         "metrics": int(env["MONOLOGUE_NODE__HTTP_PORT"]),
         "sdk-metrics": int(env["MONOLOGUE_NODE__TEMPORAL_METRICS_PORT"]),
+        "media": int(env["MONOLOGUE_NODE__MEDIA_PORT"]),
     }
+    # The API reaches the WebRTC signalling port at the pod's own address, on the port the node listens on.
+    assert env["MONOLOGUE_NODE__MEDIA_URL"] == f"http://$(POD_IP):{env['MONOLOGUE_NODE__MEDIA_PORT']}"
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert env["MONOLOGUE_NODE__HTTP_HOST"] == "0.0.0.0"
