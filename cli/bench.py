@@ -171,13 +171,22 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
 @click.option(
     "--webrtc", is_flag=True, help="Watch over WebRTC (WHEP) in headless Chromium (the one mode measured here)."
 )
+@click.option(
+    "--whip", is_flag=True, help="Speech in through the player page's microphone over WHIP (not the audio socket)."
+)
 @click.option("--runs", type=int, default=3, show_default=True, help="Live sessions, one after another.")
 @click.option("--bursts", type=int, default=5, show_default=True, help="Speech onsets per session.")
 @click.option("--lip-sync", type=click.Choice([v.value for v in LipSync]), default=None, help="The sessions' lip_sync.")
 @click.option("--api", "api_url", default=None, help="A running API (default: the embedded stack, started if down).")
 @click.option("--dump", type=click.Path(dir_okay=False), default=None, help="Write each run's frame series (JSON).")
 def bench_live_command(
-    webrtc: bool, runs: int, bursts: int, lip_sync: str | None, api_url: str | None, dump: str | None
+    webrtc: bool,
+    whip: bool,
+    runs: int,
+    bursts: int,
+    lip_sync: str | None,
+    api_url: str | None,
+    dump: str | None,
 ) -> None:
     """A live session's TTFF and glass-to-glass latency (speech onset sent → mouth moving in the page) as a viewer
     sees them, p50/p95 over every onset of every run (cli/benches/webrtc.py)."""
@@ -211,6 +220,7 @@ def bench_live_command(
                 options=options,
                 chromium=shutil.which("chromium") or "chromium",
                 reference=local_reference(get_settings()),
+                whip=whip,
             )
             click.echo(f"run {run + 1}: " + "; ".join(figures.lines()))
             total.merge(figures)

@@ -1,21 +1,31 @@
 """A live session watched over WebRTC in headless Chromium (Debian's package, fake media devices): the player page
 connects through WHEP with the session's playback link, shows the avatar's frames, and the mouth moves after each
 known speech onset (`cli/benches/webrtc.py` reads the frames in the page; its figures are printed, not asserted:
-`monologue bench live --webrtc` records them)."""
+`monologue bench live --webrtc` records them). With an audio ticket the page also talks: its "Talk" button sends
+Chromium's fake microphone (a WAV with known onsets) over WHIP."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import urljoin
 
+import numpy as np
 import pytest
 
-from cli.benches.webrtc import local_reference, measure
+from cli.benches.webrtc import BURST_S, GAP_S, LEAD_S, local_reference, measure
+from cli.chromium import CHROMIUM_ARGS
 from cli.stack import Stack, free_port
 from monologue import SAMPLES, repo
+from monologue.client import Client
 from monologue.db import make_engine, make_sessionmaker
+from monologue.live_audio import stored_live_audio
+from monologue.media import decode_wav
+from monologue.plan import AUDIO_RATE
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
+from monologue.storage import LocalStore
 from tests.browser import chromium_path
 from tests.helpers import api_key, register_api
+from tests.test_webrtc_whip import _stored_wav
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,6 +43,57 @@ def test_chromium_plays_a_live_session_over_whep_and_the_mouth_follows_the_speec
     print("\n".join(figures.lines()))
     assert figures.frames > 25 and figures.ttff_ms is not None
     assert len(figures.glass_ms) == 3 and min(figures.glass_ms) > 0, figures.lines()  # the mouth opens after each onset
+
+
+def test_the_player_talks_over_whip_with_a_ticket_and_the_mouth_follows_the_microphone(
+    stack: Stack, api_url: str
+) -> None:
+    """The page opened with `ticket=` sends Chromium's fake microphone (speech bursts with known onsets) over WHIP:
+    the node stores it as acknowledged pieces (the whole speech, then the end), the avatar's mouth opens after each
+    onset in the WHEP video the same page plays, and the session completes."""
+    bursts = 2
+    key = api_key(api_url)
+    figures = measure(
+        api_url,
+        key,
+        SAMPLES / "portrait.jpg",
+        SAMPLES / "speech.wav",
+        bursts=bursts,
+        chromium=chromium_path(),
+        reference=local_reference(stack.settings),
+        whip=True,
+    )
+    print("\n".join(figures.lines()))
+    root = stack.settings.storage.root
+    assert root is not None
+    stored, ended = stored_live_audio(LocalStore(root), figures.session_id)
+    speech_s = LEAD_S + bursts * (BURST_S + GAP_S)
+    assert ended and stored >= (speech_s - 0.5) * AUDIO_RATE, stored  # all the speech, whatever the page added
+    samples = np.abs(decode_wav(_stored_wav(root, figures.session_id)))
+    lead = int((LEAD_S - 0.5) * AUDIO_RATE)  # the WAV's silence came first (not Chromium's default beeps)
+    assert samples.max() > 0.1 and samples[:lead].max() < 0.05 * samples.max(), samples[:lead].max()
+    assert figures.frames > 25 and len(figures.glass_ms) == bursts and min(figures.glass_ms) > 0, figures.lines()
+    with Client(api_url, api_key=key) as client:
+        done = client.wait(figures.session_id, timeout_s=120)
+    assert done.status == "completed", done.error
+
+
+def test_the_player_has_no_talk_button_without_a_ticket(stack: Stack, api_url: str) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        session = client.create_live(portrait=SAMPLES / "portrait.jpg", options={"delivery": "webrtc"})
+        assert session.links.playback is not None and session.links.playback.player is not None
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(urljoin(api_url, session.links.playback.player))
+                assert not page.is_visible("#talk")
+                assert page.evaluate("window.monologuePlayer.talkState") == "none"
+            finally:
+                browser.close()
+        client.cancel(session.id)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@
   offer sending Opus audio, `Authorization: Bearer <audio ticket>` (`audio_ticket` of the session, or a fresh one from
   `POST /v1/sessions/{id}/ticket`) or an API key of its tenant; 201 with the answer and a `Location` to `DELETE`. One
   sender at a time, socket or WHIP (409). The session must have been created with `delivery=webrtc`.
-- `GET /v1/live/{id}/player?link=<token>`: a page that plays the session (WHEP) and re-offers through the same URL
-  when the connection drops (the session moved to another node).
+- `GET /v1/live/{id}/player?link=<token>[&ticket=<audio ticket>]`: a page that plays the session (WHEP) and re-offers
+  through the same URL when the connection drops (the session moved to another node); with `ticket` it shows a
+  "Talk" button that sends the browser's microphone over WHIP (the page reads `ticket` itself).
 Checks and forwarding are api/webrtc.py's; the peer connections live on the session's node (node/webrtc/)."""
 
 from __future__ import annotations

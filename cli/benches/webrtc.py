@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import threading
 import time
+import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -86,6 +88,7 @@ class WebrtcFigures:
     ttffs_ms: list[float] = field(default_factory=list)  # merged runs' TTFFs
     series: list[list[float]] = field(default_factory=list, repr=False)  # (wall ms, dark share) per shown frame
     onsets_ms: list[float] = field(default_factory=list, repr=False)
+    session_id: str = ""  # the live session measured
 
     def merge(self, other: WebrtcFigures) -> None:
         """Add another run's figures (TTFF: every run's, reported as p50/p95)."""
@@ -139,10 +142,13 @@ def measure(
     kill: Callable[[str], None] | None = None,
     chromium: str = "chromium",
     reference: Callable[[str], Path] | None = None,
+    whip: bool = False,
 ) -> WebrtcFigures:
-    """One live session watched in headless Chromium while `bursts` of speech go in; `kill` (optional) is called
-    with the session's id halfway through the speech (to kill the node holding it); `reference` finds a session's
-    stored reference (the embedded stack's storage), where the mouth is."""
+    """One live session watched in headless Chromium while `bursts` of speech go in: over the audio socket, or with
+    `whip` through the page itself (its "Talk" button: Chromium's fake microphone plays the speech as a WAV, sent over
+    WHIP with the session's audio ticket); `kill` (optional) is called with the session's id halfway through the
+    speech (to kill the node holding it); `reference` finds a session's stored reference (the embedded stack's
+    storage), where the mouth is."""
     from playwright.sync_api import sync_playwright
 
     pcm, onsets = speech_with_onsets(speech, bursts=bursts)
@@ -151,31 +157,49 @@ def measure(
     if session.links.playback is None or session.audio_ticket is None:
         raise RuntimeError("the live session came without a playback link or an audio ticket")
     token = urlsplit(session.links.playback.stream).path.split("/")[2]
-    sender = AudioSender(session.audio_ticket.url, pcm)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=chromium, args=[*CHROMIUM_ARGS, *CHROMIUM_FLAGS], headless=True
-        )
+    url = f"{api_url}/v1/live/{session.id}/player?link={token}"
+    with tempfile.TemporaryDirectory() as folder, sync_playwright() as playwright:
+        flags = [*CHROMIUM_ARGS, *CHROMIUM_FLAGS]
+        if whip:
+            flags.append(f"--use-file-for-fake-audio-capture={_wav(pcm, Path(folder) / 'speech.wav')}%noloop")
+            url += f"&ticket={session.audio_ticket.ticket}"
+        browser = playwright.chromium.launch(executable_path=chromium, args=flags, headless=True)
         try:
             page = browser.new_page()
             page.add_init_script(FRAME_PROBE)
-            page.goto(f"{api_url}/v1/live/{session.id}/player?link={token}")
-            sender.start()
-            killed_at = None
-            half = len(pcm) / RATE / 2
-            while sender.is_alive():
-                time.sleep(0.1)
-                if kill is not None and killed_at is None and time.time() - sender.started_at > half:
-                    killed_at = time.time() * 1000
-                    kill(session.id)
+            page.goto(url)
+            speaker: Speaker = PageMicrophone(page) if whip else AudioSender(session.audio_ticket.url, pcm)
+            killed_at = speaker.speak(len(pcm) / RATE, None if kill is None else lambda: kill(session.id))
             time.sleep(2.0)  # the last burst's frames
+            if kill is not None:  # the moved session catches up after its stall: until its frames stop coming
+                _until_frames_stop(page)
             series: list[list[float]] = page.evaluate("window.__frames")
         finally:
             browser.close()
-    started = sender.started_at * 1000
+    started = speaker.started_at * 1000
     onsets_ms = [started + 1000 * onset / RATE for onset in onsets]
     box = None if reference is None else MouthBox.of_reference(reference(session.id))
-    return figures(series, started, onsets_ms, killed_at, box)
+    out = figures(series, started, onsets_ms, killed_at, box)
+    out.session_id = session.id
+    return out
+
+
+def _until_frames_stop(page: Any, *, quiet_s: float = 1.5, limit_s: float = 30.0) -> None:
+    count, changed, deadline = -1, time.time(), time.time() + limit_s
+    while time.time() < deadline and time.time() - changed < quiet_s:
+        now = page.evaluate("window.__frames.length")
+        if now != count:
+            count, changed = now, time.time()
+        time.sleep(0.25)
+
+
+def _wav(pcm: np.ndarray, path: Path) -> Path:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(pcm.tobytes())
+    return path
 
 
 def local_reference(settings: Settings) -> Callable[[str], Path] | None:
@@ -254,6 +278,27 @@ class MouthBox:
         return cls(left, (mouth_y - half / 2) / height, right, (mouth_y + 1.5 * half) / height)
 
 
+class Speaker(Protocol):
+    started_at: float  # wall time (s) of the speech's sample 0
+
+    def speak(self, seconds: float, kill: Callable[[], None] | None) -> float | None:
+        """Speak the whole speech (`seconds` long), calling `kill` halfway; the kill's wall time (ms)."""
+        ...
+
+
+def _speak(
+    alive: Callable[[], bool], started_at: Callable[[], float], half: float, kill: Callable[[], None] | None
+) -> float | None:
+    killed_at: float | None = None
+    while alive():
+        time.sleep(0.1)
+        # (as before: the socket's `started_at` is 0 until it is ready, so the kill may come before the speech)
+        if kill is not None and killed_at is None and time.time() - started_at() > half:
+            killed_at = time.time() * 1000
+            kill()
+    return killed_at
+
+
 class AudioSender(threading.Thread):
     """Streams PCM into the audio socket at real time, 20 ms at a time; `started_at` is when sample 0 went out."""
 
@@ -261,6 +306,10 @@ class AudioSender(threading.Thread):
         super().__init__(daemon=True, name="audio-sender")
         self._url, self._pcm = url, pcm
         self.started_at = 0.0
+
+    def speak(self, seconds: float, kill: Callable[[], None] | None) -> float | None:
+        self.start()
+        return _speak(self.is_alive, lambda: self.started_at, seconds / 2, kill)
 
     def run(self) -> None:
         piece = int(PIECE_S * RATE)
@@ -278,6 +327,29 @@ class AudioSender(threading.Thread):
                     pass
             except Exception:  # the server closes once the session's audio is over
                 return
+
+
+class PageMicrophone:
+    """The player page's "Talk" button: Chromium's fake microphone (the speech's WAV, from its start when the page
+    captures it) goes over WHIP; pressed again once the speech is over, which ends the session's audio.
+    `started_at`: when the page had the microphone (the WAV's sample 0, to the capture's start-up)."""
+
+    def __init__(self, page: Any) -> None:
+        self._page = page
+        self.started_at = 0.0
+
+    def speak(self, seconds: float, kill: Callable[[], None] | None) -> float | None:
+        self._page.click("#talk")
+        self._page.wait_for_function("window.monologuePlayer.talkState !== 'ready'", timeout=30_000)
+        state = self._page.evaluate("[window.monologuePlayer.talkState, window.monologuePlayer.talkingSince]")
+        if state[0] != "talking":
+            raise RuntimeError(f"the page could not talk: {self._page.inner_text('#state')}")
+        self.started_at = state[1] / 1000
+        end = self.started_at + seconds + 0.5  # the last audio through the jitter buffer and the decoder
+        killed_at = _speak(lambda: time.time() < end, lambda: self.started_at, seconds / 2, kill)
+        self._page.click("#talk")
+        self._page.wait_for_function("window.monologuePlayer.talkState === 'stopped'", timeout=30_000)
+        return killed_at
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -79,16 +79,18 @@ def shard_model(
     return model
 
 
-def mixed_precision(param_dtype: torch.dtype) -> MixedPrecisionPolicy:
-    """FSDP2's policy: gather and compute in `param_dtype`, reduce in fp32."""
+def mixed_precision(param_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """FSDP2's policy: gather and compute in `param_dtype` (None: each parameter's own), reduce in fp32."""
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
-def _stored_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype of the model's floating-point parameters (fp32 when it has none)."""
+def _stored_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's floating-point parameters (fp32 when it has none), or None where they mix (the
+    infinitetalk DiT's fp32 modulation and head among bf16 blocks): each computes in its own, FSDP2 gathering a
+    group of mixed dtypes as bytes."""
     dtypes = {parameter.dtype for parameter in model.parameters() if parameter.is_floating_point()}
     if len(dtypes) > 1:
-        raise ValueError(f"{type(model).__name__} mixes parameter dtypes {sorted(map(str, dtypes))}: pass param_dtype")
+        return None
     return dtypes.pop() if dtypes else torch.float32
 
 

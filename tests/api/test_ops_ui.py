@@ -10,6 +10,7 @@ UI is not open on loopback, so every request the pages make must carry the key."
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -283,7 +284,16 @@ def test_session_page_of_a_live_webrtc_session_plays_it_over_webrtc(
     page = signed_in
     page.goto(f"{url}/ops/sessions/{session['id']}")
     page.wait_for_selector("iframe.webrtc-player", timeout=30_000)
-    player = next(frame for frame in page.frames if "/player" in frame.url)
+    player = _frame_loading(page, "/player")
     assert f"/v1/live/{session['id']}/player?link=" in player.url
     player.wait_for_function("window.monologuePlayer && window.monologuePlayer.firstFrameAt !== null", timeout=60_000)
     sender.join(timeout=60)
+
+
+def _frame_loading(page: Any, part: str, timeout_s: float = 30.0) -> Any:
+    """The page's frame whose URL holds `part`, once the iframe has navigated there (it starts at about:blank)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := [frame for frame in page.frames if part in frame.url]):
+        assert time.monotonic() < deadline, f"no frame at {part} within {timeout_s:g} s: {[f.url for f in page.frames]}"
+        page.wait_for_timeout(100)
+    return found[0]

@@ -190,8 +190,9 @@ def convert(
 ) -> dict[str, Tensor]:
     """Rename `tensors` (original names, each from its file in `origin`) to the model's, or raise CheckpointError
     naming every unexpected, missing or misshapen key with its file and both shapes. `updates` (a LoRA's, by our
-    names) are added in fp32 before the one cast to `dtype`."""
+    names) are added in fp32 before the one cast to `dtype` (fp32 for the model's `FP32_PARAMETERS` prefixes)."""
     expected = _expected(model)
+    fp32: tuple[str, ...] = getattr(model, "FP32_PARAMETERS", ())  # kept in fp32 (the DiT's modulation and head)
     state: dict[str, Tensor] = {}
     problems: list[str] = []
     for key, tensor in tensors.items():
@@ -222,8 +223,9 @@ def convert(
                 piece = updates[ours].merged(piece)  # fp32: the file's values + the LoRA's, rounded once below
             # A copy the model owns: the file's tensors are memory maps, whose storage cannot be freed and refilled
             # (offload and switch residency resize storages in place).
+            cast = torch.float32 if ours.startswith(fp32) else dtype
             state[ours] = (
-                piece if piece.is_meta else piece.to(dtype if piece.is_floating_point() else piece.dtype, copy=True)
+                piece if piece.is_meta else piece.to(cast if piece.is_floating_point() else piece.dtype, copy=True)
             )
     files = ", ".join(sorted({str(path) for path in origin.values()}))
     for ours, want in expected.items():

@@ -113,6 +113,14 @@ class VAEConfig:
     temporal_stride: int = 4
 
 
+class EncoderPrecision(StrEnum):
+    """An encoder's dtype on a node whose `Precision` is below fp32 (a CPU node runs everything in fp32)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"  # the DiT's: half the VAE's activations, off the original's numbers
+
+
 class Spacing(StrEnum):
     """Where a schedule's `steps` timesteps sit before the shift (then 0 ends it)."""
 
@@ -181,6 +189,9 @@ class InfiniteTalkConfig:
     sampling: SamplingConfig = field(default_factory=lambda: QUALITY_SAMPLING)  # the quality preset
     fast: SamplingConfig = field(default_factory=lambda: FAST_SAMPLING)  # the fast preset (needs a distilled LoRA)
     stream: StreamConfig = field(default_factory=StreamConfig)
+    # The original's encoder precisions (wan/multitalk.py: the Wan VAE in fp32, CLIP in fp16), whatever the DiT's.
+    vae_precision: EncoderPrecision = EncoderPrecision.FP32
+    clip_precision: EncoderPrecision = EncoderPrecision.FP16
     # The canvas sizes (h, w) by aspect ratio: 480-class for source/512, 720-class for 720p/1080p.
     buckets_480: dict[float, tuple[int, int]] = field(default_factory=lambda: dict(BUCKETS_480))
     buckets_720: dict[float, tuple[int, int]] = field(default_factory=lambda: dict(BUCKETS_720))

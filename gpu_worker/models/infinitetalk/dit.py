@@ -17,6 +17,12 @@ keys are diffusers' (rename.py maps the original ones). What diffusers lacks is 
 
 The forward is ours (diffusers' WanTransformer3DModel.forward has no place for the audio), the same steps.
 
+Precision as the original's (multitalk_model.py, the `amp.autocast(dtype=torch.float32)` sections): the modulation
+(the time embedding and `time_proj`) and the output head (`norm_out`, its scale/shift, `proj_out`) run in fp32
+whatever the model's dtype, their parameters kept in fp32 (`FP32_PARAMETERS`, which checkpoint.convert leaves
+uncast) and autocast off around them. The rotary tables are float64 (`Float64Rotary`, the original's float64
+frequencies), applied to each head's values in float64 and rounded once.
+
 Sequence parallelism (gpu_worker/distributed/sequence.py), as the dit family's A2V DiT does it: under `current_sp()`
 each rank keeps a contiguous run of the patch tokens (`SequenceShard` over single tokens, so a latent frame may
 straddle two ranks) and the rotary rows of those tokens, and runs the modulation, norms, feed-forward and the
@@ -30,6 +36,7 @@ output patches are all-gathered, so every rank returns the whole velocity. Witho
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +54,31 @@ from gpu_worker.distributed.sequence import SequenceShard, UlyssesAttention, cur
 from gpu_worker.models.infinitetalk.config import DiTConfig
 
 Rotary = tuple[Tensor, Tensor]  # diffusers' (cos, sin), each (1, L, 1, head_dim) float64
+
+
+def no_autocast(device: torch.device) -> AbstractContextManager[object]:
+    """Autocast off on `device` (nothing to turn off where it has none: the meta device FLOPs are counted on)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return nullcontext()
+
+
+class Float64Rotary(WanRotaryPosEmbed):
+    """diffusers' Wan rotary embedding with its tables kept in float64, as the original's rope_params and rope_apply
+    (multitalk_model.py: complex128 frequencies, each head's values rotated in float64); diffusers computes them in
+    float64 and rounds them to fp32. The rotation (`_rotate`, WanAttnProcessor's) then runs in float64 and rounds
+    once to the values' dtype. MPS has no float64: there the tables stay fp32, as diffusers keeps them."""
+
+    def __init__(self, head_dim: int, patch_size: tuple[int, int, int], max_seq_len: int, theta: float = 10000.0):
+        super().__init__(head_dim, patch_size, max_seq_len, theta)
+        dtype = torch.float32 if torch.backends.mps.is_available() else torch.float64
+        angles = []
+        for dim in (self.t_dim, self.h_dim, self.w_dim):
+            inverse = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+            angles.append(torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inverse).repeat_interleave(2, 1))
+        angle = torch.cat(angles, dim=1)  # (max_seq_len, head_dim), pairs interleaved as diffusers lays them out
+        self.register_buffer("freqs_cos", angle.cos().to(dtype), persistent=False)
+        self.register_buffer("freqs_sin", angle.sin().to(dtype), persistent=False)
 
 
 class AudioProjection(nn.Module):
@@ -207,11 +239,19 @@ class InfiniteTalkDiT(nn.Module):
     """Noisy latents + mask + encoded reference video → the flow velocity, conditioned on the timestep, text, the
     CLIP image tokens and the audio windows."""
 
+    # Parameter names (prefixes) stored in fp32 whatever the model's dtype: the modulation and the output head.
+    FP32_PARAMETERS = (
+        "condition_embedder.time_embedder.",
+        "condition_embedder.time_proj.",
+        "scale_shift_table",
+        "proj_out.",
+    )
+
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         self.config = config
         dim = config.dim
-        self.rope = WanRotaryPosEmbed(config.head_dim, config.patch_size, 1024)
+        self.rope = Float64Rotary(config.head_dim, config.patch_size, 1024)
         self.patch_embedding = nn.Conv3d(config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size)
         self.condition_embedder = WanTimeTextImageEmbedding(
             dim=dim,
@@ -233,8 +273,9 @@ class InfiniteTalkDiT(nn.Module):
         p_t, p_h, p_w = self.config.patch_size
         rotary = self.rope(latents)
         hidden = self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
-        time, modulation, text, image = self.condition_embedder(timestep, text, image)
-        modulation = modulation.unflatten(1, (6, -1))  # (B, 6, D)
+        time, modulation = self.modulation(timestep)
+        text = self.condition_embedder.text_embedder(text)
+        image = self.condition_embedder.image_embedder(image)
         context = torch.cat([image, text], dim=1)  # image tokens first, as the processor splits them off
         first, later = latent_audio_windows(audio, self.config.audio_window, self.config.vae_scale)
         audio_tokens = self.audio_proj(first, later).to(hidden.dtype)  # (B, T, tokens, width)
@@ -247,11 +288,27 @@ class InfiniteTalkDiT(nn.Module):
             attend = shard.attend(_dispatch)
         for block in self.blocks:
             hidden = block(hidden, context, modulation, rotary, audio_tokens, attend, shard)
-        shift, scale = (self.scale_shift_table + time.unsqueeze(1)).chunk(2, dim=1)
-        hidden = (self.norm_out(hidden.float()) * (1 + scale) + shift).type_as(hidden)
-        hidden = self.proj_out(hidden)  # (B, L, p_t p_h p_w out); under SP (B, L_local, ...)
+        hidden = self.head(hidden, time)  # (B, L, p_t p_h p_w out) fp32; under SP (B, L_local, ...)
         if shard is not None and sp is not None:  # every rank's tokens in order: (B, L, p_t p_h p_w out)
             hidden = gather_frames(hidden, 1, shard.token_counts, sp)
         hidden = hidden.reshape(batch, frames // p_t, height // p_h, width // p_w, p_t, p_h, p_w, -1)
         hidden = hidden.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, out, T', p_t, H', p_h, W', p_w)
         return hidden.flatten(6, 7).flatten(4, 5).flatten(2, 3).float()
+
+    def modulation(self, timestep: Tensor) -> tuple[Tensor, Tensor]:
+        """timestep (B,) → the time embedding (B, D) and the blocks' modulation (B, 6, D), both fp32 (autocast off,
+        fp32 parameters), as the original's time_embedding and time_projection."""
+        embedder = self.condition_embedder
+        with no_autocast(timestep.device):
+            time = embedder.time_embedder(embedder.timesteps_proj(timestep).float())
+            modulation = embedder.time_proj(embedder.act_fn(time))
+        return time, modulation.unflatten(1, (6, -1))
+
+    def head(self, hidden: Tensor, time: Tensor) -> Tensor:
+        """The output norm, its scale/shift from the time embedding (B, D) and `proj_out`, in fp32 as the
+        original's head: hidden (B, L, D) in the model's dtype → (B, L, p_t p_h p_w out) fp32."""
+        with no_autocast(hidden.device):
+            shift, scale = (self.scale_shift_table.float() + time.float().unsqueeze(1)).chunk(2, dim=1)
+            normed = self.norm_out(hidden.float()) * (1 + scale) + shift
+            out: Tensor = self.proj_out(normed)  # its parameters fp32 (FP32_PARAMETERS)
+            return out

@@ -4,8 +4,8 @@
   entities unescaped twice, whitespace collapsed), tokenised to 512 with padding and </s>, run through umT5's
   encoder with the padding masked, cut to its real tokens, then zero-padded to 512 again (the DiT's
   text_embedding sees those zeros and attends to them: multitalk_model.py lines 640-646, as diffusers' Wan
-  pipelines do). The original also runs `ftfy.fix_text` (mojibake repair, quote uncurling); we only normalise
-  to NFC, so prompts with mojibake or curly quotes tokenise differently.
+  pipelines do). The cleaning is tokenizers.py's basic_clean + whitespace_clean, `ftfy.fix_text` (NFC, mojibake
+  repair, quote uncurling) included, so a prompt tokenises as the original's does.
 - Image (`wan/modules/clip.py` CLIPModel.visual, lines 527-542): the reference frame in [-1, 1], bicubic to
   224 x 224 (no crop, no antialias), to [0, 1], normalised with OpenAI CLIP's mean and deviation, then the
   output of block 31 of 32 (257 tokens of 1280).
@@ -21,20 +21,22 @@ from __future__ import annotations
 
 import html
 import re
-import unicodedata
 
+import ftfy
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import CLIPVisionModel, UMT5EncoderModel, Wav2Vec2Model
+
+from gpu_worker.models.infinitetalk.runtime import own_precision
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def clean_prompt(text: str) -> str:
-    """tokenizers.py basic_clean + whitespace_clean, without ftfy (see the module docstring)."""
-    text = html.unescape(html.unescape(unicodedata.normalize("NFC", text))).strip()
+    """tokenizers.py basic_clean + whitespace_clean."""
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
     return re.sub(r"\s+", " ", text).strip()
 
 
@@ -61,7 +63,8 @@ def encode_image(model: CLIPVisionModel, image: Tensor, size: int) -> Tensor:
     std = torch.tensor(CLIP_STD, device=pixels.device).view(1, 3, 1, 1)
     pixels = ((pixels * 0.5 + 0.5) - mean) / std
     dtype = next(model.parameters()).dtype
-    return model(pixel_values=pixels.to(dtype)).last_hidden_state.float()
+    with own_precision(model, pixels.device):  # fp16 as the original's CLIP (`InfiniteTalkConfig.clip_precision`)
+        return model(pixel_values=pixels.to(dtype)).last_hidden_state.float()
 
 
 def encode_audio(model: Wav2Vec2Model, samples: Tensor, frames: int) -> Tensor:

@@ -43,6 +43,9 @@ def main() -> None:
     with torch.device("meta"):
         model = InfiniteTalkDiT(config.dit)
     model = model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
+    for name, parameter in model.named_parameters():  # the modulation and head stay fp32, as loading keeps them
+        if name.startswith(InfiniteTalkDiT.FP32_PARAMETERS):
+            parameter.data = parameter.data.float()
     generator = torch.Generator(device).manual_seed(0)
     for parameter in model.parameters():
         parameter.normal_(0.0, 0.02, generator=generator)

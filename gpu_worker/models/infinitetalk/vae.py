@@ -21,6 +21,9 @@ whole chunk as one process makes it), so the frames are the one-process frames b
 (roles.py). A rank pays the priming in full: the split shortens a chunk's decode from context + T latents to
 context + T / P.
 
+The VAE runs in its own dtype (`InfiniteTalkConfig.vae_precision`: fp32 as the original's, autocast off) inside a
+bf16 module (`runtime.own_precision`).
+
 Latents are normalised as the original's WanVAE does (`wan/modules/vae.py`: (mu - mean) / std per channel,
 with the means and deviations diffusers keeps in AutoencoderKLWan's config).
 """
@@ -34,6 +37,7 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, W
 from torch import Tensor
 
 from gpu_worker.distributed.sequence import SPGroup, split_frames
+from gpu_worker.models.infinitetalk.runtime import own_precision
 
 
 def _statistics(vae: AutoencoderKLWan, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -46,7 +50,8 @@ def _statistics(vae: AutoencoderKLWan, like: Tensor) -> tuple[Tensor, Tensor]:
 def encode(vae: AutoencoderKLWan, video: Tensor) -> Tensor:
     """video (B, 3, 1 + 4k, H, W) in [-1, 1] → normalised latents (B, z, 1 + k, H/8, W/8) float32: the posterior's
     mean, as the original's encode returns mu (vae.py WanVAE_.encode)."""
-    mu = vae.encode(video.to(vae.dtype)).latent_dist.mode().float()
+    with own_precision(vae, video.device):
+        mu = vae.encode(video.to(vae.dtype)).latent_dist.mode().float()
     mean, std = _statistics(vae, mu)
     return (mu - mean) / std
 
@@ -64,16 +69,21 @@ class DecodeStream:
         over all T in one call (as `decode` and `prime` make it)."""
         mean, std = _statistics(self.vae, latents)
         raw = (latents.float() * std + mean).to(self.vae.dtype)
-        features: Tensor = self.vae.post_quant_conv(raw)
+        with own_precision(self.vae, raw.device):
+            features: Tensor = self.vae.post_quant_conv(raw)
         return features
 
     def feed(self, features: Tensor, keep: bool) -> list[Tensor]:
         """Run `features` through the decoder one latent a call, the cache carried; their frames if `keep`."""
         outputs = []
         for index in range(features.shape[2]):
-            frames = self.vae.decoder(
-                features[:, :, index : index + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=self.latents == 0
-            )
+            with own_precision(self.vae, features.device):
+                frames = self.vae.decoder(
+                    features[:, :, index : index + 1],
+                    feat_cache=self.cache,
+                    feat_idx=[0],
+                    first_chunk=self.latents == 0,
+                )
             self.latents += 1
             if keep:
                 outputs.append(frames)
