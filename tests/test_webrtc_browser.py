@@ -139,4 +139,6 @@ def test_the_player_reconnects_through_the_same_url_after_the_node_is_killed(two
     print("\n".join(figures.lines()))
     (stall,) = figures.stalls_ms
     assert stall == stall and stall > 0  # frames came again after the kill (not NaN)
-    assert len(figures.glass_ms) == 4, figures.lines()  # the mouth followed the onsets after the move too
+    # Every onset is accounted for: seen, or spoken while no node sent frames (how many fall in the stall depends on
+    # the machine's speed, so the test does not count them); the frames after the stall are the new node's.
+    assert len(figures.glass_ms) + figures.missed == 4 and figures.glass_ms, figures.lines()

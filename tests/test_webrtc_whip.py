@@ -25,7 +25,7 @@ from monologue.live_audio import stored_live_audio
 from monologue.media import decode_wav, normalise_audio
 from monologue.plan import AUDIO_RATE, frame_count
 from monologue.storage import LocalStore
-from tests.helpers import api_key, submit, wait_done
+from tests.helpers import api_key, eventually, submit, wait_done
 from tests.test_live import _frame_hashes
 from tests.test_webrtc import SDP, _node_stats
 
@@ -91,11 +91,15 @@ def test_a_microphone_over_whip_feeds_a_live_session_that_renders_what_was_store
             again = await http.post(url, content=offer, headers=auth)  # a ticket opens one sender, once
             assert again.status_code == 403 and "ticket" in again.text
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
-            for _ in range(200):  # the WAV plays in real time
-                await asyncio.sleep(0.05)
-                stored = stored_live_audio(store, session.id)[0]
-                if player.audio is not None and player.audio.readyState == "ended" and stored >= 1.7 * AUDIO_RATE:
-                    break
+            await eventually(  # the WAV plays in real time
+                lambda: (
+                    player.audio is not None
+                    and player.audio.readyState == "ended"
+                    and stored_live_audio(store, session.id)[0] >= 1.7 * AUDIO_RATE
+                ),
+                timeout_s=60,
+                what="the WAV sent and stored",
+            )
             await asyncio.sleep(0.3)
             stop = await http.delete(f"{api_url}{location}")
             assert stop.status_code == 204, stop.text

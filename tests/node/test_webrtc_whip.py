@@ -120,13 +120,14 @@ def test_a_wav_sent_over_whip_is_stored_as_the_socket_stores_it_and_the_workflow
         with pytest.raises(OfferRefused) as second:  # one sender at a time, socket or WHIP
             await ingress.answer("live", (await _offer(kinds=("audio",)))[1])
         assert second.value.status == 409
-        for _ in range(200):  # the WAV plays in real time
-            await asyncio.sleep(0.05)
-            if (
+        await eventually(  # the WAV plays in real time
+            lambda: (
                 stored_live_audio(store, "live")[0] >= (SECONDS - 0.3) * AUDIO_RATE
                 and player.audio.readyState == "ended"
-            ):
-                break
+            ),
+            timeout_s=60,
+            what="the WAV stored",
+        )
         await asyncio.sleep(0.3)
         assert await ingress.close(resource, end=True)  # its DELETE: the session's audio ends with what was stored
         assert ingress.count() == 0
@@ -220,11 +221,13 @@ def test_a_sender_of_a_session_that_has_ended_is_closed(
             row.status = c.SessionStatus.CANCELLED
             db.commit()
         await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if ingress.count() == 0:
-                break
-        assert ingress.count() == 0
+
+        def closed_and_released() -> bool:
+            with sessions() as db:
+                row = repo.get_session(db, session_id="live")
+                return ingress.count() == 0 and row is not None and row.audio_socket is None
+
+        await eventually(closed_and_released, timeout_s=60, what="the sender closed and its claim released")
         await client.close()
 
     asyncio.run(main())
