@@ -23,7 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from .. import webrtc
-from ..deps import ServicesDep
+from ..deps import Services, ServicesDep
 from .renders import operation_id
 
 router = APIRouter(prefix="/v1/live", tags=["webrtc"], generate_unique_id_function=operation_id)
@@ -37,27 +37,14 @@ async def whep_offer(session_id: str, request: Request, services: ServicesDep) -
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
     offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHEP)
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    answer = await webrtc.forward("POST", f"{route.media_url}/whep/{session_id}?fps={route.fps}", body=offer)
-    if answer.status_code != 201:
-        raise webrtc.node_refusal(answer)
-    resource = answer.headers["X-Resource"]
-    return Response(
-        answer.text,
-        status_code=201,
-        media_type=webrtc.SDP_TYPE,
-        headers={"Location": f"/v1/live/{session_id}/whep/{resource}"},
-    )
+    return await _offer_to_node(route.media_url, session_id, webrtc.MediaNeed.WHEP, offer, query=f"?fps={route.fps}")
 
 
 @router.delete("/{session_id}/whep/{resource}", status_code=204, response_class=Response)
 async def whep_stop(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
     """Stop watching (the resource from the offer's `Location`)."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
-    route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    answer = await webrtc.forward("DELETE", f"{route.media_url}/whep/{session_id}/{resource}")
-    if answer.status_code != 204:
-        raise webrtc.node_refusal(answer)
-    return Response(status_code=204)
+    return await _stop_on_node(services, session_id, f"whep/{session_id}/{resource}")
 
 
 _TICKET = "an audio ticket of the session (POST /v1/sessions/{id}/ticket) or an API key"
@@ -69,24 +56,32 @@ async def whip_offer(session_id: str, request: Request, services: ServicesDep) -
     await run_in_threadpool(webrtc.audio_grant, services, webrtc.bearer(request, _TICKET), session_id)
     offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHIP)
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    answer = await webrtc.forward("POST", f"{route.media_url}/whip/{session_id}", body=offer)
-    if answer.status_code != 201:
-        raise webrtc.node_refusal(answer)
-    resource = answer.headers["X-Resource"]
-    return Response(
-        answer.text,
-        status_code=201,
-        media_type=webrtc.SDP_TYPE,
-        headers={"Location": f"/v1/live/{session_id}/whip/{resource}"},
-    )
+    return await _offer_to_node(route.media_url, session_id, webrtc.MediaNeed.WHIP, offer)
 
 
 @router.delete("/{session_id}/whip/{resource}", status_code=204, response_class=Response)
 async def whip_stop(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
     """Stop sending: the session's audio ends with what was stored (as `end` on the audio socket). The resource id
     from the offer's `Location` is the sender's credential here (a ticket is single-use)."""
+    return await _stop_on_node(services, session_id, f"whip/{session_id}/{resource}")
+
+
+async def _offer_to_node(
+    media_url: str, session_id: str, kind: webrtc.MediaNeed, offer: str, *, query: str = ""
+) -> Response:
+    """Forward an offer to the node (`<kind>/<session id>` there): its SDP answer, with the connection's URL on this
+    API (`Location`: `/v1/live/<session id>/<kind>/<resource>`) for the DELETE that ends it."""
+    answer = await webrtc.forward("POST", f"{media_url}/{kind}/{session_id}{query}", body=offer)
+    if answer.status_code != 201:
+        raise webrtc.node_refusal(answer)
+    location = f"/v1/live/{session_id}/{kind}/{answer.headers['X-Resource']}"
+    return Response(answer.text, status_code=201, media_type=webrtc.SDP_TYPE, headers={"Location": location})
+
+
+async def _stop_on_node(services: Services, session_id: str, path: str) -> Response:
+    """End a connection on the node holding the session (`path`: `whep|whip/<id>/<resource>`)."""
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    answer = await webrtc.forward("DELETE", f"{route.media_url}/whip/{session_id}/{resource}")
+    answer = await webrtc.forward("DELETE", f"{route.media_url}/{path}")
     if answer.status_code != 204:
         raise webrtc.node_refusal(answer)
     return Response(status_code=204)
