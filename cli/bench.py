@@ -4,6 +4,8 @@ torch for other commands."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from enum import StrEnum
 
 import click
@@ -147,22 +149,10 @@ def bench_upload_command(seconds: int, max_audio_seconds: float | None) -> None:
 def bench_avatar_command(runs: int, api_url: str | None) -> None:
     """Live TTFF (create → first segment) from a portrait upload against from an avatar's id."""
     from cli.benches.avatar import bench_avatar
-    from cli.renders import api_target
-    from cli.stack import Stack, http_ok
     from monologue import SAMPLES
 
-    url, key = api_target(api_url)
-    stack = None
-    if api_url is None and not http_ok(f"{url}/healthz"):
-        click.echo("starting Temporal, the API and a node…", err=True)
-        stack = Stack(get_settings())
-        stack.start()
-        key = stack.api_key
-    try:
+    with _api_or_stack(api_url) as (url, key):
         report = bench_avatar(url, key, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", runs=runs)
-    finally:
-        if stack is not None:
-            stack.stop()
     for line in report.lines():
         click.echo(line)
 
@@ -194,21 +184,12 @@ def bench_live_command(
     import shutil
 
     from cli.benches.webrtc import WebrtcFigures, local_reference, measure
-    from cli.renders import api_target
-    from cli.stack import Stack, http_ok
     from monologue import SAMPLES
 
     if not webrtc:
         raise click.UsageError("only --webrtc is measured here (HLS: `monologue bench avatar`, `monologue live`)")
-    url, key = api_target(api_url)
-    stack = None
-    if api_url is None and not http_ok(f"{url}/healthz"):
-        click.echo("starting Temporal, the API and a node…", err=True)
-        stack = Stack(get_settings())
-        stack.start()
-        key = stack.api_key
     total, dumps = WebrtcFigures(), []
-    try:
+    with _api_or_stack(api_url) as (url, key):
         for run in range(runs):
             options = {} if lip_sync is None else {"lip_sync": lip_sync}
             figures = measure(
@@ -225,9 +206,6 @@ def bench_live_command(
             click.echo(f"run {run + 1}: " + "; ".join(figures.lines()))
             total.merge(figures)
             dumps.append({"series": figures.series, "onsets_ms": figures.onsets_ms})
-    finally:
-        if stack is not None:
-            stack.stop()
     for line in total.lines():
         click.echo(line)
     if dump is not None:
@@ -387,3 +365,23 @@ def bench_faults_command(names: tuple[str, ...]) -> None:
         click.echo(f"PROBLEM: {problem}")
     if problems:
         raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def _api_or_stack(api_url: str | None) -> Iterator[tuple[str, str | None]]:
+    """(url, key) of the API given, or of the embedded stack: the one running, else one started for the bench and
+    stopped after it."""
+    from cli.renders import api_target
+    from cli.stack import Stack, http_ok
+
+    url, key = api_target(api_url)
+    if api_url is not None or http_ok(f"{url}/healthz"):
+        yield url, key
+        return
+    click.echo("starting Temporal, the API and a node…", err=True)
+    stack = Stack(get_settings())
+    stack.start()
+    try:
+        yield url, stack.api_key
+    finally:
+        stack.stop()
