@@ -20,7 +20,8 @@
 #   bench_resident  python -m gpu_worker.bench_gpu at 720p with few chunks: cold and warm TTFF, frames/s, stage ms,
 #                   memory, A2V TFLOP/s, switch ms, FLOPs                                        -> bench_resident.json
 #   infinitetalk    the infinitetalk family's 14B DiT random-initialised at its real shapes (bf16): build time, s per
-#                   denoising step at 480p, resident and in switch residency, peak memory        -> infinitetalk.json
+#                   denoising step at 480p (quality: 3 passes; fast: 1), one pass's TFLOP and TFLOP/s, resident and
+#                   in switch residency, peak memory (126 s on an H200: pinning 38 GB dominates) -> infinitetalk.json
 #   sp_check        the sequence-parallel kernels on one device (gpu_worker/distributed/sp_check.py): the SP path on
 #                   a one-rank NCCL group with 1, 2 and 4 head groups against the plain layer, and one P = 8 rank's
 #                   attention overlapped with a copy of its all-to-all bytes on a second stream  -> sp_check.json
@@ -165,7 +166,7 @@ if wanted bench_resident; then bench bench_resident 180 $BENCH; fi
 if wanted infinitetalk; then
   if "$PY" -c "import diffusers" > /dev/null 2>&1; then
     # shellcheck disable=SC2086
-    step infinitetalk 120 "$PY" -m gpu_worker.models.infinitetalk.gpu_timing --json-out "$RAW/infinitetalk.json" \
+    step infinitetalk 160 "$PY" -m gpu_worker.models.infinitetalk.gpu_timing --json-out "$RAW/infinitetalk.json" \
       $INFINITETALK
   else
     skipped infinitetalk "diffusers is not installed here (bash infra/wheelhouse.sh, and carry .whl)"
@@ -178,9 +179,10 @@ if wanted sp_check; then step sp_check 60 "$PY" -m gpu_worker.distributed.sp_che
 if wanted bench_switch; then bench bench_switch 90 $SWITCH_BENCH --residency switch; fi
 
 # record PRECISION RESIDENCY: one render record (frames' hashes and a few frames) for the gate.
-record() {
+record() {  # fp32 compiles its own kernels: past 60 s on the first H200 run (2026-12-04); bf16 took 33 s
+  local limit=60; [ "$1" = fp32 ] && limit=100
   # shellcheck disable=SC2086
-  step "record_$1_$2" 60 "$PY" -m gpu_worker.render_record "$WORK/records/$1_$2" $RECORD "${WEIGHTS[@]}" \
+  step "record_$1_$2" "$limit" "$PY" -m gpu_worker.render_record "$WORK/records/$1_$2" $RECORD "${WEIGHTS[@]}" \
     --precision "$1" --residency "$2"
   cp "$WORK/records/$1_$2/record.json" "$RAW/records/$1_$2.json" 2> /dev/null || true
 }

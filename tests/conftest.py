@@ -18,7 +18,7 @@ from monologue import SAMPLES
 # What a bare GPU machine lacks; a missing module outside this list is a real error.
 SERVICE_PACKAGES = frozenset(
     {"pydantic", "pydantic_settings", "temporalio", "av", "structlog", "fastapi", "starlette", "sqlalchemy"}
-    | {"boto3", "botocore", "psycopg", "alembic", "uvicorn"}
+    | {"boto3", "botocore", "psycopg", "alembic", "uvicorn", "tenacity"}
 )
 
 try:

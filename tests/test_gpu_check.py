@@ -8,8 +8,10 @@ runs, or is skipped saying why, and what comes back is three files.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -22,7 +24,45 @@ from tests.conftest import SERVICE_PACKAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 INFINITETALK_TESTS = ROOT / "tests" / "gpu_worker" / "models" / "infinitetalk"  # each needing diffusers skips whole
-MISSING_ON_THE_IMAGE = SERVICE_PACKAGES | {"diffusers"}  # /work/.library/device/KINDS.md: the image's packages
+
+
+def _names(path: Path) -> set[str]:
+    """Normalised distribution names, one per line (# comments)."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return {_normal(line) for line in lines if line and not line.startswith("#")}
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+ON_THE_IMAGE = _names(ROOT / "infra" / "gpu_image_packages.txt")
+WHEELHOUSE = _names(ROOT / "infra" / "wheelhouse.txt")
+
+
+def _needs(name: str) -> set[str]:
+    """What distribution `name`, as installed here, requires (extras left out); nothing if it is not here."""
+    try:
+        requires = importlib.metadata.requires(name) or []
+    except importlib.metadata.PackageNotFoundError:
+        return set()
+    return {_normal(re.split(r"[^A-Za-z0-9._-]", need, maxsplit=1)[0]) for need in requires if "extra ==" not in need}
+
+
+def missing_on_the_image(wheelhouse: bool) -> set[str]:
+    """Every importable top-level module installed here whose distributions are not on the image (nor, with
+    `wheelhouse`, among the wheels brought along): what the lent GPU machine lacks."""
+    there = ON_THE_IMAGE | (WHEELHOUSE if wheelhouse else set())
+    # What they need, transitively, as installed here (their versions there differ; what the image is known to
+    # lack stays out).
+    lacking, grown = {_normal(name) for name in SERVICE_PACKAGES}, set(there)
+    while grown:
+        grown = {need for name in grown for need in _needs(name)} - lacking - there
+        there |= grown
+    there.add("monologue")  # this project's own packages travel with the working tree
+    mapping = importlib.metadata.packages_distributions()
+    missing = {module for module, dists in mapping.items() if not {_normal(d) for d in dists} & there}
+    return {module for module in missing if module.isidentifier()}
 
 # Runs first in every Python process: the service stack is "not installed"; at exit the process writes
 # down any of it that got imported anyway (nothing should).
@@ -44,15 +84,38 @@ atexit.register(_report)
 """
 
 
-@pytest.fixture
-def bare(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """(environment of a bare GPU machine, folder of the processes' import logs)."""
+def _imitation(tmp_path: Path, wheelhouse: bool) -> tuple[dict[str, str], Path]:
     site, log = tmp_path / "site", tmp_path / "imports"
     site.mkdir()
     log.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=sorted(MISSING_ON_THE_IMAGE), log=str(log)))
+    blocked = sorted(missing_on_the_image(wheelhouse))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=blocked, log=str(log)))
     env = {**os.environ, "PYTHONPATH": str(site), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PY": sys.executable}
     return env, log
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """(environment of a bare GPU machine, no wheels brought; folder of the processes' import logs)."""
+    return _imitation(tmp_path, wheelhouse=False)
+
+
+def test_the_imitation_hides_what_the_image_lacks() -> None:
+    assert SERVICE_PACKAGES <= missing_on_the_image(wheelhouse=True)
+    assert {"diffusers", "ftfy"} <= missing_on_the_image(wheelhouse=False) - missing_on_the_image(wheelhouse=True)
+    assert not {"torch", "numpy", "PIL", "safetensors", "pytest", "gpu_worker"} & missing_on_the_image(False)
+
+
+def test_the_gpu_tests_collect_with_the_wheelhouse(tmp_path: Path) -> None:
+    """With the wheels of infra/wheelhouse.txt brought (and nothing else the image lacks), every GPU test module
+    imports: none stops the collection (ftfy once did, imported by the infinitetalk encoders)."""
+    env, _ = _imitation(tmp_path, wheelhouse=True)
+    command = [sys.executable, "-m", "pytest", "tests/gpu_worker", "-m", "gpu", "--collect-only", "-q"]
+    done = subprocess.run([*command, "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True)
+    summary = done.stdout.strip().splitlines()[-1]  # "1/187 tests collected (186 deselected) in 4.38s"
+    assert done.returncode == 0 and re.search(r"tests? collected", summary), done.stdout[-3000:]
+    assert "error" not in summary and "ImportError while importing" not in done.stdout, done.stdout[-3000:]
+    assert "SKIPPED" not in done.stdout, done.stdout[-3000:]  # diffusers imports: no infinitetalk module skips
 
 
 def _import_logs(log: Path) -> list[dict[str, object]]:
