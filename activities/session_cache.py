@@ -5,6 +5,8 @@ A session missing here (the node restarted, or the session moved to this node) i
 portrait, the audio, and the reference conditioning stored the first time it was encoded (it is encoded only
 once per session, on whichever node starts it). The anchors come back from checkpoints (`checkpoints.py`).
 A session with burned-in captions reads its cues here, once (`keys.captions`, JSON).
+A render's speech features, for a family that encodes the whole speech once (infinitetalk's wav2vec2), are stored
+the same way by the node that starts it and read back by range (`speech_features.py`).
 Reading from storage and aligning a transcript are known long steps (`heartbeat.long_step`); encoding the
 reference runs the family's modules and is not: if it hangs, the heartbeats stop.
 """
@@ -23,10 +25,11 @@ from safetensors.numpy import load as load_tensors, save as save_tensors
 from activities.fault_injection import Faults
 from activities.heartbeat import ALIGN_LIMIT_S, STORAGE_LOAD_LIMIT_S, ChunkHeartbeat
 from activities.pipelines import Pipelines
+from activities.speech_features import StoredFeatures, features_file
 from gpu_worker.models import family_entry
 from gpu_worker.pipeline import OutputSpec
 from gpu_worker.pipeline.burn_in import CaptionBurner
-from gpu_worker.pipeline.pipeline import Session
+from gpu_worker.pipeline.pipeline import Pipeline, Session
 from gpu_worker.pipeline.types import AudioSource
 from gpu_worker.tts import TimedPhone, read_phones
 from monologue import contracts as c, keys
@@ -95,9 +98,23 @@ class SessionCache:
             )
         if reference is None:
             self._store.put(keys.reference(session_id), save_tensors(session.reference))
+        if kind is c.SessionKind.RENDER:
+            self._speech(session_id, pipeline, session, progress)
         if avatar is not None and prepared is None:
             self._keep_for_avatar(avatar, options, session)
         return session
+
+    def _speech(self, session_id: str, pipeline: Pipeline, session: Session, progress: ChunkHeartbeat) -> None:
+        """A render's speech features: encoded whole and stored by the node that starts the session, read back by
+        range there and on any node that resumes it (nothing stored: the family encodes each chunk's audio)."""
+        key = keys.speech_features(session_id)
+        if not self._store.exists(key):
+            progress("encoding the speech")  # on the accelerator, no steps: if it hangs, the heartbeats stop
+            rows = pipeline.encode_speech(session)
+            if rows is None:
+                return
+            self._store.put(key, features_file(rows))
+        session.speech = StoredFeatures(self._store, key)
 
     def _avatar_reference(
         self, session_id: str, options: c.RenderOptions

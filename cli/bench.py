@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from enum import StrEnum
+from typing import Any
 
 import click
 
+from cli.benches.sp import SP_FAMILIES, SpOptions, sp_table
 from cli.fault_watch import Fault
-from monologue.contracts import Family, LipSync, Residency, Resolution
+from monologue.contracts import Family, LipSync, Residency, Resolution, SamplingPreset
 from monologue.settings import get_settings
 
 
@@ -78,56 +80,46 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, r
 
 
 @bench.command("sp")
-@click.option("--preset", default="h200", show_default=True, help="A dit preset, or seed18b (the seed's scale).")
-@click.option("--resolution", default="720p", show_default=True)
+@click.option(
+    "--family", type=click.Choice([f.value for f in SP_FAMILIES]), default=Family.DIT.value, show_default=True
+)
+@click.option("--preset", default=None, help="dit: a preset, or seed18b (the seed's scale). [default: h200]")
+@click.option("--resolution", default=None, help="[default: dit 720p, infinitetalk 480p (or 720p)]")
 @click.option("--ranks", type=int, multiple=True, default=(1, 2, 4, 8), show_default=True, help="Repeatable.")
 @click.option(
     "--head-groups", type=int, default=2, show_default=True, help="The most head groups per attention (as the node)."
 )
-@click.option("--n-frames", type=int, default=40, show_default=True, help="Frames per N chunk.")
-@click.option("--i-frames", type=int, default=4, show_default=True, help="Frames per I chunk.")
+@click.option("--n-frames", type=int, default=None, help="Frames per N chunk. [default: dit 40, infinitetalk 72]")
+@click.option("--i-frames", type=int, default=None, help="dit: frames per I chunk. [default: 4]")
 @click.option(
     "--layout",
     type=click.Choice(["design", "balanced"]),
-    default="design",
-    show_default=True,
-    help="design: the node as built (DiTs split by tokens, the decode in whole batches with each rank's priming);"
-    " balanced: every stage split evenly in its finest unit (a bound, not built).",
+    default=None,
+    help="dit: design (the node as built: DiTs split by tokens, the decode in whole batches with each rank's priming;"
+    " the default) or balanced (every stage split evenly in its finest unit: a bound, not built).",
 )
-@click.option("--fsdp", is_flag=True, help="Weights sharded with FSDP2 (gathered per block).")
+@click.option("--fsdp", is_flag=True, help="dit: weights sharded with FSDP2 (gathered per block).")
+@click.option(
+    "--sampling-preset",
+    type=click.Choice([p.value for p in SamplingPreset]),
+    default=None,
+    help="infinitetalk [default: fast].",
+)
+@click.option("--first-frames", type=int, default=None, help="infinitetalk: frames in N0, for TTFF. [default: 17]")
+@click.option(
+    "--vae-tflops", type=float, default=None, help="infinitetalk: the VAE's rate [default: the dit decoder's]."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
-def bench_sp_command(
-    preset: str,
-    resolution: str,
-    ranks: tuple[int, ...],
-    head_groups: int,
-    n_frames: int,
-    i_frames: int,
-    layout: str,
-    fsdp: bool,
-    as_json: bool,
-) -> None:
-    """A MODEL, not a measurement: the node's time per N and I chunk under Ulysses sequence parallelism for
-    each rank count, from FLOPs counted on the meta device and per-op rates measured on one H200, with the
-    all-to-all bytes per layer, FLOPs per rank, exposed communication and the N/I work-split verdict."""
-    import json
-
-    from gpu_worker.distributed.sp_model import Layout
-    from gpu_worker.distributed.sp_table import Scenario, describe, report, scenario_config
-
-    scenario = Scenario(
-        scenario_config(preset),
-        resolution,
-        n_frames=n_frames,
-        i_frames=i_frames,
-        head_groups=head_groups,
-        fsdp=fsdp,
-        layout=Layout(layout),
-    )
-    degrees = tuple(sorted(set(ranks)))
+def bench_sp_command(family: str, sampling_preset: str | None, **given: Any) -> None:
+    """A MODEL, not a measurement: the node's time per chunk under Ulysses sequence parallelism for each rank
+    count. dit: N and I chunks from FLOPs counted on the meta device and per-op rates measured on one H200, with the
+    all-to-all bytes per layer, FLOPs per rank, exposed communication and the N/I work-split verdict. infinitetalk:
+    a 72-frame N chunk's DiT (the 14B's measured rate), exposed all-to-all, launch overhead modelled from the
+    one-rank SP layer, the VAE at the dit decoder's rate standing in, frames/s, speed-up, TTFF and a verdict."""
+    preset = None if sampling_preset is None else SamplingPreset(sampling_preset)
     try:
-        click.echo(json.dumps(report(scenario, degrees)) if as_json else describe(scenario, degrees))
-    except ValueError as error:  # a rank count the preset's heads do not split over
+        click.echo(sp_table(SpOptions(Family(family), sampling_preset=preset, **given)))
+    except ValueError as error:  # a rank count the heads do not split over, an option the family does not take
         raise click.ClickException(str(error)) from error
 
 

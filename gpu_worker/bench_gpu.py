@@ -1,6 +1,7 @@
 """`monologue bench gpu` (or `python -m gpu_worker.bench_gpu`): the dit family on one accelerator, measured.
 
-Prints, for a stated configuration (preset, resolution, weight dtype, residency, parameter counts):
+Prints, for a stated configuration (preset, resolution, weight dtype, quantization, residency, parameter counts
+and weight memory per model: the bytes of its parameters and buffers, what `--quantize` saves):
 - load time, then time to first frame twice: *cold* (the first session after loading: reference encode +
   first chunk, including compiles and first-use allocations) and *warm* (a second session, after a warm-up
   session of N0 N1 I0 has run every chunk shape once);
@@ -50,6 +51,7 @@ from gpu_worker.bench_gpu_parts import (
     torch_modules,
     weight_dtype,
 )
+from gpu_worker.compiled import StepCompile, use as use_compile
 from gpu_worker.distributed.measure import allocated_memory, peak_memory, reset_peak_memory
 from gpu_worker.models.dit import build_family
 from gpu_worker.models.dit.checkpoint import Weights
@@ -58,6 +60,7 @@ from gpu_worker.models.dit.flops import H200_BF16_TFLOPS
 from gpu_worker.models.dit.layers import parameter_count
 from gpu_worker.models.dit.runtime import default_device
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.quantize import QuantMode, quantized_weights, tensor_bytes
 from gpu_worker.samples import SPEECH_RATE, sample_portrait, sample_speech
 from monologue.contracts import ChunkKind, Residency, Resolution
 from monologue.plan import plan_chunks
@@ -76,7 +79,9 @@ class GpuReport:
     chunk_frames: int = 40
     i_frames: int = 4
     weights_dtype: str = ""
+    quantize: str = QuantMode.NONE.value  # the DiTs' block linears (gpu_worker/quantize.py)
     parameters: dict[str, int] = field(default_factory=dict)
+    weight_bytes: dict[str, int] = field(default_factory=dict)  # parameters + buffers per model
     load_s: float = 0.0
     compile_s: float = 0.0  # the SR attention's compile buckets, before the first session
     compiled_buckets: list[int] = field(default_factory=list)
@@ -128,6 +133,7 @@ def bench_gpu(
     switch_rounds: int = 4,
     flops: bool = True,
     weights: Path | None = None,
+    quantize: QuantMode = QuantMode.NONE,
     note: Callable[[GpuReport, str], None] = lambda report, phase: None,
 ) -> GpuReport:
     """Render a warm-up session and a measured one, then the isolated measurements; `note` hears of each
@@ -143,16 +149,19 @@ def bench_gpu(
         else "no CUDA here: the tiny preset on the CPU at half size, to check the script, not a card"
     )
     report = GpuReport(device, card, preset_name, resolution, Residency(residency).value)
-    report.chunk_frames, report.i_frames = chunk_frames, i_frames
+    report.chunk_frames, report.i_frames, report.quantize = chunk_frames, i_frames, QuantMode(quantize).value
     config = preset(preset_name)
     reset_peak_memory(device)
     loading: list[float] = []
     with stopwatch(device, loading):
-        family = build_family(Weights.open(weights) if weights is not None else Weights(config, seed=1))
+        family = build_family(
+            Weights.open(weights) if weights is not None else Weights(config, seed=1), quantize=QuantMode(quantize)
+        )
         pipeline = Pipeline(family, residency=Residency(residency))  # stage times synced on CUDA
     report.load_s = loading[0]
     models = {name: module.models[name] for name, module in torch_modules(family).items() if name in module.models}
-    report.parameters = {name: parameter_count(model) for name, model in models.items()}
+    report.parameters = {name: parameter_count(model) + quantized_weights(model) for name, model in models.items()}
+    report.weight_bytes = {name: tensor_bytes(model) for name, model in models.items()}
     report.weights_dtype = weight_dtype(models["a2v"])
     note(report, f"loaded in {report.load_s:.1f} s")
     capture = _sessions(report, pipeline, config, device, chunks, warmup_chunks, note)
@@ -297,10 +306,13 @@ def describe(report: GpuReport) -> str:
         f"device       {report.device}: {report.note}",
         f"config       preset {report.preset}, {report.width}x{report.height} at {report.fps} fps"
         f" ({report.resolution}), chunks of {report.chunk_frames} + {report.i_frames} frames,"
-        f" weights {report.weights_dtype}, {report.residency}",
+        f" weights {report.weights_dtype}, quantize {report.quantize}, {report.residency}",
         "parameters   "
         + ", ".join(f"{name} {_count(count)}" for name, count in report.parameters.items())
         + f"; total {_count(sum(report.parameters.values()))}",
+        "weight MiB   "
+        + ", ".join(f"{name} {size / 2**20:.2f}" for name, size in report.weight_bytes.items())
+        + f"; total {sum(report.weight_bytes.values()) / 2**20:.2f} (parameters and buffers)",
         f"load         {report.load_s:.1f} s (build, weights to the device); compile {report.compile_s:.1f} s"
         f" (SR attention buckets {report.compiled_buckets or 'none: not compiled here'})",
         f"TTFF cold    {report.cold_ttff_ms:.0f} ms (first session after load: compiles included);"
@@ -323,7 +335,7 @@ def describe(report: GpuReport) -> str:
         share = f" = {step['share_of_peak']:.0%} of {H200_BF16_TFLOPS:g}" if step["share_of_peak"] is not None else ""
         lines.append(
             f"A2V step     {step['tflops']:.3g} TFLOP/s{share} ({step['tflop']:.3g} TFLOP in {step['ms']:.2f} ms,"
-            f" {step['dtype']})"
+            f" {step['dtype']}{', compiled' if step.get('compiled') else ''})"
         )
     if report.sr_attention:
         sr = report.sr_attention
@@ -369,7 +381,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-out", type=Path, help="also write the JSON here, rewritten after every phase")
     parser.add_argument("--progress", action="store_true", help="a line on stderr per chunk and phase")
     parser.add_argument("--weights", type=Path, help="a checkpoint folder of the preset (make_checkpoint's)")
+    parser.add_argument("--quantize", type=QuantMode, default=QuantMode.NONE, choices=list(QuantMode))
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile the DiTs' steps at the warm buckets (gpu_worker/compiled.py); default MONOLOGUE_COMPILE_STEPS",
+    )
     args = parser.parse_args(argv)
+    if args.compile is not None:
+        use_compile(StepCompile.ON if args.compile else StepCompile.OFF)
     started = time.perf_counter()
 
     def note(report: GpuReport, phase: str) -> None:
@@ -389,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
         switch_rounds=args.switch_rounds,
         flops=not args.no_flops,
         weights=args.weights,
+        quantize=args.quantize,
         note=note,
     )
     note(report, "done")

@@ -5,7 +5,7 @@ ported if its frames still match a baseline. A render record is that evidence, w
 pipeline directly, with no service stack (the GPU machine has torch and numpy, no PyAV or pydantic):
 
     python -m gpu_worker.render_record OUT_DIR --preset tiny --resolution 512 --seconds 2 --seed 7 \\
-        --precision fp32 --residency resident
+        --precision fp32 --residency resident [--quantize int8]
 
 OUT_DIR/record.json holds the settings, the frame size and rate, and every frame's SHA-256 as the
 pipeline computes it (`DecodePublishStage`); OUT_DIR/frames.npy holds the frames themselves (uint8,
@@ -32,6 +32,7 @@ from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import preset
 from gpu_worker.models.dit.runtime import Precision, default_device
 from gpu_worker.pipeline import ChunkRequest, OutputSpec, Pipeline
+from gpu_worker.quantize import QuantMode
 from gpu_worker.samples import sample_portrait, sample_speech
 from monologue.contracts import Family, Residency, Resolution
 from monologue.gate import FRAMES_FILE, RECORD_FILE, RECORD_FORMAT  # the gate reads what this writes (numpy only)
@@ -40,7 +41,7 @@ from monologue.plan import AUDIO_RATE, plan_chunks
 
 @dataclass(frozen=True)
 class RecordSettings:
-    """What was rendered: everything that changes the frames, and the two switches under test."""
+    """What was rendered: everything that changes the frames, and the switches under test."""
 
     family: Family = Family.DIT
     preset: str = "tiny"
@@ -52,12 +53,14 @@ class RecordSettings:
     weights: str | None = None  # ... or a checkpoint folder of the preset's (make_checkpoint's: the GPU check's)
     precision: Precision = Precision.AUTO
     residency: Residency = Residency.RESIDENT
+    quantize: QuantMode = QuantMode.NONE  # the DiTs' block linears (gpu_worker/quantize.py)
     chunk_frames: int = 40
     i_frames: int = 4
     fps: int = 25
 
     def __post_init__(self) -> None:  # accept the enums' values too ("bf16"), as record.json holds them
-        for name, kind in (("family", Family), ("precision", Precision), ("residency", Residency)):
+        kinds = (("family", Family), ("precision", Precision), ("residency", Residency), ("quantize", QuantMode))
+        for name, kind in kinds:
             object.__setattr__(self, name, kind(getattr(self, name)))
 
 
@@ -116,7 +119,8 @@ def render_record(settings: RecordSettings, out_dir: Path, *, keep_frames: int =
         if settings.weights is not None
         else Weights(preset(settings.preset), seed=settings.weights_seed)
     )
-    pipeline = Pipeline(build_family(weights, precision=settings.precision), residency=settings.residency)
+    family = build_family(weights, precision=settings.precision, quantize=settings.quantize)
+    pipeline = Pipeline(family, residency=settings.residency)
 
     output = OutputSpec(fps=settings.fps, resolution=Resolution(settings.resolution), preview=settings.preview)
     total = max(1, round(settings.seconds * settings.fps))
@@ -172,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights", default=None, help="a checkpoint folder of the preset (make_checkpoint's)")
     parser.add_argument("--precision", type=Precision, default=defaults.precision, choices=list(Precision))
     parser.add_argument("--residency", type=Residency, default=defaults.residency, choices=list(Residency))
+    parser.add_argument("--quantize", type=QuantMode, default=defaults.quantize, choices=list(QuantMode))
     parser.add_argument("--chunk-frames", type=int, default=defaults.chunk_frames, help="frames per N chunk")
     parser.add_argument("--i-frames", type=int, default=defaults.i_frames, help="frames per I chunk")
     parser.add_argument("--keep-frames", type=int, default=250, help="frames to store in frames.npy (evenly spaced)")
@@ -182,9 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     args = vars(_parser().parse_args(argv))
     out_dir, keep = args.pop("out_dir"), args.pop("keep_frames")
     record = render_record(RecordSettings(**args), out_dir, keep_frames=keep)
+    settings = record.settings
+    quantized = "" if settings.quantize is QuantMode.NONE else f"/{settings.quantize} DiT linears"
     print(
         f"{out_dir}: {len(record.frame_hashes)} frames {record.width}x{record.height} at {record.fps} fps "
-        f"({len(record.stored_frames)} stored), {record.settings.precision}/{record.settings.residency} "
+        f"({len(record.stored_frames)} stored), {settings.precision}/{settings.residency}{quantized} "
         f"on {record.device}"
     )
 

@@ -25,6 +25,7 @@
 #   sp_check        the sequence-parallel kernels on one device (gpu_worker/distributed/sp_check.py): the SP path on
 #                   a one-rank NCCL group with 1, 2 and 4 head groups against the plain layer, and one P = 8 rank's
 #                   attention overlapped with a copy of its all-to-all bytes on a second stream  -> sp_check.json
+#   bench_compiled  the same render with the DiTs' steps compiled at load (--compile: CUDA graphs) -> bench_compiled.json
 #   bench_switch    the same render with --residency switch: the switch time each chunk saw     -> bench_switch.json
 #   records         render records (gpu_worker/render_record.py) bf16 resident, bf16 switch and fp32 resident
 #                   ($RECORD_VARIANTS), and the quality gate (monologue/gate.py) between them -> records/, gate_*.out
@@ -40,7 +41,7 @@ START=$(date +%s)
 DEADLINE=${DEADLINE:-530}  # seconds from start: with the last kill grace and the packing, within one 600-s call
 OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-$(command -v python || command -v python3)}
-STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu build bench_resident infinitetalk sp_check bench_switch records"}
+STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu build bench_resident infinitetalk sp_check bench_compiled bench_switch records"}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d)
@@ -65,6 +66,7 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then  # the CPU dry run: every step tiny (the sc
   PRESET=tiny
   BENCH=${BENCH_ARGS:-"--preset tiny --resolution 512 --chunks 2 --warmup-chunks 1 --chunk-frames 4 --no-flops"}
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"$BENCH"}
+  COMPILED_BENCH=${COMPILED_BENCH_ARGS:-"$BENCH"}
   RECORD=${RECORD_ARGS:-"--preset tiny --resolution 512 --preview --seconds 0.2 --chunk-frames 4 --keep-frames 1"}
   SP_CHECK=${SP_CHECK_ARGS:-"--tiny --repeats 2"}
   INFINITETALK=${INFINITETALK_ARGS:-"--preset tiny --steps 1"}
@@ -73,6 +75,7 @@ else
   SP_CHECK=${SP_CHECK_ARGS:-"--repeats 20"}
   BENCH=${BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 20"}
   SWITCH_BENCH=${SWITCH_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 8 --warmup-chunks 2"}
+  COMPILED_BENCH=${COMPILED_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 8 --warmup-chunks 2"}
   RECORD=${RECORD_ARGS:-"--preset h200 --resolution 720p --seconds 1 --keep-frames 4"}
   INFINITETALK=${INFINITETALK_ARGS:-"--steps 2"}
 fi
@@ -175,6 +178,8 @@ fi
 
 # shellcheck disable=SC2086
 if wanted sp_check; then step sp_check 60 "$PY" -m gpu_worker.distributed.sp_check $SP_CHECK --json-out "$RAW/sp_check.json"; fi
+# shellcheck disable=SC2086  # the DiTs' steps compiled at load (CUDA graphs), against bench_resident's eager steps
+if wanted bench_compiled; then bench bench_compiled 150 $COMPILED_BENCH --compile; fi
 # shellcheck disable=SC2086
 if wanted bench_switch; then bench bench_switch 90 $SWITCH_BENCH --residency switch; fi
 

@@ -59,6 +59,12 @@ def reference(session_id: str) -> str:
     return f"sessions/{session_id}/ref/conditioning.safetensors"
 
 
+def speech_features(session_id: str) -> str:
+    """A render's speech features, encoded over its whole speech once per session (safetensors, one row per video
+    frame, read back by row range: `activities.speech_features`)."""
+    return f"sessions/{session_id}/ref/speech.safetensors"
+
+
 def checkpoint(session_id: str, index: int, lease: int = 0) -> str:
     """The checkpoint after N chunk `index`: its head and tail anchors, with the cursor as metadata. Each node lease
     writes its own (so a node cut off and back never overwrites the file the session's row points to); lease 0 is

@@ -49,7 +49,10 @@ def test_off_grid_infinitetalk_sizes_get_a_422_saying_what_to_fix(stack: Stack) 
     assert "first_chunk_frames 0 or 1 + a multiple of 4 (got first_chunk_frames=16)" in detail
 
 
-def test_an_infinitetalk_live_session_starts_on_the_wan_grid_and_gives_the_render_s_frames(stack: Stack) -> None:
+def test_an_infinitetalk_live_session_starts_on_the_wan_grid_and_hears_each_chunk_s_own_audio(stack: Stack) -> None:
+    """The one family whose live frames are not its render's: a render encodes its whole speech once (as InfiniteTalk
+    does), a live session, whose speech is still arriving, each chunk's audio with a second before it (issue 29 item
+    6, docs/architecture.md). The first frame is the portrait's own latent in both."""
     url, headers = str(stack.settings.api.public_url), {"Authorization": f"Bearer {stack.api_key}"}
     pcm = (np.frombuffer((SAMPLES / "speech.wav").read_bytes()[44:], dtype="<i2")[: int(16_000 * 1.2)]).copy()
     options = {"family": "infinitetalk", "chunk_frames": "16", "i_frames": "4", "prompt": "a calm studio"}
@@ -74,4 +77,6 @@ def test_an_infinitetalk_live_session_starts_on_the_wan_grid_and_gives_the_rende
     created = httpx.post(f"{url}/v1/renders", files=files, data=options, headers=headers, timeout=60)
     render = _wait(url, headers, created.json()["id"])
     assert render["status"] == "completed", render["error"]
-    assert _frame_hashes(stack, live["id"]) == _frame_hashes(stack, render["id"])
+    live_hashes, render_hashes = _frame_hashes(stack, live["id"]), _frame_hashes(stack, render["id"])
+    assert len(live_hashes) == len(render_hashes) == 30 and live_hashes[0] == render_hashes[0]
+    assert all(live != rendered for live, rendered in zip(live_hashes[1:], render_hashes[1:], strict=True))

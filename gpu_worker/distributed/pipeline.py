@@ -5,7 +5,8 @@ Sharded models need every rank in every forward: the ranks all-gather each block
 rank holds its own Pipeline of the same family and a *mirror* of each session (its reference
 conditioning and anchors), and runs the same stages on the same inputs. Only rank 0 publishes: the
 others decode into a sink that drops the frames. What crosses the control plane per chunk is small:
-the chunk, its audio window (the samples the context stage reads) and the anchors it reads. The
+the chunk, its audio window (the samples the context stage reads), the rows of a render's speech
+features it reads (encoded whole on rank 0, `encode_speech`) and the anchors it reads. The
 reference conditioning crosses once per session (every rank encodes the portrait, since the encoder may
 be sharded, then all keep rank 0's encoding, the one that is stored), or again when a rank lost its
 mirror.
@@ -39,7 +40,7 @@ from gpu_worker.pipeline.module import Anchor, ModelSet, Reference
 from gpu_worker.pipeline.pipeline import ChunkResult, Pipeline, Session
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, Stage
-from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec
+from gpu_worker.pipeline.types import ArrayFeatures, AudioSource, ChunkRequest, FrameSink, OutputSpec
 from monologue.contracts import Family
 from monologue.contracts.session import AnchorRef
 from monologue.errors import InputError
@@ -173,6 +174,7 @@ class RunChunk:
     anchors: dict[AnchorRef, Anchor]  # the ones the chunk reads (`Chunk.anchors_read`)
     rehydrate: StartSession | None  # the session's reference, when the other ranks no longer hold it
     capacity: int
+    speech: ArrayFeatures | None = None  # a render's speech feature rows the chunk reads (rank 0 encoded them)
 
     def run(self, context: RankContext) -> ChunkResult:
         pipeline: Pipeline = context.local["pipelines"][self.family]
@@ -190,6 +192,7 @@ class RunChunk:
                 found = self.rehydrate.run(context)
             session, sink, progress = found, DiscardFrames(), no_progress
             session.audio = ForwardedAudio(session.audio.rate, self.total_samples, self.audio_start, self.audio)
+            session.speech = self.speech
             for ref, anchor in self.anchors.items():
                 session.anchors.put_one(ref, anchor)
         with sequence_parallel(context.group.sp):  # None (SP off): the models run whole on every rank
@@ -244,6 +247,14 @@ class DistributedPipeline(Pipeline):
         weakref.finalize(session, self._keys.pop, id(session), None)
         return session
 
+    def encode_speech(self, session: Session) -> np.ndarray | None:
+        """On rank 0 alone (wav2vec2 is never sharded, and only rank 0 has the session's whole audio); each chunk
+        then forwards the rows it reads to the other ranks (`RunChunk.speech`), so every rank sees rank 0's."""
+        with self.group.exclusive():
+            rows = self.models.context.encode_speech(session.audio, session.output)
+        session.speech = None if rows is None else ArrayFeatures(rows)
+        return rows
+
     def prepare_speech(self, session: Session, transcript: str) -> None:
         """Not on a multi-rank node yet: the ranks' mirrored sessions would each need the prepared speech."""
         raise InputError("a transcript (warp forced alignment) runs on one-rank nodes only")
@@ -257,6 +268,11 @@ class DistributedPipeline(Pipeline):
         start, end = self.models.context.audio_range(chunk, session.output.fps, session.audio.rate)
         samples = session.audio.read(start, end)
         anchors = {ref: session.anchors.get(ref) for ref in chunk.chunk.anchors_read()}
+        speech = None
+        if session.speech is not None:  # the rows the chunk reads, clamped to the encoding as `read` clamps them
+            first, end = self.models.context.speech_range(chunk)
+            first, end = max(first, 0), min(end, session.speech.frames)
+            speech = ArrayFeatures(session.speech.read(first, end), first, session.speech.frames)
         extras = {"session": session, "sink": sink, "progress": progress}  # rank 0's alone
         with self.group.exclusive():  # the mirrors cannot change between this check and the step
             rehydrate = None
@@ -272,6 +288,7 @@ class DistributedPipeline(Pipeline):
                 anchors,
                 rehydrate,
                 self._capacity,
+                speech,
             )
             if not self._check_replicas:
                 return self.group.run_on_all(work, extras=extras)

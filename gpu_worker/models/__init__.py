@@ -61,7 +61,7 @@ class FamilyEntry:
 
 _ENTRIES = (
     FamilyEntry(Family.WARP, "gpu_worker.models.warp"),
-    FamilyEntry(Family.DIT, "gpu_worker.models.dit", settings=("weights", "warm_resolutions")),
+    FamilyEntry(Family.DIT, "gpu_worker.models.dit", settings=("weights", "warm_resolutions", "quantize")),
     FamilyEntry(
         Family.INFINITETALK,
         "gpu_worker.models.infinitetalk",

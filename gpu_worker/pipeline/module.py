@@ -118,6 +118,20 @@ class ContextGenerator(Module, ABC):
         whose mouth does not follow phones keeps nothing (None): its model hears the audio."""
         return None
 
+    def encode_speech(self, audio: AudioSource, output: OutputSpec) -> np.ndarray | None:
+        """A render's whole speech → per-frame features (one row per video frame, from frame 0), once per session,
+        before its first chunk; every chunk's window reads its frames' rows (`AudioWindow.speech`), so a frame's
+        features do not depend on which chunk it falls in. Deterministic (the node stores the rows and a node that
+        resumes the session reads them instead). None: the family encodes each chunk's audio itself (the default,
+        and a live session's only way: its speech is not all known when it starts)."""
+        return None
+
+    def speech_range(self, chunk: ChunkRequest) -> tuple[int, int]:
+        """The [start, end) frames of the speech features (`encode_speech`) `context` reads for `chunk`, before
+        clamping to the encoding (a multi-rank node forwards those rows with the chunk)."""
+        before, after = self.margin_frames
+        return chunk.first_frame - before, chunk.end_frame + after
+
     @abstractmethod
     def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]: ...
 

@@ -3,7 +3,9 @@
 Only two things survive a chunk: the static reference conditioning (computed once per session) and
 the anchors (a few named arrays at each N chunk's first and last frame). Audio features, noise,
 latents and frames are released before `run_chunk` returns, so peak memory depends on the chunk
-size and never on the session length.
+size and never on the session length. (A render's speech features, encoded whole when it starts
+(`encode_speech`), are the one session-long array: the node keeps them in storage and each chunk reads
+its rows.)
 
 Residency (`monologue.contracts.Residency`, the node's `residency` setting). RESIDENT keeps every model
 of the family on the accelerator. SWITCH keeps there only the models of the stage that is running (the
@@ -33,7 +35,15 @@ from gpu_worker.pipeline.burn_in import CaptionBurner
 from gpu_worker.pipeline.module import A2VOutput, Anchor, ModelSet, Reference, Role
 from gpu_worker.pipeline.progress import Progress, no_progress
 from gpu_worker.pipeline.stages import DEFAULT_STAGES, ChunkState, Stage
-from gpu_worker.pipeline.types import AudioSource, ChunkRequest, FrameSink, OutputSpec, chunk_rng
+from gpu_worker.pipeline.types import (
+    ArrayFeatures,
+    AudioSource,
+    ChunkRequest,
+    FrameSink,
+    OutputSpec,
+    SpeechFeatures,
+    chunk_rng,
+)
 from monologue.contracts.session import AnchorRef, Chunk, Residency
 
 if TYPE_CHECKING:
@@ -112,6 +122,7 @@ class Session:
     reference: Reference
     anchors: AnchorStore = field(default_factory=AnchorStore)
     prepared: Any = None  # the context module's work over the whole speech (`ContextGenerator.prepare`), if any
+    speech: SpeechFeatures | None = None  # a render's speech encoded whole (`ContextGenerator.encode_speech`), if any
     captions: CaptionBurner | None = None  # captions=burn: draws the cues into the decoded frames
 
     @property
@@ -232,6 +243,17 @@ class Pipeline:
                 self._switch.enter(Role.REFERENCE)
             reference = self.models.reference.encode(portrait, output)
         return Session(models=self.models, output=output, audio=audio, reference=reference)
+
+    def encode_speech(self, session: Session) -> np.ndarray | None:
+        """Encode a render's whole speech once, before its first chunk (`ContextGenerator.encode_speech`), and keep
+        the rows in memory as the session's `speech`; returns them (None: the family encodes per chunk). A node
+        stores them and reads them back by range instead (`activities.speech_features`), as a node resuming the
+        session does. Never for a live session: its speech is still arriving, and its chunks encode their own."""
+        if self._switch is not None:
+            self._switch.enter(Role.CONTEXT)
+        rows = self.models.context.encode_speech(session.audio, session.output)
+        session.speech = None if rows is None else ArrayFeatures(rows)
+        return rows
 
     def prepare_speech(self, session: Session, transcript: str) -> None:
         """Let the context module prepare the session's whole speech with its transcript, before the first

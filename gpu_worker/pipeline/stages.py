@@ -52,7 +52,13 @@ class ContextStage:
         start, end = module.audio_range(chunk, fps, audio.rate)
         silenced = audio.silenced(start, end) if isinstance(audio, InterruptedAudio) else ()
         state.window = AudioWindow(
-            audio.read(start, end), start, audio.rate, fps, prepared=session.prepared, silenced=silenced
+            audio.read(start, end),
+            start,
+            audio.rate,
+            fps,
+            prepared=session.prepared,
+            silenced=silenced,
+            speech=session.speech,
         )
         state.context = module.context(state.window, chunk, state.rng)
 

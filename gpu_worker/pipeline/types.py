@@ -170,6 +170,34 @@ class ArrayAudio:
         return out
 
 
+class SpeechFeatures(Protocol):
+    """Per-frame features of a render's whole speech (`ContextGenerator.encode_speech`: computed once when the session
+    starts, stored, and read back by a node that resumes it), read by frame range. Rows past either end read as the
+    nearest row, the speech's first or last frame's (as InfiniteTalk clamps its indices to its audio embedding)."""
+
+    frames: int  # rows in the whole encoding
+
+    def read(self, start: int, end: int) -> np.ndarray: ...  # rows [start, end), each index clamped to the encoding
+
+
+class ArrayFeatures:
+    """SpeechFeatures held in memory: the encoding just computed, or (from `start`) the part of one a chunk reads."""
+
+    def __init__(self, rows: np.ndarray, start: int = 0, frames: int | None = None) -> None:
+        self.rows = np.ascontiguousarray(rows)
+        self.start = start
+        self.frames = len(rows) if frames is None else frames
+
+    def read(self, start: int, end: int) -> np.ndarray:
+        indices = np.clip(np.arange(start, end), 0, self.frames - 1) - self.start
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self.rows)):
+            raise LookupError(
+                f"feature rows [{start}, {end}) read, but rows [{self.start}, "
+                f"{self.start + len(self.rows)}) of {self.frames} are held"
+            )
+        return self.rows[indices]
+
+
 @dataclass(frozen=True)
 class AudioWindow:
     """The audio a chunk's context needs: its own frames plus the family's margins either side."""
@@ -182,6 +210,9 @@ class AudioWindow:
     # e.g. the warp family's alignment to a transcript); None when it prepared nothing.
     prepared: Any = None
     silenced: tuple[tuple[int, int], ...] = ()  # absolute sample ranges an interrupt dropped (`InterruptedAudio`)
+    # A render's speech encoded whole when the session started (`ContextGenerator.encode_speech`); None for a live
+    # session and for a family that encodes nothing ahead.
+    speech: SpeechFeatures | None = None
 
     def frame_start(self, frame: int) -> int:
         """Index into `samples` where absolute frame `frame` begins."""

@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpu_worker.bench_gpu import GpuReport, bench_gpu, describe, main
+from gpu_worker.quantize import QuantMode
+from gpu_worker.weight_memory import weight_memory
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +46,16 @@ def test_the_gpu_benchmark_reports_every_figure_on_a_tiny_cpu_run(report: GpuRep
     assert report.tflop_per_frame["total"] > 0 and "TFLOP/frame" in report.flops_text
     assert report.render_tflops is None  # only for full-size frames on a GPU
     assert set(report.parameters) == {"vae_encoder", "audio_encoder", "text_encoder", "a2v", "sr", "vae_decoder"}
+    # weight memory per model (parameters and buffers), as gpu_worker.weight_memory counts it on the meta device
+    assert report.quantize == "none"
+    assert report.weight_bytes == weight_memory("tiny", torch.float32, QuantMode.NONE)
 
 
 def test_the_summary_prints_every_figure(report: GpuReport) -> None:
     text = describe(report)
     for label in ("tiny preset on the CPU", "TTFF cold", "TTFF warm", "throughput", "stage p50 N", "stage p50 I"):
         assert label in text
-    for label in ("peak memory", "A2V step", "SR attention", "switch N→a2v", "switch I→sr", "total"):
+    for label in ("peak memory", "A2V step", "SR attention", "switch N→a2v", "switch I→sr", "total", "weight MiB"):
         assert label in text
 
 

@@ -18,7 +18,8 @@ GPU machine has no pydantic-settings; the variable follows the MONOLOGUE_ naming
 it is unset, the family is the `tiny` preset with weights drawn from a fixed seed: a smoke-test model
 that runs the real architecture and streaming on any CPU and renders deterministic, meaningless frames.
 Nothing is ever downloaded. `MONOLOGUE_DIT_WARM_RESOLUTIONS` (default 720p) names the output resolutions
-whose compiled attention kernels are built at load.
+whose compiled attention kernels are built at load. `MONOLOGUE_DIT_QUANTIZE` (none, int8 or fp8; default none)
+stores the two DiTs' block linears quantized (gpu_worker/quantize.py).
 
 Importable with torch, numpy and safetensors alone (no service stack), like everything under models/.
 """
@@ -35,11 +36,14 @@ from gpu_worker.models.dit.reference import DiTReference
 from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
 from gpu_worker.models.dit.runtime import Precision, TorchModule
 from gpu_worker.pipeline.module import ModelSet
+from gpu_worker.quantize import QuantMode
 from monologue.contracts import Family
 
 WEIGHTS_ENV = FAMILIES[Family.DIT].env("weights")
 # Output resolutions whose compiled attention kernels are built when the node loads the family (comma-separated).
 WARM_ENV = FAMILIES[Family.DIT].env("warm_resolutions")
+# How the DiTs' block linears store their weights (gpu_worker.quantize.QuantMode).
+QUANTIZE_ENV = FAMILIES[Family.DIT].env("quantize")
 SMOKE_SEED = 20_261_130
 
 
@@ -58,21 +62,36 @@ def warm_resolutions() -> tuple[str, ...]:
     return tuple(name.strip() for name in names if name.strip())
 
 
-def build_family(weights: Weights | None = None, precision: Precision = Precision.AUTO) -> ModelSet:
+def quantize_mode() -> QuantMode:
+    """The mode `MONOLOGUE_DIT_QUANTIZE` names (default none); ValueError naming the value and the known modes."""
+    value = os.environ.get(QUANTIZE_ENV, "").strip().lower() or QuantMode.NONE.value
+    if value not in set(QuantMode):
+        raise ValueError(f"{QUANTIZE_ENV}={value!r}: expected one of {', '.join(QuantMode)}")
+    return QuantMode(value)
+
+
+def build_family(
+    weights: Weights | None = None, precision: Precision = Precision.AUTO, quantize: QuantMode | None = None
+) -> ModelSet:
     """The dit family's five modules over `weights` (default: `default_weights()`), storing their parameters
-    in `precision` (AUTO: bf16 on CUDA, fp32 on CPU); they load when a Pipeline starts."""
+    in `precision` (AUTO: bf16 on CUDA, fp32 on CPU) and the DiTs' block linears as `quantize` says (default:
+    `quantize_mode()`); they load when a Pipeline starts."""
     weights = weights or default_weights()
+    quantize = quantize_mode() if quantize is None else quantize
     super_resolution = DiTSuperResolution(weights)
     super_resolution.warm_resolutions = warm_resolutions()
+    audio_to_video = DiTAudioToVideo(weights)  # its steps compile at the same canvases (gpu_worker/compiled.py)
+    audio_to_video.warm_resolutions = super_resolution.warm_resolutions
     models = ModelSet(
         name=Family.DIT,
         reference=DiTReference(weights),
         context=DiTContext(weights),
-        audio_to_video=DiTAudioToVideo(weights),
+        audio_to_video=audio_to_video,
         super_resolution=super_resolution,
         decoder=DiTDecoder(weights),
     )
     for module in models.modules():
         if isinstance(module, TorchModule):
             module.precision = precision
+            module.quantize = quantize
     return models

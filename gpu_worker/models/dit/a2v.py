@@ -26,6 +26,7 @@ outputs are all-gathered, so every rank returns the whole velocity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -80,6 +81,10 @@ class A2VConditioning:
             text_mask=twice(self.text_mask),
             keep_audio=torch.cat([self.keep_audio, torch.zeros_like(self.keep_audio)]),
         )
+
+
+# (noisy (B, C, T, h, w), t (B,), conditioning) → velocity: the DiT's forward, or its compiled step.
+StepFn = Callable[[Tensor, Tensor, A2VConditioning], Tensor]
 
 
 def _segments(values: Tensor, noisy: int, length: int) -> Tensor:
@@ -225,9 +230,9 @@ def _dense(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
     return F.scaled_dot_product_attention(query, key, value)
 
 
-def guided_velocity(model: AudioToVideoDiT, cond: A2VConditioning, guidance_scale: float) -> VelocityFn:
+def guided_velocity(model: StepFn, cond: A2VConditioning, guidance_scale: float) -> VelocityFn:
     """The sampler's velocity: the conditional prediction, or with guidance above 1, the unconditional one
-    pushed towards it (both in one batch of 2 B)."""
+    pushed towards it (both in one batch of 2 B). `model` is the DiT or its compiled step (gpu_worker/compiled.py)."""
     if guidance_scale == 1.0:
         return lambda x, t: model(x, t, cond)
     doubled = cond.with_unconditional()

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_worker.compiled import compiled_step
 from gpu_worker.distributed.sequence import current_sp, split_frames, start_gather_frames
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
 from gpu_worker.models.dit.config import DiTConfig
@@ -51,6 +52,7 @@ from gpu_worker.models.dit.reference import named_canvas
 from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.models.dit.sr import SuperResolutionDiT
 from gpu_worker.models.dit.vae import VAEDecoder, fold
+from gpu_worker.models.dit.warm import a2v_inputs, sr_inputs, steady_chunks
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
@@ -114,10 +116,27 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
     """Low-resolution latents for a chunk, by Euler sampling of the flow-matching DiT."""
 
     model_names = ("a2v",)
+    quantized_models = ("a2v",)
+    # Canvases whose steady-state chunks' steps compile at load (build_family sets them, as the SR module's).
+    warm_resolutions: tuple[str, ...] = ()
 
     def load(self) -> None:
         check_temporal_stride(self.config)
         super().load()
+        self._warm_steps()
+
+    def _warm_steps(self) -> None:
+        """Compile the denoising step for the warm canvases' steady-state chunks (gpu_worker/compiled.py; nothing
+        where steps are not compiled): one guided step each, as `_sample` runs it."""
+        step = compiled_step(self.model("a2v", AudioToVideoDiT), self.device)
+        if not step.active:  # off, or loading under SP, whose steps run eagerly: nothing to warm
+            return
+        with self.running():
+            for resolution in self.warm_resolutions:
+                for chunk in steady_chunks(self.config):
+                    noise, cond = a2v_inputs(self.config, resolution, chunk, self.device)
+                    velocity = guided_velocity(step.warm_up, cond, self.config.a2v.guidance_scale)
+                    velocity(noise, torch.ones(1, device=self.device))
 
     @property
     def stride(self) -> int:
@@ -213,7 +232,7 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
         noise = rng.standard_normal((1, reference_low.shape[0], count, *reference_low.shape[1:]), np.float32)
         # Preview trades quality for speed: half the steps, the same noise, hence the same motion.
         steps = max(1, a2v.sampling_steps // 2) if int(reference["preview"][0]) else a2v.sampling_steps
-        model = self.model("a2v", AudioToVideoDiT)
+        step = compiled_step(self.model("a2v", AudioToVideoDiT), self.device)  # compiled at warm buckets
         with self.running():
             cond = A2VConditioning(
                 reference=self.tensor(reference_low)[None],
@@ -225,7 +244,7 @@ class DiTAudioToVideo(TorchModule, AudioToVideo):
                 text_mask=context["text_mask"].to(self.device)[None],
                 keep_audio=torch.ones(1, dtype=torch.bool, device=self.device),
             )
-            velocity = guided_velocity(model, cond, a2v.guidance_scale)
+            velocity = guided_velocity(step, cond, a2v.guidance_scale)
             timesteps = sampling_timesteps(steps, a2v.timestep_shift)
             latents = euler_sample(velocity, self.tensor(noise), timesteps, on_step=progress)
         return latents[0].float()
@@ -235,6 +254,7 @@ class DiTSuperResolution(TorchModule, SuperResolution):
     """Low-resolution latents → output-resolution latents, the decoder context frames included."""
 
     model_names = ("sr",)
+    quantized_models = ("sr",)
     # Canvases whose attention buckets compile at load (build_family sets them from MONOLOGUE_DIT_WARM_RESOLUTIONS);
     # another canvas (a `source`-sized portrait) compiles its buckets once, before its first chunk's forward.
     warm_resolutions: tuple[str, ...] = ()
@@ -245,6 +265,18 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         for resolution in self.warm_resolutions:
             width, height = named_canvas(self.config, resolution)
             self._warm(height // self.config.vae.stride, width // self.config.vae.stride)
+        self._warm_steps()
+
+    def _warm_steps(self) -> None:
+        """Compile the SR pass for the warm canvases' steady-state chunks (gpu_worker/compiled.py; nothing where
+        steps are not compiled), after the attention's own buckets."""
+        step = compiled_step(self.model("sr", SuperResolutionDiT), self.device)
+        if not step.active:  # off, or loading under SP, whose steps run eagerly: nothing to warm
+            return
+        with self.running():
+            for resolution in self.warm_resolutions:
+                for chunk in steady_chunks(self.config):
+                    step.warm_up(*sr_inputs(self.config, resolution, chunk, self.device))
 
     def _warm(self, height: int, width: int) -> None:
         """Compile the SR attention's buckets for output latents (height, width), once per process."""
@@ -258,9 +290,9 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         sequence = (
             latents.frames if context is None else torch.cat([context, latents.frames], dim=1)
         )  # (C, K + T, h, w)
-        model = self.model("sr", SuperResolutionDiT)
+        step = compiled_step(self.model("sr", SuperResolutionDiT), self.device)  # compiled at warm buckets
         with self.running():
-            upscaled = model(sequence[None].to(self.device), self.tensor(reference["reference_latents"])[None])[0]
+            upscaled = step(sequence[None].to(self.device), self.tensor(reference["reference_latents"])[None])[0]
         upscaled = upscaled.float()
         video_frames = getattr(latents, "video_frames", None)
         if context is None:

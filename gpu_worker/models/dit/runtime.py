@@ -12,6 +12,10 @@ for a bf16 model as the boundary with the roles, which hand fp32 tensors in (lat
 casts these activations to bf16 at each matmul, and runs norms and softmax in fp32); buffers (the mel
 filter bank, the STFT window) stay fp32. Outputs leave the roles as float32.
 
+Quantization (`gpu_worker.quantize.QuantMode`, MONOLOGUE_DIT_QUANTIZE): a module's `quantized_models` (the DiTs)
+then store their blocks' linear weights in int8 or fp8 with per-channel scales, quantized at load on the host
+after the cast, before the move to the device (so the device never holds both copies).
+
 Offload. Inference weights are frozen, so nothing is ever copied back from the device: the host copy
 (pinned with CUDA) taken at the first `offload` is the truth, `offload` only frees the device storage,
 and `restore` copies the host copy back (asynchronously with CUDA). The storages are resized in place,
@@ -38,6 +42,7 @@ from gpu_worker.distributed.storages import HostCopy
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.pipeline.module import Module
+from gpu_worker.quantize import QuantMode, quantize_linears
 
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
@@ -77,11 +82,14 @@ class TorchModule(Module):
     """A pipeline Module over the named models of a `Weights`."""
 
     model_names: tuple[str, ...] = ()
+    # The models whose blocks' linears `quantize` applies to (the DiTs'; the encoders and the VAE stay float).
+    quantized_models: tuple[str, ...] = ()
 
     def __init__(self, weights: Weights, precision: Precision = Precision.AUTO) -> None:
         super().__init__()
         self.weights = weights
         self.precision = precision  # read at load
+        self.quantize = QuantMode.NONE  # read at load, for `quantized_models`
         self.dtype = torch.float32  # the parameters' dtype once loaded
         self.models: dict[str, nn.Module] = {}
         self._host: HostCopy | None = None  # taken at the first offload
@@ -92,13 +100,16 @@ class TorchModule(Module):
 
     def load(self) -> None:
         """Build each model with its weights (checkpoint or seeded draw), cast its parameters to the
-        precision's dtype and move it to the default device."""
+        precision's dtype, quantize the DiTs' block linears if asked, and move it to the default device."""
         device = default_device()
         self.dtype = self.precision.dtype(device)
+        self.quantize.check(device)  # before any weight is read: fp8 on a CPU node fails at once
         for name in self.model_names:
             model = self.weights.build(name)
             for parameter in model.parameters():
                 parameter.data = parameter.data.to(self.dtype)
+            if name in self.quantized_models:
+                quantize_linears(model.get_submodule("blocks"), self.quantize, device)
             self.models[name] = model
         self.loaded = True
         self.to(device)

@@ -1,11 +1,16 @@
-"""The context: the chunk's speech → wav2vec2 windows per frame, the prompt and the negative prompt → umT5 tokens.
+"""The context: the speech → wav2vec2 windows per frame, the prompt and the negative prompt → umT5 tokens.
 
-Audio (see encoders.py): wav2vec2 runs over the chunk's frames plus `audio_context_frames` before and the 2 its
-last window reads ahead (`margin_frames`; a live session stores 0.1 s past a chunk, so reading further ahead would
-stall it). Frame f's window is the features of frames f-2..f+2, clamped at the video's first frame as the original
-clamps at its first. The frames are the chunk's own latent span (a session's ragged last chunk: its last latent's
-frames past the end hear silence). The motion frames that lead a clip bring their windows from the anchor of the
-chunk that made them, so a frame's audio is computed once.
+Audio (see encoders.py). A render's speech is encoded whole, once per session, as the original encodes its
+utterance (`encode_speech`: one row per video frame of the speech, frames past its end read its last, as the
+original clamps its indices to the embedding, multitalk.py line 530); the node stores the rows and each chunk reads
+its frames' windows from them, so a frame's features never depend on the chunk plan or on which node resumed the
+session. A live session's speech is still arriving, so each chunk runs wav2vec2 over its own frames plus
+`audio_context_frames` before and the 2 its last window reads ahead (`margin_frames`; a live session stores 0.1 s
+past a chunk, so reading further ahead would stall it), frames past the end hearing silence. Either way frame f's
+window is the features of frames f-2..f+2, clamped at the video's first frame as the original clamps at its first.
+The frames are the chunk's own latent span (a session's ragged last chunk: its last latent's frames past the end).
+The motion frames that lead a clip bring their windows from the anchor of the chunk that made them, so a frame's
+audio is computed once.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights
 from gpu_worker.models.infinitetalk.encoders import audio_windows, encode_audio, encode_text
 from gpu_worker.models.infinitetalk.runtime import WanModule
 from gpu_worker.pipeline.module import ContextGenerator
-from gpu_worker.pipeline.types import AudioWindow, ChunkRequest
+from gpu_worker.pipeline.types import AudioSource, AudioWindow, ChunkRequest, OutputSpec
+from monologue.plan import frame_count
 
 LOOK_AHEAD = 2  # frames: the window's half-width (audio_window 5)
 
@@ -50,19 +56,40 @@ class InfiniteTalkContext(WanModule, ContextGenerator):
         self.features = Wav2Vec2FeatureExtractor.from_json_file(str(where.wav2vec / "preprocessor_config.json"))
         super().load()
 
-    def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]:
-        before, after = self.margin_frames
+    def encode_speech(self, audio: AudioSource, output: OutputSpec) -> np.ndarray:
+        """A render's whole speech → (frames, layers, dim) float32, one row per video frame of the speech (the
+        session's frame count): the original's get_embedding over the whole utterance."""
+        if audio.total_samples is None:
+            raise ValueError("encode_speech needs a render's whole speech; a live session's chunks encode their own")
+        frames = max(1, frame_count(audio.total_samples, rate=audio.rate, fps=output.fps))
+        samples = audio.read(0, frames * audio.rate // output.fps)
+        return self._wav2vec(samples, audio.rate, frames).cpu().numpy()
+
+    def speech_range(self, chunk: ChunkRequest) -> tuple[int, int]:
+        """The chunk's own latent span and the 2 frames either side its windows reach."""
         frames = own_frames(chunk, self.settings.vae.temporal_stride)
-        first, end = chunk.first_frame - before, chunk.first_frame + frames + after
-        start, stop = window.frame_start(first), window.frame_start(end)
-        samples = np.pad(window.samples, (0, max(0, stop - len(window.samples))))[start:stop]
-        normalised = self.features(samples, sampling_rate=window.rate).input_values[0]  # zero mean, unit variance
-        with self.running():
-            features = encode_audio(self.models["wav2vec"], self.tensor(np.asarray(normalised))[None], end - first)  # type: ignore[arg-type]
-        dit = self.settings.dit
-        windows = audio_windows(features, before, frames, dit.audio_window, floor=-chunk.first_frame)
+        return chunk.first_frame - LOOK_AHEAD, chunk.first_frame + frames + LOOK_AHEAD
+
+    def context(self, window: AudioWindow, chunk: ChunkRequest, rng: np.random.Generator) -> dict[str, Any]:
+        frames = own_frames(chunk, self.settings.vae.temporal_stride)
+        if window.speech is not None:  # a render: its frames' rows of the whole speech's encoding
+            before = LOOK_AHEAD
+            features = self.tensor(window.speech.read(*self.speech_range(chunk)))
+        else:  # a live session: its own audio with a second before
+            before, after = self.margin_frames
+            first, end = chunk.first_frame - before, chunk.first_frame + frames + after
+            start, stop = window.frame_start(first), window.frame_start(end)
+            samples = np.pad(window.samples, (0, max(0, stop - len(window.samples))))[start:stop]
+            features = self._wav2vec(samples, window.rate, end - first)
+        windows = audio_windows(features, before, frames, self.settings.dit.audio_window, floor=-chunk.first_frame)
         text, negative = self._encode(chunk.prompt)
         return {"audio": windows, "text": text, "negative": negative}
+
+    def _wav2vec(self, samples: np.ndarray, rate: int, frames: int) -> Tensor:
+        """samples → (frames, layers, dim) on the device: normalised (zero mean, unit variance), then wav2vec2."""
+        normalised = self.features(samples, sampling_rate=rate).input_values[0]
+        with self.running():
+            return encode_audio(self.models["wav2vec"], self.tensor(np.asarray(normalised))[None], frames)  # type: ignore[arg-type]
 
     def _encode(self, prompt: str) -> tuple[Tensor, Tensor]:
         """The prompt's and the negative prompt's tokens, once per prompt and device."""

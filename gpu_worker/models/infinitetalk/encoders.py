@@ -13,8 +13,10 @@
   feature extractor's normalisation, the convolutional features linearly interpolated (align_corners) to one per
   video frame *before* the transformer, every hidden state after the first (12 x 768 per frame). The original
   runs this over the whole speech at once (after a loudness normalisation that the feature extractor's own
-  normalisation cancels); a stream cannot, so each chunk runs it over its own audio with a second of left
-  context (`StreamConfig.audio_context_frames`) and the 2 frames its last window reads ahead.
+  normalisation cancels), and so does a render (`InfiniteTalkContext.encode_speech`, once per session, the rows
+  stored and read back by each chunk). A live session cannot (its speech is still arriving): each chunk runs it
+  over its own audio with a second of left context (`StreamConfig.audio_context_frames`) and the 2 frames its last
+  window reads ahead, normalised on its own — the one deviation left, live only.
 """
 
 from __future__ import annotations

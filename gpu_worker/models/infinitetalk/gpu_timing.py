@@ -102,8 +102,13 @@ def main() -> None:
     save()
 
 
-def _pass_tflop(model: InfiniteTalkDiT, inputs: torch.Tensor, conditions: tuple[torch.Tensor, ...],
-                device: torch.device, dtype: torch.dtype) -> float:
+def _pass_tflop(
+    model: InfiniteTalkDiT,
+    inputs: torch.Tensor,
+    conditions: tuple[torch.Tensor, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> float:
     """TFLOP of one pass (batch 1), counted by FlopCounterMode over a real forward (untimed)."""
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpu_worker.compiled import compiled_step
 from gpu_worker.distributed.sequence import current_sp, gather_frames
 from gpu_worker.models.infinitetalk.config import SamplingConfig
 from gpu_worker.models.infinitetalk.lora import LORA_ENV
@@ -172,9 +173,10 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
         shift = sampling.shift_720 if int(reference["large"][0]) else sampling.shift_480
         conditions = (context["text"], context["negative"], self.tensor(reference["clip"]), audio)
         conditions = tuple(c.to(self.device, torch.float32) for c in conditions)  # type: ignore[assignment]
-        model = self.models["dit"]
+        # Compiled at the buckets warmed on it (gpu_worker/compiled.py: none at load yet), eager at any other.
+        step = compiled_step(self.models["dit"], self.device)
         return sample(
-            model,  # type: ignore[arg-type]
+            step,  # type: ignore[arg-type]
             sampling,
             noise,
             self._condition(reference, count),

@@ -61,7 +61,11 @@ def test_an_unknown_family_is_refused_naming_the_known_ones() -> None:
 def test_settings_keep_their_environment_names() -> None:
     """Deployments set these: the registry derives them, and must derive the names they always had."""
     dit, talk = FAMILIES[Family.DIT], FAMILIES[Family.INFINITETALK]
-    assert [dit.env(name) for name in dit.settings] == ["MONOLOGUE_DIT_WEIGHTS", "MONOLOGUE_DIT_WARM_RESOLUTIONS"]
+    assert [dit.env(name) for name in dit.settings] == [
+        "MONOLOGUE_DIT_WEIGHTS",
+        "MONOLOGUE_DIT_WARM_RESOLUTIONS",
+        "MONOLOGUE_DIT_QUANTIZE",
+    ]
     assert [talk.env(name) for name in talk.settings] == [
         "MONOLOGUE_INFINITETALK_WEIGHTS",
         "MONOLOGUE_INFINITETALK_WAN",

@@ -100,9 +100,10 @@ def test_the_source_resolution_has_no_fixed_flop_count() -> None:
 
 def test_the_counted_figures_are_what_a_real_chunk_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """FlopCounterMode around the roles of a tiny pipeline rendering N0 N1 I0 N2 of 24 frames (SDPA on its math
-    path: the CPU's fused kernel counts nothing) equals `chunk_flops` for N2, stage by stage, exactly. The chunks
-    are longer than the decoder's context (6 latents > 4), as the counting assumes: a shorter N chunk leaves a
-    shorter tail, so fewer context latents go through the SR DiT and the decoder than counted."""
+    path: the CPU's fused kernel counts nothing) equals `chunk_flops` for N2, stage by stage, exactly, and so does
+    FlopCounterMode around its whole `run_chunk` (so flops.py counts what the pipeline runs, no more, no less).
+    The chunks are longer than the decoder's context (6 latents > 4), as the counting assumes: a shorter N chunk
+    leaves a shorter tail, so fewer context latents go through the SR DiT and the decoder than counted."""
     from gpu_worker.models.dit import SMOKE_SEED, build_family
     from gpu_worker.models.dit.checkpoint import Weights
     from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
@@ -132,10 +133,14 @@ def test_the_counted_figures_are_what_a_real_chunk_does(monkeypatch: pytest.Monk
     counted(DiTDecoder, "decode", Stage.DECODE)
     with sdpa_kernel(SDPBackend.MATH):
         for spec in plan_chunks(100, n_frames=24, i_frames=8, stride=TINY.vae.temporal_stride)[:4]:
-            pipeline.run_chunk(session, ChunkRequest(spec, 0), _Discard())
+            with FlopCounterMode(display=False) as whole:  # the chunk as the pipeline runs it, every stage
+                pipeline.run_chunk(session, ChunkRequest(spec, 0), _Discard())
     expected = chunk_flops(TINY, "512", 24, "N")
     assert spec.name == "N2"
     assert measured == {stage.value: expected[stage.value] for stage in Stage if stage is not Stage.CONTEXT}
+    # Nothing runs outside the roles counted above but the context stage, and chunk_flops counts that too: work
+    # added anywhere in run_chunk (a stage, a role's helper, a second pass) shows here.
+    assert whole.get_total_flops() == sum(expected.values())
 
 
 class _Discard:

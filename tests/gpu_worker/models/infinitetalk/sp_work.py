@@ -192,6 +192,7 @@ def render(pipeline: Pipeline) -> dict[str, np.ndarray]:
     portrait = (rng.random((90, 80, 3)) * 255).astype(np.uint8)
     audio = ArrayAudio((0.3 * np.sin(2 * np.pi * 220 * np.arange(16_000) / 16_000)).astype(np.float32))
     session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    pipeline.encode_speech(session)  # a render's: rank 0 encodes, every chunk forwards its rows to the other ranks
     out = {}
     for chunk in RENDER_CHUNKS:
         sink = ListSink()
