@@ -5,6 +5,8 @@ models hold memory" is observable: a parameter of a parked model views a storage
 
 from __future__ import annotations
 
+import gc
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,8 @@ class Run:
     stage_ms: list[dict[str, float]] = field(default_factory=list)
     seen: list[tuple[Role, dict[Role, int], dict[Role, int]]] = field(default_factory=list)
     first_frames: list[np.ndarray] = field(default_factory=list)
+    live: list[tuple[Role, int]] = field(default_factory=list)  # (stage's role, live CPU bytes just after it)
+    residency: Residency = Residency.RESIDENT
 
 
 class Sink:
@@ -65,12 +69,51 @@ def tiny(precision: Precision = Precision.AUTO) -> ModelSet:
     return build_family(Weights(TINY, seed=SMOKE_SEED), precision)
 
 
+def held_models(holder: object, depth: int = 3) -> list[torch.nn.Module]:
+    """Every torch model `holder` keeps in its attributes (through dicts, lists and tuples), found without asking it:
+    a role that left a model out of `device_models()` would keep that model's weights on the device unseen."""
+    values = list(vars(holder).values()) if hasattr(holder, "__dict__") else []
+    found: list[torch.nn.Module] = []
+    while values and depth > 0:
+        inner: list[object] = []
+        for value in values:
+            if isinstance(value, torch.nn.Module):
+                found.append(value)
+            elif isinstance(value, dict):
+                inner.extend(value.values())
+            elif isinstance(value, list | tuple):
+                inner.extend(value)
+        values, depth = inner, depth - 1
+    return list({id(model): model for model in found}.values())
+
+
 def device_bytes(family: ModelSet, role: Role) -> int:
-    return sum(
-        parameter.untyped_storage().nbytes()
-        for model in family.module(role).device_models()
-        for parameter in model.parameters()
-    )
+    """Bytes of every storage the role's models' parameters and buffers view (a parked one views 0 bytes)."""
+    storages = {
+        tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
+        for model in held_models(family.module(role))
+        for tensor in (*model.parameters(), *model.buffers())
+        if tensor.untyped_storage().nbytes()
+    }
+    return sum(storages.values())
+
+
+def live_bytes() -> int:
+    """Bytes of every storage any live tensor or storage object in this process views (a gc walk): what a copy
+    kept anywhere, not only in a model, would add to."""
+    gc.collect()
+    storages: dict[int, int] = {}
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated aliases warns
+        warnings.simplefilter("ignore", FutureWarning)
+        for thing in gc.get_objects():
+            if isinstance(thing, torch.Tensor) and not thing.is_meta:
+                storage = thing.untyped_storage()
+            elif isinstance(thing, torch.UntypedStorage):
+                storage = thing
+            else:
+                continue
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def checked(stage: type[Stage], run: Run) -> type[Stage]:
@@ -82,6 +125,8 @@ def checked(stage: type[Stage], run: Run) -> type[Stage]:
             super().run(session, state)
             after = {role: device_bytes(session.models, role) for role in Role}
             run.seen.append((self.role, before, after))
+            if run.residency is Residency.SWITCH:
+                run.live.append((self.role, live_bytes()))
 
     return Checked
 
@@ -89,7 +134,7 @@ def checked(stage: type[Stage], run: Run) -> type[Stage]:
 def render(
     family: ModelSet, residency: Residency, *, chunks: list[ChunkRequest] = CHUNKS, image: np.ndarray | None = None
 ) -> Run:
-    run = Run()
+    run = Run(residency=residency)
     output = OutputSpec(fps=25) if image is None else OutputSpec(fps=25, resolution="512", preview=True)
     pipeline = Pipeline(family, tuple(checked(stage, run) for stage in DEFAULT_STAGES), residency=residency)
     session = pipeline.start_session(portrait() if image is None else image, output, audio())
@@ -115,6 +160,15 @@ def test_switch_renders_the_same_frames_as_resident(resident: Run, switched: Run
     assert [len(hashes) for hashes in resident.hashes] == [8, 8, 4]
 
 
+def test_every_model_a_role_holds_is_one_it_declares() -> None:
+    family = tiny()
+    render(family, Residency.SWITCH, chunks=CHUNKS[:1])  # every role loaded its models
+    held = {role: held_models(family.module(role)) for role in Role}
+    for role, models in held.items():
+        assert {id(model) for model in models} == {id(m) for m in family.module(role).device_models()}, role
+    assert sum(len(models) for models in held.values()) >= 4  # the encoders, A2V, SR, the decoder
+
+
 def test_only_the_running_stage_models_hold_device_memory_in_switch_mode(resident: Run, switched: Run) -> None:
     assert [role for role, _, _ in switched.seen] == [stage.role for stage in DEFAULT_STAGES] * len(CHUNKS)
     for role, before, after in switched.seen:
@@ -124,6 +178,17 @@ def test_only_the_running_stage_models_hold_device_memory_in_switch_mode(residen
         assert after[role] > 0, role  # its weights came in, block by block, for its forward
     # RESIDENT keeps every model's weights in place throughout.
     assert all(before[role] > 0 for _, before, _ in resident.seen for role in Role)
+
+
+def test_switch_mode_keeps_no_copy_beyond_one_host_copy_of_each_model(switched: Run) -> None:
+    """Live bytes after each stage = the host copies (the same throughout) + the running stage's models + that
+    stage's small activations. A copy of a parked model kept anywhere (a clone of a freed storage, a second host
+    copy) shows as a gap that changes with the stage, or that grows chunk after chunk."""
+    running = {role: after[role] for role, _, after in switched.seen}
+    rest = [live - running[role] for role, live in switched.live]
+    assert [role for role, _ in switched.live] == [stage.role for stage in DEFAULT_STAGES] * len(CHUNKS)
+    smallest = min(running.values())
+    assert max(rest) - min(rest) < smallest / 4, (rest, running)
 
 
 def test_switch_mode_reports_the_visible_switch_time_per_chunk(resident: Run, switched: Run) -> None:
