@@ -98,7 +98,7 @@ class SessionCache:
             )
         if reference is None:
             self._store.put(keys.reference(session_id), save_tensors(session.reference))
-        if kind is c.SessionKind.RENDER:
+        if kind is c.SessionKind.RENDER and pipeline.encodes_speech:
             self._speech(session_id, pipeline, session, progress)
         if avatar is not None and prepared is None:
             self._keep_for_avatar(avatar, options, session)

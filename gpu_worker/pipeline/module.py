@@ -99,6 +99,8 @@ class ContextGenerator(Module, ABC):
     name = "context"
     # Audio frames the context needs before and after the chunk (smoothing, look-ahead).
     margin_frames: tuple[int, int] = (0, 0)
+    # Whether `encode_speech` encodes a render's whole speech once (else it returns None: per-chunk encoding).
+    encodes_speech: bool = False
 
     def audio_range(self, chunk: ChunkRequest, fps: int, rate: int) -> tuple[int, int]:
         """The [start, end) samples `context` reads for `chunk` (the only audio a chunk's frames depend on):

@@ -244,6 +244,11 @@ class Pipeline:
             reference = self.models.reference.encode(portrait, output)
         return Session(models=self.models, output=output, audio=audio, reference=reference)
 
+    @property
+    def encodes_speech(self) -> bool:
+        """Whether the family encodes a render's whole speech once (`encode_speech` returns rows)."""
+        return self.models.context.encodes_speech
+
     def encode_speech(self, session: Session) -> np.ndarray | None:
         """Encode a render's whole speech once, before its first chunk (`ContextGenerator.encode_speech`), and keep
         the rows in memory as the session's `speech`; returns them (None: the family encodes per chunk). A node

@@ -42,6 +42,7 @@ def own_frames(chunk: ChunkRequest, stride: int) -> int:
 class InfiniteTalkContext(WanModule, ContextGenerator):
     """Context keys: audio (F, window, layers, dim) tensor for the chunk's own frames; text, negative (512, dim)."""
 
+    encodes_speech = True  # wav2vec2 over a render's whole speech, as the original
     model_names = ("wav2vec", "t5")
 
     def __init__(self, weights: InfiniteTalkWeights) -> None:
