@@ -10,7 +10,8 @@ self-attention core is 4 B L² D a layer (the rest splits by tokens); the Wan VA
 latent, each later one; an encode's first frame, each 4 after), from which a chunk's encodes and decodes follow
 exactly (linear in the calls: test-checked by a direct count and flops.py's table). Under SP the node (dit.py, vae.py,
 roles.py) splits the DiT's tokens and the chunk's decode by latents (every rank primes on the up to 38 latents
-before its run); the I2V condition's encode and the tail's motion frames (decode + encode) run whole on every rank.
+before its run); the motion frames' encode (from the decoder's own frames) runs whole on every rank, and so does the
+I2V condition's encode, once per clip length (N0's counts; a steady N chunk reuses its length's).
 
 MEASURED on one H200 (docs/gpu_runs/2026-12-04/, `MEASURED` below): one 480p DiT pass (21 latents, 32,760 tokens,
 1825 TFLOP) 3.50 s (521 TFLOP/s); a quality step (3 passes batched) 10.64 s (514 TFLOP/s): the DiT's rates, by
@@ -200,7 +201,7 @@ class ChunkTime:
     dit_s: float  # compute
     comm_s: float  # exposed all-to-all and gathers
     launch_s: float  # modelled launch overhead of the SP path
-    vae_s: float  # condition encode, motion frames (decode + encode), decode: at the stand-in rate
+    vae_s: float  # condition encode (N0), motion frames' encode, decode: at the stand-in rate
 
     @property
     def dit_total_s(self) -> float:
@@ -239,21 +240,19 @@ def dit_step(scenario: Scenario, latents: int, degree: int) -> tuple[float, floa
 
 
 def vae_flops(scenario: Scenario, frames: int, known: int, degree: int) -> dict[str, float]:
-    """A chunk's VAE FLOPs on the busiest rank by part; `known`: decoder context latents before it (0: N0)."""
+    """A chunk's VAE FLOPs on the busiest rank by part; `known`: decoder context latents before it (0: N0, the only
+    chunk that encodes its I2V condition here: a steady N chunk's length was encoded before)."""
     units, stream, stride = vae_units(scenario.resolution), scenario.config.stream, scenario.config.vae.temporal_stride
     motion_latents, chunk_latents = scenario.latents(frames, known)
     clip_latents = motion_latents + chunk_latents
-    needed = -(-stream.motion_frames // stride)  # the tail's motion frames: trailing latents decoded, then encoded
-    split = known + chunk_latents - needed
-    primed = min(stream.decoder_context, split)
     calls = [
         min(stream.decoder_context, known + start) + end - start
         for start, end in split_frames(chunk_latents, degree)
         if end > start
     ]
     return {
-        "condition": units.encode(1 + stride * (clip_latents - 1)),
-        "motion": units.decode(primed + needed) + units.encode(stream.motion_frames),
+        "condition": 0.0 if known else units.encode(1 + stride * (clip_latents - 1)),
+        "motion": units.encode(stream.motion_frames),
         "decode": max(units.decode(count) for count in calls),
     }
 

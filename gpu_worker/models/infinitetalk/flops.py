@@ -3,10 +3,10 @@
     python -m gpu_worker.models.infinitetalk.flops [--preset quality|fast] [--steps N] [--chunk-frames 72]
 
 One N chunk as the original streams it: a clip of `motion_frames` (9) + chunk_frames frames, the preset's denoising
-steps (quality: 40 of three DiT passes, text+audio, no text, neither; fast: 4 of one), the I2V condition's VAE
-encode, the motion frames' decode (38 primed + 3 latents) and encode, and the decoder's 38 primed latents + the
-chunk's own. umT5, CLIP and wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is
-allocated.
+steps (quality: 40 of three DiT passes, text+audio, no text, neither; fast: 4 of one), the motion frames' encode
+(taken from the decoder's own frames) and the decoder's 38 primed latents + the chunk's own. The I2V condition's
+encode runs once per clip length in a session (roles.ConditionCache: printed apart, not per chunk); umT5, CLIP and
+wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is allocated.
 
 With `--sp-degree P` (a multi-GPU node's sequence parallelism, dit.py) it also prints what one rank sends per DiT
 layer and per denoising step in the Ulysses all-to-alls (`sp_exchange_bytes`); the audio and text cross-attentions
@@ -86,10 +86,17 @@ def chunk_flops(
 
         return {
             "dit": steps * step_flops(config, width, height, latents, sampling),
-            "vae_condition": _count(lambda: encode(1 + 4 * (latents - 1))),
-            "vae_motion": _count(lambda: decode(motion_latents)) + _count(lambda: encode(stream.motion_frames)),
+            "vae_motion": _count(lambda: encode(stream.motion_frames)),
             "vae_decode": _count(lambda: decode(chunk_frames // 4)),
         }
+
+
+def condition_flops(config: InfiniteTalkConfig, width: int, height: int, latents: int) -> int:
+    """FLOPs of the I2V condition's encode for a clip of `latents` (once per clip length in a session)."""
+    with torch.device("meta"):
+        vae: AutoencoderKLWan = _vae(config)
+        frames = 1 + config.vae.temporal_stride * (latents - 1)
+        return _count(lambda: vae.encode(torch.zeros(1, 3, frames, height, width)))
 
 
 def main() -> None:
@@ -106,12 +113,13 @@ def main() -> None:
         per_frame = {key: value / args.chunk_frames / 1e12 for key, value in parts.items()}
         total = sum(per_frame.values())
         shown = ", ".join(f"{key} {value:.2f}" for key, value in per_frame.items())
+        latents = 1 + (WAN_14B.stream.motion_frames - 1) // 4 + args.chunk_frames // 4
+        condition = condition_flops(WAN_14B, width, height, latents) / 1e12
         print(
             f"{name} {width}x{height}, {args.preset}: {steps} steps x {sampling.passes} passes: {total:.1f} TFLOP per "
-            f"output frame ({shown})"
+            f"output frame ({shown}); once per clip length, the I2V condition's encode: {condition:.1f} TFLOP"
         )
         if args.sp_degree > 1:
-            latents = 1 + (WAN_14B.stream.motion_frames - 1) // 4 + args.chunk_frames // 4
             sent = sp_exchange_bytes(WAN_14B, width, height, latents, sampling.passes, args.sp_degree)
             print(
                 f"  SP over {args.sp_degree} ranks: {sent / 1e6:.0f} MB a rank sends per layer, "

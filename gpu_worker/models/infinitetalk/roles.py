@@ -9,10 +9,12 @@ N chunks are InfiniteTalk's clips (`wan/multitalk.py` generate_infinitetalk):
   opens on the portrait.
 - N(k) is a later clip: it opens with `motion_frames` (9) frames of N(k-1), the last the viewer saw of it, decoded
   and encoded again as a video of their own (lines 579, 803: 1 + 2 latents), kept clean, then the chunk's own
-  latents; only those are its output (line 794). The motion frames bring their audio windows along.
+  latents; only those are its output (line 794). The motion frames bring their audio windows along. The decoder
+  stage encodes them from the frames it decodes anyway (the stream's last frames, bit for bit what a decode of the
+  tail alone makes: vae.py), completing N(k-1)'s tail anchor.
 - Every clip is conditioned on the portrait: its mask marks the first frame and its I2V condition is the VAE
-  encoding of the portrait followed by grey frames, for the clip's length (lines 551-581); its image context is
-  the portrait's CLIP tokens.
+  encoding of the portrait followed by grey frames, for the clip's length (lines 551-581: the same for every clip
+  of a length, so encoded once per length, `ConditionCache`); its image context is the portrait's CLIP tokens.
 I chunks are ours: the seam between N(k) and N(k+1) is sampled as a clip with N(k)'s motion frames before it and
 N(k+1)'s first `right_latents` latents after it, both kept clean, the same in-context replacement InfiniteTalk
 uses for motion frames, on both sides. N(k+1) itself was conditioned on N(k)'s end as if the seam were absent
@@ -20,20 +22,24 @@ uses for motion frames, on both sides. N(k+1) itself was conditioned on N(k)'s e
 
 Anchors (numpy, into checkpoints as they are). N's head: its first `right_latents` latents and their frames' audio
 windows. N's tail: `context`, the last `decoder_context` latents of the decode stream that ends with the chunk
-(the chunk's own decoder context, then its latents), with the video latent its first is; `motion`, the latents of
-its last motion frames; `motion_audio`, their windows. The decoder primes its causal cache on `context`: I(k)
-continues N(k)'s stream; N(k+1) continues it too, skipping I(k), which does not exist yet when N(k+1) is decoded.
+(the chunk's own decoder context, then its latents), with the video latent its first is; `motion_audio`, its last
+motion frames' windows; `motion`, their latents, which the decoder stage adds (`WanLatents.tail`). The decoder
+primes its causal cache on `context`: I(k) continues N(k)'s stream; N(k+1) continues it too, skipping I(k), which
+does not exist yet when N(k+1) is decoded.
 With `decoder_context` ≥ the decoder's receptive field (38) the primed cache is exactly the cache of decoding
 the stream from the video's start (vae.py), so a chunk decodes the same after a resume on any node.
 
 Under sequence parallelism (`current_sp()`, a multi-GPU node's default) the DiT splits its tokens across the ranks
 (dit.py) and the decoder its latents (`vae.decode_share`: each rank its run, primed on the latents before it; the
-uint8 frames all-gathered), both returning the one-process result on every rank. The VAE encodes (the I2V
-condition, the motion frames), the tail's motion decode (a few latents) and the encoders run whole on every rank.
+uint8 frames all-gathered), both returning the one-process result on every rank. The motion frames' float frames
+are gathered from the ranks that decoded them and encoded whole on every rank, as the encoders run.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +48,7 @@ import torch
 from torch import Tensor
 
 from gpu_worker.compiled import compiled_step
-from gpu_worker.distributed.sequence import current_sp, gather_frames
+from gpu_worker.distributed.sequence import SPGroup, current_sp, gather_frames
 from gpu_worker.models.infinitetalk.config import SamplingConfig
 from gpu_worker.models.infinitetalk.lora import LORA_ENV
 from gpu_worker.models.infinitetalk.reference import reference_image
@@ -58,11 +64,14 @@ from monologue.errors import InputError
 
 @dataclass
 class WanLatents:
-    """A chunk's latents (z, T, h, w), the decoder context before them (z, K, h, w) or None, the frames they make."""
+    """A chunk's latents (z, T, h, w), the decoder context before them (z, K, h, w) or None, the frames they make;
+    for an N chunk, its tail anchor, which the decoder completes with the latents of its last `motion_frames`."""
 
     frames: Tensor
     context: Tensor | None
     video_frames: int
+    tail: Anchor | None = None
+    motion_frames: int = 0
 
 
 def first_latent(chunk: ChunkRequest, stride: int) -> int:
@@ -88,10 +97,37 @@ def _array(tensor: Tensor) -> np.ndarray:
     return np.ascontiguousarray(tensor.float().cpu().numpy())
 
 
+class ConditionCache:
+    """The I2V condition by portrait and clip length. It is the same for every clip of a length, so a session encodes
+    it once per length it uses (N0's, the N chunks', the I chunks', a shorter last chunk's); the values depend on the
+    portrait and the length alone, so a session resumed elsewhere gets them bit for bit. The least recently used
+    entry goes past `size` (a few lengths for each of a node's sessions)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self.encodes = 0  # how many times `make` ran
+        self._kept: OrderedDict[tuple[str, int], Tensor] = OrderedDict()
+
+    def get(self, pixels: np.ndarray, count: int, make: Callable[[], Tensor]) -> Tensor:
+        key = (hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest(), count)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        value = self._kept[key] = make()
+        self.encodes += 1
+        if len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return value
+
+
 class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
     """A chunk's latents by InfiniteTalk's sampler; the anchors it leaves (see the module docstring)."""
 
     model_names = ("dit", "vae")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conditions = ConditionCache()
 
     def generate_n(
         self,
@@ -119,11 +155,12 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
             latents = self._sample(reference, context, clip_audio, known, prefix + count, chunk, rng, progress)
             own = latents[:, prefix:]
             decoder_context = None if previous is None else self.tensor(previous["context"])
-            tail = self._tail(own, decoder_context, previous, first, audio)
+            tail, motion_frames = self._tail(own, decoder_context, previous, first, audio)
         right = self.settings.stream.right_latents
         head_frames = (1 + stride * (right - 1)) if first == 0 else stride * right
         head = {"latents": _array(own[:, :right]), "audio": _array(audio[:head_frames])}
-        return A2VOutput(latents=WanLatents(own, decoder_context, chunk.n_frames), head=head, tail=tail)
+        made = WanLatents(own, decoder_context, chunk.n_frames, tail=tail, motion_frames=motion_frames)
+        return A2VOutput(latents=made, head=head, tail=tail)
 
     def generate_i(
         self,
@@ -199,35 +236,37 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
 
     def _condition(self, reference: Reference, count: int) -> Tensor:
         """(4 + z, count, h, w): the mask (the first frame known, multitalk.py lines 552-559) and the encoding of the
-        portrait followed by grey frames, 1 + 4 (count - 1) frames (lines 570-573)."""
-        image = reference_image(reference, self.device)  # (1, 3, H, W)
-        frames = 1 + self.settings.vae.temporal_stride * (count - 1)
-        video = torch.zeros(1, 3, frames, *image.shape[-2:], device=self.device)
-        video[:, :, 0] = image
-        encoded = encode(self.models["vae"], video)[0]  # type: ignore[arg-type]  # (z, count, h, w)
+        portrait followed by grey frames, 1 + 4 (count - 1) frames (lines 570-573), encoded once per length."""
+
+        def encoded_video() -> Tensor:
+            image = reference_image(reference, self.device)  # (1, 3, H, W)
+            frames = 1 + self.settings.vae.temporal_stride * (count - 1)
+            video = torch.zeros(1, 3, frames, *image.shape[-2:], device=self.device)
+            video[:, :, 0] = image
+            return encode(self.models["vae"], video)[0]  # type: ignore[arg-type]  # (z, count, h, w)
+
+        encoded = self.conditions.get(reference["pixels"], count, encoded_video)
         mask = torch.zeros(4, count, *encoded.shape[-2:], device=self.device)
         mask[:, 0] = 1.0
         return torch.cat([mask, encoded])
 
-    def _tail(self, own: Tensor, context: Tensor | None, previous: Anchor | None, first: int, audio: Tensor) -> Anchor:
-        """The tail anchor: the stream's last latents, and the last motion frames decoded and encoded again."""
+    def _tail(
+        self, own: Tensor, context: Tensor | None, previous: Anchor | None, first: int, audio: Tensor
+    ) -> tuple[Anchor, int]:
+        """The tail anchor but its `motion` (the decoder adds it): the stream's last latents and the motion frames'
+        audio windows; and how many motion frames (the chunk's last, on the latent grid)."""
         stream_config, stride = self.settings.stream, self.settings.vae.temporal_stride
         stream = own if context is None else torch.cat([context, own], dim=1)
         stream_first = first if previous is None else int(previous["context_first"][0])
         frames = audio.shape[0]
         motion_frames = 1 + stride * ((min(stream_config.motion_frames, frames) - 1) // stride)
-        needed = -(-motion_frames // stride)  # trailing latents that make them (the first frame's latent makes 1)
-        decoder = DecodeStream(self.models["vae"])  # type: ignore[arg-type]
-        split = stream.shape[1] - needed
-        decoder.prime(stream[None, :, max(0, split - stream_config.decoder_context) : split])
-        decoded = decoder.decode(stream[None, :, split:])[:, :, -motion_frames:]  # (1, 3, m, H, W)
         keep = min(stream_config.decoder_context, stream.shape[1])
-        return {
+        tail = {
             "context": _array(stream[:, -keep:]),
             "context_first": np.array([stream_first + stream.shape[1] - keep], dtype=np.int64),
-            "motion": _array(encode(self.models["vae"], decoded)[0]),  # type: ignore[arg-type]
             "motion_audio": _array(audio[frames - motion_frames :]),
         }
+        return tail, motion_frames
 
 
 class PassThrough(SuperResolution):
@@ -238,7 +277,8 @@ class PassThrough(SuperResolution):
 
 
 class InfiniteTalkDecoder(WanModule, Decoder):
-    """The chunk's latents → RGB frames, the causal cache primed on the decoder context (see the module docstring)."""
+    """The chunk's latents → RGB frames, the causal cache primed on the decoder context (see the module docstring);
+    an N chunk's motion frames encoded into its tail anchor."""
 
     model_names = ("vae",)
 
@@ -255,10 +295,13 @@ class InfiniteTalkDecoder(WanModule, Decoder):
                 if context is not None:
                     stream.prime(context)
                 frames = stream.decode(latents)[0]  # (3, F, H, W)
+                counts: Sequence[int] = [frames.shape[1]]
             else:
                 stride, primed = self.settings.vae.temporal_stride, self.settings.stream.decoder_context
                 frames, counts = decode_share(vae, context, latents, stride, primed, sp)  # type: ignore[arg-type]
                 frames = frames[0]  # (3, F_rank, H, W)
+            if upscaled.tail is not None:
+                self._add_motion(upscaled.tail, frames, counts, upscaled.motion_frames, sp)
             pixels = _pixels(frames)  # (F or F_rank, H, W, 3)
             if sp is not None:
                 pixels = gather_frames(pixels, 0, counts, sp)
@@ -268,6 +311,24 @@ class InfiniteTalkDecoder(WanModule, Decoder):
                 f"{upscaled.frames.shape[1]} latents made {pixels.shape[0]} frames, not {upscaled.video_frames}"
             )
         return np.ascontiguousarray(pixels.cpu().numpy())
+
+    def _add_motion(
+        self, tail: Anchor, frames: Tensor, counts: Sequence[int], motion_frames: int, sp: SPGroup | None
+    ) -> None:
+        """The tail's `motion`: the chunk's last `motion_frames` decoded frames (float, as the original takes them
+        from its decoded clip), encoded again. Under SP each rank holds `counts[r]` of the chunk's frames, in rank
+        order: the ranks holding the last ones send them to every rank, and each encodes them whole."""
+        if sp is None:
+            last = frames[:, -motion_frames:]
+        else:
+            start, held = sum(counts) - motion_frames, 0
+            overlaps = []
+            for count in counts:  # how many of the last frames each rank holds
+                overlaps.append(max(0, held + count - max(start, held)))
+                held += count
+            local = frames[:, frames.shape[1] - overlaps[sp.rank] :]
+            last = gather_frames(local.contiguous(), 1, overlaps, sp)
+        tail["motion"] = _array(encode(self.models["vae"], last[None])[0])  # type: ignore[arg-type]
 
 
 def _pixels(frames: Tensor) -> Tensor:

@@ -74,14 +74,24 @@ def test_dit_count_extrapolated_from_two_layers_equals_flops_py() -> None:
 @pytest.mark.parametrize(
     ("resolution", "per_frame"),
     [
-        ("480p", {"condition": 2.3, "motion": 7.9, "decode": 10.4}),
-        ("720p", {"condition": 5.3, "motion": 18.2, "decode": 24.2}),
+        ("480p", {"condition": 0.0, "motion": 0.26, "decode": 10.41}),
+        ("720p", {"condition": 0.0, "motion": 0.61, "decode": 24.17}),
     ],
 )
 def test_vae_counts_match_flops_py_per_frame(resolution: str, per_frame: dict[str, float]) -> None:
-    """One rank's VAE work per N chunk is flops.py's counted table (docs/benchmarks.md, issue 16) to its rounding."""
+    """One rank's VAE work per N chunk is flops.py's counted table (docs/benchmarks.md, issue 16) to its rounding: the
+    motion frames' encode (the decoder's own frames: no decode of their own) and the decode; a steady N chunk encodes
+    no I2V condition (its length's was encoded before)."""
     parts = model.vae_flops(replace(FAST_480, resolution=resolution), 72, 38, 1)
-    assert {name: value / 72 / 1e12 for name, value in parts.items()} == pytest.approx(per_frame, abs=0.051)
+    assert {name: value / 72 / 1e12 for name, value in parts.items()} == pytest.approx(per_frame, abs=0.0051)
+
+
+def test_only_n0_encodes_its_i2v_condition() -> None:
+    """A steady N chunk reuses its length's condition (roles.ConditionCache); N0 encodes its own: flops.py's count."""
+    first = model.vae_flops(FAST_480, FAST_480.first_frames, 0, 1)
+    motion, own = FAST_480.latents(FAST_480.first_frames, 0)
+    assert first["condition"] == pytest.approx(flops.condition_flops(WAN_14B, 832, 480, motion + own), rel=1e-9)
+    assert first["condition"] > 0 and model.vae_flops(FAST_480, 72, 38, 1)["condition"] == 0
 
 
 def test_decode_units_are_linear_in_calls() -> None:

@@ -130,7 +130,8 @@ class CheckpointDiT:
 class Decodes:
     """The tiny checkpoint's decoder role on every case, single-process and under SP of `degree` (uint8 frames),
     and the float frames of `decode_share` gathered against one `DecodeStream`'s (uint8 rounding would hide a
-    cache that is off in the last bits)."""
+    cache that is off in the last bits); the tail's motion latents the decoder adds, gathered from the ranks that
+    hold the last frames (several, where a rank's run is shorter than the motion frames), against one process's."""
 
     weights: str
     degree: int
@@ -147,11 +148,13 @@ class Decodes:
             before = (
                 torch.randn(TINY.vae.z_dim, context_latents, 4, 4, generator=generator) if context_latents else None
             )
-            chunk = WanLatents(frames, before, video_frames)
+            motion = 1 + 4 * ((min(TINY.stream.motion_frames, video_frames) - 1) // 4)
+            plain_tail: dict[str, np.ndarray] = {}
+            split_tail: dict[str, np.ndarray] = {}
             with torch.no_grad():
-                plain = decoder.decode({}, chunk)
+                plain = decoder.decode({}, WanLatents(frames, before, video_frames, plain_tail, motion))
                 with sequence_parallel(sp):
-                    split = decoder.decode({}, chunk)
+                    split = decoder.decode({}, WanLatents(frames, before, video_frames, split_tail, motion))
                 stream = DecodeStream(vae)  # type: ignore[arg-type]
                 if before is not None:
                     stream.prime(before[None])
@@ -165,7 +168,12 @@ class Decodes:
                     sp,
                 )
                 gathered = gather_frames(share, 2, counts, sp)
-            seen[name] = {"plain": plain, "sp": split, "float_equal": torch.equal(gathered, whole)}
+            seen[name] = {
+                "plain": plain,
+                "sp": split,
+                "float_equal": torch.equal(gathered, whole),
+                "motion_equal": np.array_equal(split_tail["motion"], plain_tail["motion"]),
+            }
         return seen
 
 

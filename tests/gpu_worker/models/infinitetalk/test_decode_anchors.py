@@ -1,15 +1,14 @@
 """The infinitetalk decoder primed from the anchors a chunk keeps makes the frames of one decode of the whole latent
-stream, bit for bit, once the stream is longer than the Wan decoder's receptive field (`decoder_context`, 38).
-
-The decode stream is the N chunks back to back (roles.py): N(k+1) continues N(k)'s stream, primed on N(k)'s tail
+stream, bit for bit, once the stream is longer than the Wan decoder's receptive field (`decoder_context`, 38). The
+decode stream is the N chunks back to back (roles.py): N(k+1) continues N(k)'s stream, primed on N(k)'s tail
 `context`, and I(k) branches off it after N(k), primed on the same anchor. So N(k)'s frames are its part of one
-decode of N0 N1 N2 …, and I(k)'s are the end of one decode of N0 … N(k) I(k). N0 is 161 frames (41 latents), so
-N1, I0 and N2 are each primed where the stream is already longer than 38 latents. The super-resolution stage of
-this family passes latents through; the test's stage in its place does the same and keeps them. A tail anchor one
-latent short of `decoder_context` primes from a different cache and fails here (the decoder is exact with 38 and
-not with 37: test_vae.py). The tiny preset's weights on a 32x32 canvas, as a preview (16x16 frames, one sampling
-step): the Wan VAE is the cost here (up to a second a latent at 64x64 on a busy 2-core machine), and the property
-is one of time, not of size."""
+decode of N0 N1 N2 …, and I(k)'s are the end of one decode of N0 … N(k) I(k). N0 is 161 frames (41 latents), so N1,
+I0 and N2 are each primed where the stream is already longer than 38 latents. The super-resolution stage of this
+family passes latents through; the test's stage in its place does the same and keeps them. A tail anchor one latent
+short of `decoder_context` primes from a different cache and fails here (the decoder is exact with 38 and not with
+37: test_vae.py). A tail's motion latents are the encoding of that one stream's last motion frames. The tiny
+preset's weights on a 32x32 canvas, as a preview (16x16 frames, one sampling step): the Wan VAE is the cost here (up
+to a second a latent at 64x64 on a busy 2-core machine), and the property is one of time, not of size."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ pytest.importorskip("diffusers", reason="the infinitetalk family's models are di
 from gpu_worker.models.infinitetalk import build_family, roles
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights, Locations
 from gpu_worker.models.infinitetalk.config import TINY
-from gpu_worker.models.infinitetalk.vae import DecodeStream
+from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
 from gpu_worker.pipeline import Pipeline
 from gpu_worker.pipeline.module import Role
 from gpu_worker.pipeline.pipeline import Session
@@ -114,3 +113,9 @@ def test_chunks_primed_from_their_anchors_decode_as_the_whole_stream_does(
     for name in ("N1", "N2"):
         assert torch.equal(frames[name], _decoded(kept.latents[name], whole)), name
     assert sink.frames[1].std() > 1.0  # N1's published frames move: equal frames are not equal blanks
+
+    # N2's tail `motion`, which the decoder stage adds: the stream's last motion frames, encoded again.
+    motion = TINY.stream.motion_frames
+    with torch.no_grad():
+        expected = encode(whole.vae, frames["N2"][None, :, -motion:])[0]
+    assert np.array_equal(session.anchors.export()["N2.tail.motion"], expected.numpy())

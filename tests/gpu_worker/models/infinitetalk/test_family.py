@@ -94,6 +94,21 @@ def test_a_render_resumed_on_another_node_has_the_same_frames(
     assert again == {name: hashes[name] for name in again}
 
 
+def test_the_i2v_condition_is_encoded_once_per_clip_shape(
+    tiny_weights: Path, inputs: tuple[np.ndarray, ArrayAudio]
+) -> None:
+    """Every clip of a length has the same I2V condition, encoded once: N0 (5 latents), N1 (9 motion frames' 3 + 4),
+    then I0 (3 + 1 + 2 on the right), N2 (3 + 3) and I1 share 6: three encodes for five chunks. A fresh node resuming
+    the session (test above) encodes its own, the same."""
+    portrait, audio = inputs
+    pipeline = _pipeline(tiny_weights)
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    chunks = plan_chunks(50, **chunk_sizes(OPTIONS))
+    assert [(c.name, c.n_frames) for c in chunks] == [("N0", 17), ("N1", 16), ("I0", 4), ("N2", 9), ("I1", 4)]
+    _render(pipeline, session, chunks)
+    assert pipeline.models.audio_to_video.conditions.encodes == 3  # type: ignore[attr-defined]
+
+
 def test_switch_residency_renders_the_same_frames(
     tiny_weights: Path,
     inputs: tuple[np.ndarray, ArrayAudio],

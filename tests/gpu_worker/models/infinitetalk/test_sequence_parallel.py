@@ -109,6 +109,7 @@ def test_the_split_decode_gathers_the_one_process_frames_bit_for_bit(results: di
             assert np.array_equal(seen[name]["plain"], plain), f"{name}: rank {rank} decodes differently alone"
             assert np.array_equal(seen[name]["sp"], plain), f"{name}: rank {rank}'s SP frames differ"
             assert seen[name]["float_equal"], f"{name}: rank {rank}'s gathered float frames differ"
+            assert seen[name]["motion_equal"], f"{name}: rank {rank}'s motion latents differ"
         if name == "first" and degree == 4:
             assert split_frames(latents, degree)[-1] == (latents, latents)  # a rank decodes nothing
 
