@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import time
+from typing import Any
 
 import av
 import numpy as np
@@ -89,6 +90,12 @@ def _signals(options: c.RenderOptions, until: int) -> list[tuple[int, int]]:
     return pairs
 
 
+def _acked(socket: Any) -> int:
+    """The samples the server has stored so far: an empty message (no audio, not heard as speech) and its ack."""
+    socket.send(b"")
+    return int(next(m for m in map(json.loads, socket) if m["type"] == "ack")["samples"])
+
+
 def test_a_realtime_socket_that_goes_quiet_keeps_the_avatar_moving(
     stack: Stack, api_url: str, sample_portrait: bytes
 ) -> None:
@@ -103,10 +110,16 @@ def test_a_realtime_socket_that_goes_quiet_keeps_the_avatar_moving(
         assert json.loads(socket.recv(timeout=30))["type"] == "ready"
         socket.send(json.dumps({"type": "start", "realtime": True}))
         started = time.monotonic()
-        for offset in range(0, len(speech), RATE // 50):
+        offsets = range(0, len(speech), RATE // 50)
+        for offset in offsets:
             time.sleep(max(0.0, started + offset / RATE - time.monotonic()))
             socket.send(speech[offset : offset + RATE // 50].tobytes())
-        time.sleep(2.0)  # the client has nothing to say
+        for _ in offsets:  # each piece's ack, so the next ack read is the newest
+            next(m for m in map(json.loads, socket) if m["type"] == "ack")
+        quiet_until = time.monotonic() + 2.0  # the client has nothing to say for 2 s, then waits for the server
+        while (stored := _acked(socket)) < 2.4 * RATE or time.monotonic() < quiet_until:
+            assert time.monotonic() < quiet_until + 60, f"the server stored {stored} samples, no silence for the quiet"
+            time.sleep(0.1)
         socket.send(json.dumps({"type": "end"}))
         ended = next(m for m in map(json.loads, socket) if m["type"] == "ended")
     total = ended["samples"]

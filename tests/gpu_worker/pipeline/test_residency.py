@@ -111,7 +111,7 @@ def live_bytes() -> int:
             # tensor this walk finds too.
             if type(thing) in (torch.Tensor, torch.nn.Parameter) and not thing.is_meta:
                 storage = thing.untyped_storage()
-            elif isinstance(thing, torch.UntypedStorage):
+            elif isinstance(thing, torch.UntypedStorage) and thing.device.type != "meta":  # a fake tensor's is meta
                 storage = thing
             else:
                 continue
