@@ -176,6 +176,11 @@ class StreamConfig:
     # 12 at the latent rate (conv_in, 4 in the middle, 6 in the first up block, its time_conv) = 24 latents, 7 at
     # twice the rate = 7, 13 at four times = 6.5: 38 (test_vae.py checks 38 is exact and 37 is not).
     decoder_context: int = 38
+    # Decode streams' states a node keeps between chunks (vae.StreamStates: a chunk after one decoded here skips the
+    # priming above); each is 3.8 GB at 480p in fp32 (8.7 at 720p). Two hold a session's last two N chunks' (N(k)'s
+    # for I(k), N(k+1)'s for N(k+2)); a process serving several sessions at once needs two each to skip every
+    # priming. 0: always prime (less memory, the same frames).
+    decoder_states: int = 2
     audio_context_frames: int = 25  # wav2vec2's left context before a chunk (1 s)
 
 

@@ -4,9 +4,10 @@
 
 One N chunk as the original streams it: a clip of `motion_frames` (9) + chunk_frames frames, the preset's denoising
 steps (quality: 40 of three DiT passes, text+audio, no text, neither; fast: 4 of one), the motion frames' encode
-(taken from the decoder's own frames) and the decoder's 38 primed latents + the chunk's own. The I2V condition's
-encode runs once per clip length in a session (roles.ConditionCache: printed apart, not per chunk); umT5, CLIP and
-wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is allocated.
+(taken from the decoder's own frames) and the decoder's 38 primed latents + the chunk's own (and, as a second
+figure, the chunk's own only: a node that kept the previous N chunk's decode state, vae.StreamStates). The I2V
+condition's encode runs once per clip length in a session (roles.ConditionCache: printed apart, not per chunk);
+umT5, CLIP and wav2vec2 run once per session or per chunk for a few GFLOP and are left out. Nothing is allocated.
 
 With `--sp-degree P` (a multi-GPU node's sequence parallelism, dit.py) it also prints what one rank sends per DiT
 layer and per denoising step in the Ulysses all-to-alls (`sp_exchange_bytes`); the audio and text cross-attentions
@@ -66,9 +67,17 @@ def sp_exchange_bytes(
 
 
 def chunk_flops(
-    config: InfiniteTalkConfig, width: int, height: int, chunk_frames: int, sampling: SamplingConfig, steps: int
+    config: InfiniteTalkConfig,
+    width: int,
+    height: int,
+    chunk_frames: int,
+    sampling: SamplingConfig,
+    steps: int,
+    *,
+    primed: bool = True,
 ) -> dict[str, int]:
-    """FLOPs of one N chunk by part."""
+    """FLOPs of one N chunk by part; `primed`: its decoder primes on the 38 latents before it (not: it starts from
+    the state the previous chunk's decode left on the node, vae.StreamStates)."""
     stream = config.stream
     motion_latents = 1 + (stream.motion_frames - 1) // 4
     latents = motion_latents + chunk_frames // 4
@@ -76,10 +85,17 @@ def chunk_flops(
     with torch.device("meta"):
         vae: AutoencoderKLWan = _vae(config)
 
-        def decode(count: int) -> None:
+        def decode(count: int, priming: int) -> None:
             decoder = DecodeStream(vae)
-            decoder.prime(torch.zeros(1, 16, stream.decoder_context, h, w))
+            decoder.prime(torch.zeros(1, 16, priming, h, w))
             decoder.decode(torch.zeros(1, 16, count, h, w))
+
+        def chunk_decode(count: int) -> int:  # from a kept state: its latents past a stream's first, nothing primed
+            if primed:
+                return _count(lambda: decode(count, stream.decoder_context))
+            return _count(lambda: decode(count, 1)) - _count(
+                lambda: DecodeStream(vae).prime(torch.zeros(1, 16, 1, h, w))
+            )
 
         def encode(frames: int) -> None:
             vae.encode(torch.zeros(1, 3, frames, height, width))
@@ -87,7 +103,7 @@ def chunk_flops(
         return {
             "dit": steps * step_flops(config, width, height, latents, sampling),
             "vae_motion": _count(lambda: encode(stream.motion_frames)),
-            "vae_decode": _count(lambda: decode(chunk_frames // 4)),
+            "vae_decode": chunk_decode(chunk_frames // 4),
         }
 
 
@@ -115,9 +131,13 @@ def main() -> None:
         shown = ", ".join(f"{key} {value:.2f}" for key, value in per_frame.items())
         latents = 1 + (WAN_14B.stream.motion_frames - 1) // 4 + args.chunk_frames // 4
         condition = condition_flops(WAN_14B, width, height, latents) / 1e12
+        kept = chunk_flops(WAN_14B, width, height, args.chunk_frames, sampling, steps, primed=False)
+        kept_decode = kept["vae_decode"] / args.chunk_frames / 1e12
         print(
             f"{name} {width}x{height}, {args.preset}: {steps} steps x {sampling.passes} passes: {total:.1f} TFLOP per "
-            f"output frame ({shown}); once per clip length, the I2V condition's encode: {condition:.1f} TFLOP"
+            f"output frame ({shown}); once per clip length, the I2V condition's encode: {condition:.1f} TFLOP; "
+            f"decoding from a kept stream state: {total - per_frame['vae_decode'] + kept_decode:.1f} "
+            f"(vae_decode {kept_decode:.2f})"
         )
         if args.sp_degree > 1:
             sent = sp_exchange_bytes(WAN_14B, width, height, latents, sampling.passes, args.sp_degree)

@@ -54,7 +54,7 @@ from gpu_worker.models.infinitetalk.lora import LORA_ENV
 from gpu_worker.models.infinitetalk.reference import reference_image
 from gpu_worker.models.infinitetalk.runtime import WanModule
 from gpu_worker.models.infinitetalk.sampling import sample, timesteps
-from gpu_worker.models.infinitetalk.vae import DecodeStream, decode_share, encode
+from gpu_worker.models.infinitetalk.vae import StreamStates, decode_share, encode
 from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
@@ -277,10 +277,15 @@ class PassThrough(SuperResolution):
 
 
 class InfiniteTalkDecoder(WanModule, Decoder):
-    """The chunk's latents → RGB frames, the causal cache primed on the decoder context (see the module docstring);
-    an N chunk's motion frames encoded into its tail anchor."""
+    """The chunk's latents → RGB frames, the causal cache primed on the decoder context or, on one process, taken from
+    the state the previous N chunk's decode left (`StreamStates`; see the module docstring); an N chunk's motion
+    frames encoded into its tail anchor."""
 
     model_names = ("vae",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.states = StreamStates(self.settings.stream.decoder_states)
 
     def decode(self, reference: Reference, upscaled: WanLatents) -> np.ndarray:
         """Under SP each rank decodes its run of the latents (`decode_share`) and the ranks all-gather the uint8
@@ -291,11 +296,12 @@ class InfiniteTalkDecoder(WanModule, Decoder):
             context = None if upscaled.context is None else upscaled.context[None].to(self.device)
             latents = upscaled.frames[None].to(self.device)
             if sp is None:
-                stream = DecodeStream(vae)  # type: ignore[arg-type]
-                if context is not None:
-                    stream.prime(context)
+                stream = self.states.start(vae, context)  # type: ignore[arg-type]
                 frames = stream.decode(latents)[0]  # (3, F, H, W)
                 counts: Sequence[int] = [frames.shape[1]]
+                ended = latents if context is None else torch.cat([context, latents], dim=2)
+                if upscaled.tail is not None:  # an N chunk: later chunks continue its stream
+                    self.states.keep(stream, ended[:, :, -self.settings.stream.decoder_context :])
             else:
                 stride, primed = self.settings.vae.temporal_stride, self.settings.stream.decoder_context
                 frames, counts = decode_share(vae, context, latents, stride, primed, sp)  # type: ignore[arg-type]

@@ -94,6 +94,17 @@ def test_only_n0_encodes_its_i2v_condition() -> None:
     assert first["condition"] > 0 and model.vae_flops(FAST_480, 72, 38, 1)["condition"] == 0
 
 
+def test_a_kept_decode_state_leaves_the_chunks_own_latents() -> None:
+    """flops.py's second figure: a node that kept N(k)'s decode state (vae.StreamStates) decodes N(k+1)'s 18 latents,
+    none of them a stream's first, and primes none: 18 later-latent calls against 38 + 18 primed."""
+    units = model.vae_units("480p")
+    kept = flops.chunk_flops(WAN_14B, 832, 480, 72, WAN_14B.fast, 0, primed=False)  # 0 steps: no DiT counted
+    primed = flops.chunk_flops(WAN_14B, 832, 480, 72, WAN_14B.fast, 0)
+    assert kept["vae_decode"] == pytest.approx(18 * units.decode_next, rel=1e-9)
+    assert primed["vae_decode"] == pytest.approx(units.decode(38 + 18), rel=1e-9)
+    assert kept["dit"] == 0 and kept["vae_motion"] == primed["vae_motion"]
+
+
 def test_decode_units_are_linear_in_calls() -> None:
     """A stream primed on 4 latents then decoding 3 costs the first latent + 6 later ones, counted directly."""
     units = model.vae_units("480p")

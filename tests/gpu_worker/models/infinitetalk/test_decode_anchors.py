@@ -102,6 +102,8 @@ def test_chunks_primed_from_their_anchors_decode_as_the_whole_stream_does(
         pipeline.run_chunk(session, request, sink)
     assert [(r.name, r.n_frames) for r in requests] == [("N0", 161), ("N1", 16), ("I0", 4), ("N2", 16)]
     assert kept.latents["N0"].shape[1] > TINY.stream.decoder_context  # N1, I0, N2 are primed past the limit
+    states = pipeline.models.decoder.states  # type: ignore[attr-defined]
+    assert (states.hits, states.misses) == (3, 0)  # N1, I0, N2 start from the state N0's / N1's decode left
     frames = {request.name: made[:, : request.n_frames] for request, made in zip(requests, decoded, strict=True)}
 
     # One stream from the video's start, N0 N1 N2, and a copy of it after N0 for I0 (a DecodeStream decodes in

@@ -4,6 +4,7 @@ checkpoint's anchors: what a node does after another was killed) renders the res
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,23 @@ def test_the_i2v_condition_is_encoded_once_per_clip_shape(
     assert [(c.name, c.n_frames) for c in chunks] == [("N0", 17), ("N1", 16), ("I0", 4), ("N2", 9), ("I1", 4)]
     _render(pipeline, session, chunks)
     assert pipeline.models.audio_to_video.conditions.encodes == 3  # type: ignore[attr-defined]
+
+
+def test_a_node_that_keeps_no_decode_states_primes_and_renders_the_same_frames(
+    tiny_weights: Path,
+    inputs: tuple[np.ndarray, ArrayAudio],
+    baseline: tuple,  # type: ignore[type-arg]
+) -> None:
+    """StreamConfig.decoder_states 0: every chunk after N0 primes its decoder on its context anchor; the frames are
+    those of the node that kept N0's state (the baseline: N1 and I0 started from it)."""
+    portrait, audio = inputs
+    config = replace(TINY, stream=replace(TINY.stream, decoder_states=0))
+    pipeline = Pipeline(build_family(InfiniteTalkWeights(config, Locations.under(tiny_weights))))
+    session = pipeline.start_session(portrait, OutputSpec(fps=25), audio)
+    hashes, _ = _render(pipeline, session, CHUNKS)
+    assert hashes == baseline[1]
+    states = pipeline.models.decoder.states  # type: ignore[attr-defined]
+    assert (states.hits, states.misses, len(states)) == (0, 2, 0)
 
 
 def test_switch_residency_renders_the_same_frames(
