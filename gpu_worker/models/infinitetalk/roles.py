@@ -38,7 +38,6 @@ are gathered from the ranks that decoded them and encoded whole on every rank, a
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,7 @@ from torch import Tensor
 
 from gpu_worker.compiled import compiled_step
 from gpu_worker.distributed.sequence import SPGroup, current_sp, gather_frames
+from gpu_worker.lru import LRU
 from gpu_worker.models.infinitetalk.config import SamplingConfig
 from gpu_worker.models.infinitetalk.lora import LORA_ENV
 from gpu_worker.models.infinitetalk.reference import reference_image
@@ -104,19 +104,16 @@ class ConditionCache:
     entry goes past `size` (a few lengths for each of a node's sessions)."""
 
     def __init__(self, size: int = 8) -> None:
-        self.size = size
         self.encodes = 0  # how many times `make` ran
-        self._kept: OrderedDict[tuple[str, int], Tensor] = OrderedDict()
+        self._kept: LRU[tuple[str, int], Tensor] = LRU(size)
 
     def get(self, pixels: np.ndarray, count: int, make: Callable[[], Tensor]) -> Tensor:
         key = (hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest(), count)
-        if key in self._kept:
-            self._kept.move_to_end(key)
-            return self._kept[key]
-        value = self._kept[key] = make()
-        self.encodes += 1
-        if len(self._kept) > self.size:
-            self._kept.popitem(last=False)
+        value = self._kept.get(key)
+        if value is None:
+            value = make()
+            self._kept.put(key, value)
+            self.encodes += 1
         return value
 
 
@@ -299,9 +296,8 @@ class InfiniteTalkDecoder(WanModule, Decoder):
                 stream = self.states.start(vae, context)  # type: ignore[arg-type]
                 frames = stream.decode(latents)[0]  # (3, F, H, W)
                 counts: Sequence[int] = [frames.shape[1]]
-                ended = latents if context is None else torch.cat([context, latents], dim=2)
-                if upscaled.tail is not None:  # an N chunk: later chunks continue its stream
-                    self.states.keep(stream, ended[:, :, -self.settings.stream.decoder_context :])
+                if upscaled.tail is not None:  # an N chunk: later chunks continue its stream from its tail context
+                    self.states.keep(stream, upscaled.tail["context"])
             else:
                 stride, primed = self.settings.vae.temporal_stride, self.settings.stream.decoder_context
                 frames, counts = decode_share(vae, context, latents, stride, primed, sp)  # type: ignore[arg-type]

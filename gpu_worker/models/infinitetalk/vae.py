@@ -31,14 +31,15 @@ with the means and deviations diffusers keeps in AutoencoderKLWan's config).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d
 from torch import Tensor
 
 from gpu_worker.distributed.sequence import SPGroup, split_frames
+from gpu_worker.lru import LRU
 from gpu_worker.models.infinitetalk.runtime import own_precision
 
 
@@ -111,45 +112,39 @@ class StreamStates:
     decoder's causal convolutions (3.8 GB at 480p in fp32, 8.7 at 720p), so 0 turns it off."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
         self.hits = self.misses = 0
-        self._kept: OrderedDict[str, tuple[list[object], int]] = OrderedDict()
+        self._kept: LRU[str, tuple[list[object], int]] = LRU(capacity)
 
     def start(self, vae: AutoencoderKLWan, context: Tensor | None) -> DecodeStream:
         """A stream ready to decode the latents after `context` (B, z, K, h, w): a kept state's copy, else primed."""
         stream = DecodeStream(vae)
         if context is None:
             return stream
-        key = _content_key(context)
-        if key in self._kept:
-            self._kept.move_to_end(key)
-            cache, seen = self._kept[key]
-            stream.cache = [entry.clone() if isinstance(entry, Tensor) else entry for entry in cache]
-            stream.latents = seen
-            self.hits += 1
-        else:
+        kept = self._kept.get(_content_key(context))
+        if kept is None:
             stream.prime(context)
             self.misses += 1
+        else:
+            cache, stream.latents = kept
+            stream.cache = [entry.clone() if isinstance(entry, Tensor) else entry for entry in cache]
+            self.hits += 1
         return stream
 
-    def keep(self, stream: DecodeStream, last: Tensor) -> None:
-        """Keep `stream`'s state (it is done with), known by `last`, the up to `decoder_context` latents it ended with:
-        what the next chunk's context anchor holds."""
-        if self.capacity <= 0:
-            return
-        key = _content_key(last)
-        self._kept[key] = (stream.cache, stream.latents)
-        self._kept.move_to_end(key)
-        while len(self._kept) > self.capacity:
-            self._kept.popitem(last=False)
+    def keep(self, stream: DecodeStream, last: Tensor | np.ndarray) -> None:
+        """Keep `stream`'s state (it is done with), known by `last`, the up to `decoder_context` latents it ended with
+        (z, K, h, w): what the tail anchor's context holds, and the next chunk primes on."""
+        if self._kept.capacity > 0:
+            self._kept.put(_content_key(last), (stream.cache, stream.latents))
 
     def __len__(self) -> int:
         return len(self._kept)
 
 
-def _content_key(latents: Tensor) -> str:
-    data = latents.detach().to("cpu", torch.float32).contiguous().numpy()
-    return f"{tuple(data.shape)}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+def _content_key(latents: Tensor | np.ndarray) -> str:
+    """The latents' values (float32, a batch of one or none) as a key."""
+    data = latents.detach().to("cpu", torch.float32).numpy() if isinstance(latents, Tensor) else latents
+    data = np.ascontiguousarray(data, dtype=np.float32)
+    return f"{tuple(data.shape[-4:])}:{hashlib.sha256(data.tobytes()).hexdigest()}"
 
 
 def _frames(outputs: list[Tensor]) -> Tensor:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpu_worker.lru import LRU
 from monologue.phone_windows import PHONE_WINDOWS, PhoneWindows
 
 # The en-US model's phones; a step's phone is its index here (0, silence, also for fillers and noise).
@@ -39,33 +39,14 @@ class RecogniserConfig:
     dither_lsb: float = 16.0
 
 
-class WindowCache:
+class WindowCache(LRU[bytes, np.ndarray]):
     """Phones of recently recognised windows, by the SHA-256 of the samples the decoder was given: an entry can
     only ever be the answer the decoder would give again, so results never depend on it. Consecutive chunks
     share the windows at their seams (an N chunk's margins are the I chunk's frames), and a session regenerated
     on the same node finds them again. Shared by the node's pipelines (about 100 bytes an entry)."""
 
     def __init__(self, capacity: int = 256) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, np.ndarray] = OrderedDict()
-
-    def get(self, key: bytes) -> np.ndarray | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
-
-    def put(self, key: bytes, phones: np.ndarray) -> None:
-        with self._lock:
-            self._entries[key] = phones
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+        super().__init__(capacity)
 
 
 WINDOW_CACHE = WindowCache()

@@ -149,8 +149,10 @@ class Decodes:
                 torch.randn(TINY.vae.z_dim, context_latents, 4, 4, generator=generator) if context_latents else None
             )
             motion = 1 + 4 * ((min(TINY.stream.motion_frames, video_frames) - 1) // 4)
-            plain_tail: dict[str, np.ndarray] = {}
-            split_tail: dict[str, np.ndarray] = {}
+            ended = frames if before is None else torch.cat([before, frames], dim=1)
+            context = ended[:, -TINY.stream.decoder_context :].numpy()  # what an N chunk's tail anchor holds
+            plain_tail: dict[str, np.ndarray] = {"context": context}
+            split_tail: dict[str, np.ndarray] = {"context": context}
             with torch.no_grad():
                 plain = decoder.decode({}, WanLatents(frames, before, video_frames, plain_tail, motion))
                 with sequence_parallel(sp):
