@@ -107,7 +107,7 @@ def bench_gpu_command(chunks: int, preset: str | None, resolution: str | None, r
 )
 @click.option("--first-frames", type=int, default=None, help="infinitetalk: frames in N0, for TTFF. [default: 17]")
 @click.option(
-    "--vae-tflops", type=float, default=None, help="infinitetalk: the VAE's rate [default: the dit decoder's]."
+    "--vae-tflops", type=float, default=None, help="infinitetalk: the VAE's rate [default: the Wan VAE's, measured]."
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of the table.")
 def bench_sp_command(family: str, sampling_preset: str | None, **given: Any) -> None:

@@ -57,6 +57,9 @@ from torch._dynamo.utils import counters
 from gpu_worker.distributed.sequence import current_sp
 
 COMPILE_ENV = "MONOLOGUE_COMPILE_STEPS"
+# The dit decoder's per-frame stage (a compiled step of its own, `SpatialStage`): auto by default, since the first
+# H200 runs measured it 3.1x faster compiled (docs/benchmarks.md) with the same frames run after run.
+DECODER_COMPILE_ENV = "MONOLOGUE_COMPILE_DECODER"
 # The CPU backend: the traced graph run by the eager kernels (bit-identical to eager; compiles in a second).
 CPU_BACKEND = "eager"
 
@@ -72,14 +75,17 @@ class StepCompile(StrEnum):
     OFF = "off"
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> StepCompile:
-        """The setting, or a ValueError naming the variable and its values."""
-        text = environ.get(COMPILE_ENV, "").strip().lower() or cls.OFF.value  # off until a GPU run measures it
+    def from_environ(
+        cls, environ: Mapping[str, str] = os.environ, variable: str = COMPILE_ENV, default: str = "off"
+    ) -> StepCompile:
+        """The setting `variable` holds (`default` where unset), or a ValueError naming the variable and its values.
+        The steps' default is off until a GPU run measures them; the decoder's is auto (`decoder_setting`)."""
+        text = environ.get(variable, "").strip().lower() or default
         try:
             return cls(text)
         except ValueError:
             known = ", ".join(mode.value for mode in cls)
-            raise ValueError(f"{COMPILE_ENV} must be one of {known}, got {text!r}") from None
+            raise ValueError(f"{variable} must be one of {known}, got {text!r}") from None
 
     def enabled(self, device: str) -> bool:
         """Compile the steps of models on `device` ("cuda", "cuda:1", "cpu")?"""
@@ -101,6 +107,11 @@ def use(mode: StepCompile | None) -> None:
     """Set the process's setting (None: back to the environment's); read when a family's modules load."""
     global _override
     _override = mode
+
+
+def decoder_setting(environ: Mapping[str, str] = os.environ) -> StepCompile:
+    """`MONOLOGUE_COMPILE_DECODER`: whether the dit decoder's per-frame stage compiles (default auto: with CUDA)."""
+    return StepCompile.from_environ(environ, DECODER_COMPILE_ENV, StepCompile.AUTO.value)
 
 
 def graphs_compiled() -> int:
@@ -140,9 +151,12 @@ class CompiledStep:
     of the same architecture had compiled already: Dynamo's cache belongs to the forward's code, and the
     parameters are the graph's inputs, so they share it)."""
 
-    def __init__(self, model: nn.Module, device: str, enabled: bool) -> None:
+    def __init__(self, model: nn.Module, device: str, enabled: bool, collective_free: bool = False) -> None:
         self.model = model
         self.enabled = enabled
+        # A forward with no collectives inside (the decoder's per-frame stage) compiles under SP too: each rank
+        # replays its own graph, and a rank's frames stay the one-process frames.
+        self.collective_free = collective_free
         self.cuda_graphs = device.startswith("cuda")
         options: dict[str, Any] = {"mode": "reduce-overhead"} if self.cuda_graphs else {"backend": CPU_BACKEND}
         # Not fullgraph: a graph break (one the CPU tests cannot see, e.g. on the SR's CUDA-only flex path) splits
@@ -151,11 +165,12 @@ class CompiledStep:
         self.warmed: set[Bucket] = set()
         self.compiles: Counter[Bucket] = Counter()
         self.eager_steps: Counter[Bucket] = Counter()  # steps at a bucket never warmed: the shapes a load missed
+        self.compiled_steps: Counter[Bucket] = Counter()  # steps that ran a warmed bucket's graph
 
     @property
     def active(self) -> bool:
         """Would a step now run compiled at a warm bucket (on, outside SP, no hooks inside the model)?"""
-        return self.enabled and current_sp() is None and not _hooked(self.model)
+        return self.enabled and (self.collective_free or current_sp() is None) and not _hooked(self.model)
 
     def warm_up(self, *args: Any) -> Tensor:
         """The step's output for `args`, its bucket compiled first (under the caller's grad and autocast modes,
@@ -183,6 +198,7 @@ class CompiledStep:
         with torch.compiler.set_stance("eager_on_recompile"):
             out = self._run(args)
         self.compiles[bucket] += graphs_compiled() - before  # stays 0: the stance never compiles
+        self.compiled_steps[bucket] += 1
         return out
 
     def _run(self, args: tuple[Any, ...]) -> Tensor:
@@ -211,12 +227,14 @@ def _hold(buckets: int) -> None:
 _STEP_ATTRIBUTE = "_monologue_compiled_step"  # kept on the model: the two live and die together
 
 
-def compiled_step(model: nn.Module, device: str, mode: StepCompile | None = None) -> CompiledStep:
+def compiled_step(
+    model: nn.Module, device: str, mode: StepCompile | None = None, collective_free: bool = False
+) -> CompiledStep:
     """The one `CompiledStep` of `model` (made on first use, with `mode` or the process's setting): the roles ask
     for it at load (to warm it) and at every chunk (to run it)."""
     step: CompiledStep | None = getattr(model, _STEP_ATTRIBUTE, None)
     if step is None:
-        step = CompiledStep(model, device, (mode or configured()).enabled(device))
+        step = CompiledStep(model, device, (mode or configured()).enabled(device), collective_free)
         setattr(model, _STEP_ATTRIBUTE, step)
     return step
 

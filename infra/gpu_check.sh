@@ -25,10 +25,19 @@
 #   sp_check        the sequence-parallel kernels on one device (gpu_worker/distributed/sp_check.py): the SP path on
 #                   a one-rank NCCL group with 1, 2 and 4 head groups against the plain layer, and one P = 8 rank's
 #                   attention overlapped with a copy of its all-to-all bytes on a second stream  -> sp_check.json
+#   decoder_timing  the dit decoder's per-frame stage alone at 720p in the layouts it could run in (NCHW as today,
+#                   channels-last, 4 frames a batch, compiled): ms, TFLOP/s, difference    -> decoder_timing.json
+#   wan_vae         the Wan VAE's calls per infinitetalk chunk at 480p (a kept state's decode of 18 latents, a
+#                   38-latent priming, the motion and condition encodes) in fp32, bf16 and bf16 channels-last
+#                   (gpu_worker/models/infinitetalk/vae_timing.py; needs diffusers)      -> wan_vae.json
 #   bench_compiled  the same render with the DiTs' steps compiled at load (--compile: CUDA graphs) -> bench_compiled.json
 #   bench_switch    the same render with --residency switch: the switch time each chunk saw     -> bench_switch.json
+#   bench_fp8       the same render with the DiTs' block weights in float8 (--quantize fp8; int8 in the dry run)
+#   bench_eager_decoder  bench_resident's render with the decoder's per-frame stage eager (MONOLOGUE_COMPILE_DECODER=off;
+#                   on by default with CUDA): the A/B of compiling it                    -> bench_eager_decoder.json
 #   records         render records (gpu_worker/render_record.py) bf16 resident, bf16 switch and fp32 resident
-#                   ($RECORD_VARIANTS), and the quality gate (monologue/gate.py) between them -> records/, gate_*.out
+#                   ($RECORD_VARIANTS, PRECISION:RESIDENCY[:eager]), and the quality gate (monologue/gate.py)
+#                   between them (bf16:resident:eager against bf16:resident: the compiled decoder) -> records/, gate_*.out
 #
 # What comes back is three files (the device tool returns at most 8): $OUT/steps.tsv (name, exit status or
 # "skipped", seconds, limit, why), $OUT/summary.json (the steps, the environment, every step's figures, the GPU
@@ -41,7 +50,7 @@ START=$(date +%s)
 DEADLINE=${DEADLINE:-530}  # seconds from start: with the last kill grace and the packing, within one 600-s call
 OUT=${OUT:-$PWD/gpu_out}
 PY=${PY:-$(command -v python || command -v python3)}
-STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu build bench_resident infinitetalk sp_check bench_compiled bench_switch records"}
+STEPS=${GPU_CHECK_STEPS:-"env pytest_gpu build bench_resident infinitetalk sp_check decoder_timing wan_vae bench_compiled bench_switch bench_fp8 bench_eager_decoder records"}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d)
@@ -70,6 +79,9 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then  # the CPU dry run: every step tiny (the sc
   RECORD=${RECORD_ARGS:-"--preset tiny --resolution 512 --preview --seconds 0.2 --chunk-frames 4 --keep-frames 1"}
   SP_CHECK=${SP_CHECK_ARGS:-"--tiny --repeats 2"}
   INFINITETALK=${INFINITETALK_ARGS:-"--preset tiny --steps 1"}
+  DECODER=${DECODER_ARGS:-"--preset tiny --resolution 512 --frames 8 --repeats 1 --variants nchw,nhwc,nhwc_batch4"}
+  WAN_VAE=${WAN_VAE_ARGS:-"--preset tiny --latents 4 --repeats 1"}
+  QUANT_BENCH=${QUANT_BENCH_ARGS:-"$BENCH --quantize int8"}
 else
   PRESET=h200
   SP_CHECK=${SP_CHECK_ARGS:-"--repeats 20"}
@@ -78,6 +90,9 @@ else
   COMPILED_BENCH=${COMPILED_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 8 --warmup-chunks 2"}
   RECORD=${RECORD_ARGS:-"--preset h200 --resolution 720p --seconds 1 --keep-frames 4"}
   INFINITETALK=${INFINITETALK_ARGS:-"--steps 2"}
+  DECODER=${DECODER_ARGS:-"--preset h200 --resolution 720p --frames 40"}
+  WAN_VAE=${WAN_VAE_ARGS:-""}
+  QUANT_BENCH=${QUANT_BENCH_ARGS:-"--preset h200 --resolution 720p --chunks 8 --warmup-chunks 2 --quantize fp8"}
 fi
 
 SUMMARY="$RAW/steps.tsv"
@@ -178,18 +193,38 @@ fi
 
 # shellcheck disable=SC2086
 if wanted sp_check; then step sp_check 60 "$PY" -m gpu_worker.distributed.sp_check $SP_CHECK --json-out "$RAW/sp_check.json"; fi
+# shellcheck disable=SC2086
+if wanted decoder_timing; then
+  step decoder_timing 120 "$PY" -m gpu_worker.models.dit.decoder_timing $DECODER --json-out "$RAW/decoder_timing.json"
+fi
+if wanted wan_vae; then
+  if "$PY" -c "import diffusers" > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    step wan_vae 150 "$PY" -m gpu_worker.models.infinitetalk.vae_timing $WAN_VAE --json-out "$RAW/wan_vae.json"
+  else
+    skipped wan_vae "diffusers is not installed here (bash infra/wheelhouse.sh, and carry .whl)"
+  fi
+fi
 # shellcheck disable=SC2086  # the DiTs' steps compiled at load (CUDA graphs), against bench_resident's eager steps
 if wanted bench_compiled; then bench bench_compiled 150 $COMPILED_BENCH --compile; fi
 # shellcheck disable=SC2086
 if wanted bench_switch; then bench bench_switch 90 $SWITCH_BENCH --residency switch; fi
+# shellcheck disable=SC2086
+if wanted bench_fp8; then bench bench_fp8 100 $QUANT_BENCH; fi
+# shellcheck disable=SC2086  # bench_resident's render with the decoder's per-frame stage eager: the A/B of compiling it
+if wanted bench_eager_decoder; then (export MONOLOGUE_COMPILE_DECODER=off; bench bench_eager_decoder 180 $BENCH); fi
 
-# record PRECISION RESIDENCY: one render record (frames' hashes and a few frames) for the gate.
+# record PRECISION RESIDENCY [eager]: one render record (frames' hashes and a few frames) for the gate; "eager" runs
+# the decoder's per-frame stage uncompiled (MONOLOGUE_COMPILE_DECODER=off), for the gate between the two.
 record() {  # fp32 compiles its own kernels: past 60 s on the first H200 run (2026-12-04); bf16 took 33 s
-  local limit=60; [ "$1" = fp32 ] && limit=100
-  # shellcheck disable=SC2086
-  step "record_$1_$2" "$limit" "$PY" -m gpu_worker.render_record "$WORK/records/$1_$2" $RECORD "${WEIGHTS[@]}" \
-    --precision "$1" --residency "$2"
-  cp "$WORK/records/$1_$2/record.json" "$RAW/records/$1_$2.json" 2> /dev/null || true
+  local limit=60 name="$1_$2${3:+_$3}"; [ "$1" = fp32 ] && limit=100
+  (
+    [ "${3:-}" = eager ] && export MONOLOGUE_COMPILE_DECODER=off
+    # shellcheck disable=SC2086
+    step "record_$name" "$limit" "$PY" -m gpu_worker.render_record "$WORK/records/$name" $RECORD "${WEIGHTS[@]}" \
+      --precision "$1" --residency "$2"
+  )
+  cp "$WORK/records/$name/record.json" "$RAW/records/$name.json" 2> /dev/null || true
 }
 # gate NAME BASELINE CANDIDATE: the quality gate between two records, when both were written.
 gate() {
@@ -202,11 +237,15 @@ gate() {
 if wanted records; then
   mkdir -p "$RAW/records"
   for variant in ${RECORD_VARIANTS:-bf16:resident bf16:switch fp32:resident}; do
-    record "${variant%%:*}" "${variant##*:}"
+    IFS=: read -r precision residency decoder <<< "$variant"
+    record "$precision" "$residency" "$decoder"
   done
   gate gate_switch bf16_resident bf16_switch  # switch residency must equal resident bit for bit
   case " ${RECORD_VARIANTS:-fp32:resident} " in
     *" fp32:resident "*) gate gate_bf16 fp32_resident bf16_resident ;;  # bf16 within the gate's band of fp32
+  esac
+  case " ${RECORD_VARIANTS:-} " in  # the compiled decoder within the gate's band of the eager one
+    *" bf16:resident:eager "*) gate gate_decoder bf16_resident_eager bf16_resident ;;
   esac
 fi
 

@@ -15,8 +15,8 @@ from gpu_worker.distributed.sp_model import BF16_BYTES, MAX_DEGREE, Rates, Stage
 from gpu_worker.models.dit import flops
 from gpu_worker.models.dit.a2v import AudioToVideoDiT
 from gpu_worker.models.dit.config import A2VConfig, DiTConfig, SRConfig, preset
+from gpu_worker.models.dit.decoder import latents_behind, spatial_batches
 from gpu_worker.models.dit.layers import Attention
-from gpu_worker.models.dit.roles import latents_behind, spatial_batches
 from gpu_worker.models.dit.sr import SuperResolutionDiT
 from gpu_worker.models.dit.vae import VAEDecoder, fold
 from monologue.contracts import ChunkKind

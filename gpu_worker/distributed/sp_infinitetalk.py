@@ -15,9 +15,10 @@ I2V condition's encode, once per clip length (N0's counts; a steady N chunk reus
 
 MEASURED on one H200 (docs/gpu_runs/2026-12-04/, `MEASURED` below): one 480p DiT pass (21 latents, 32,760 tokens,
 1825 TFLOP) 3.50 s (521 TFLOP/s); a quality step (3 passes batched) 10.64 s (514 TFLOP/s): the DiT's rates, by
-passes batched. The dit family's decode + publish at 45 TFLOP/s: a STAND-IN for the Wan VAE, which has not been
-timed (it runs in fp32 as the original's; its real rate decides the totals). The SP layer on a one-rank group (dim
-2048, 16 heads, 11,960 tokens): plain 2.95 ms, with 1/2/4 head groups 3.52/3.69/4.23 ms.
+passes batched. The Wan VAE (docs/gpu_runs/2026-12-04-b/run1/wan_vae.json, `vae_timing`): 18 latents decoded from a
+kept state, 243.9 TFLOP, in 2.475 s in fp32 as the node runs it (98.5 TFLOP/s; its priming and encodes ran at the
+same rate, 95-101), 1.460 s in bf16 channels-last (167); the model charges every VAE call at the fp32 rate. The SP
+layer on a one-rank group (dim 2048, 16 heads, 11,960 tokens): plain 2.95 ms, with 1/2/4 head groups 3.52/3.69/4.23 ms.
 
 MODELLED from those: the DiT on a rank is its token share of the per-token work at the measured rate times the
 dit model's GEMM curve for its rows (`Rates.gemm_efficiency`: 1 at P = 1), plus the attention core / P. Launch
@@ -56,14 +57,14 @@ GOAL_FPS, GOAL_SPEEDUP, GOAL_TTFF_S, GOAL_RANKS = 25.0, 6.5, 3.0, 8
 
 @dataclass(frozen=True)
 class Measured:
-    """The first H200 run's figures (docs/gpu_runs/2026-12-04/infinitetalk_rerun.json, summary.json)."""
+    """The H200 runs' figures (docs/gpu_runs/2026-12-04/infinitetalk_rerun.json, summary.json; 2026-12-04-b)."""
 
     pass_tflop: float = 1825.065  # one DiT pass over the 480p clip (FlopCounterMode over the real forward)
     step_s: tuple[tuple[int, float], ...] = ((1, 3.5034), (3, 10.644))  # warm step seconds by passes batched
     plain_layer_ms: float = 2.95  # sp_check: the plain layer (dim 2048, 16 heads, 11,960 tokens)
     sp_layer_ms: tuple[tuple[int, float], ...] = ((1, 3.52), (2, 3.69), (4, 4.23))  # the SP path by head groups
-    decoder_tflop_per_frame: float = 1.2047  # the dit family's decoder at 720p
-    decoder_ms_per_40_frames: float = 1063.47  # its decode + publish, p50 of an N chunk
+    vae_decode_tflop: float = 243.9  # the Wan VAE: 18 latents at 480p decoded from a kept state (second session)
+    vae_decode_s: float = 2.4751  # in fp32 (TF32 convolutions), the node's precision
 
     def dit_tflops(self, passes: int) -> float:
         """The DiT's measured rate with `passes` passes batched."""
@@ -73,8 +74,8 @@ class Measured:
         return passes * self.pass_tflop / steps[passes]
 
     @property
-    def decoder_tflops(self) -> float:
-        return 40 * self.decoder_tflop_per_frame / (self.decoder_ms_per_40_frames / 1000)
+    def vae_tflops(self) -> float:
+        return self.vae_decode_tflop / self.vae_decode_s
 
 
 MEASURED = Measured()
@@ -159,7 +160,7 @@ class Scenario:
     chunk_frames: int = 72  # InfiniteTalk's clip: 9 motion + 72 new frames
     first_frames: int = 17  # N0: the live sessions' first chunk on the infinitetalk grid (1 + 4 k)
     head_groups: int = GroupConfig.sp_head_groups
-    vae_tflops: float = field(default_factory=lambda: MEASURED.decoder_tflops)  # STAND-IN (the dit decoder's)
+    vae_tflops: float = field(default_factory=lambda: MEASURED.vae_tflops)  # the Wan VAE's, fp32
     rates: Rates = field(default_factory=Rates)
     launch: LaunchOverhead = field(default_factory=LaunchOverhead.fitted)
     config: InfiniteTalkConfig = WAN_14B
@@ -355,15 +356,15 @@ def verdict(scenario: Scenario, row: Row) -> str:
 def describe(scenario: Scenario, degrees: tuple[int, ...] = (1, 2, 4, 8)) -> str:
     """The table `monologue bench sp --family infinitetalk` prints, headed by what is measured and what modelled."""
     sampling, rates, launch = scenario.sampling, scenario.rates, scenario.launch
-    stand_in = math.isclose(scenario.vae_tflops, MEASURED.decoder_tflops)
-    vae = "the DIT DECODER'S measured rate standing in" if stand_in else "as given, not measured"
+    measured = math.isclose(scenario.vae_tflops, MEASURED.vae_tflops)
+    vae = "the Wan VAE's measured fp32 decode" if measured else "as given, not measured"
     lines = [
         f"MODEL (not measured): infinitetalk {scenario.config.name}, {scenario.preset} ({sampling.steps} steps x "
         f"{sampling.passes} pass{'es' if sampling.passes > 1 else ''}) at {scenario.resolution}, N chunk "
         f"{scenario.chunk_frames} frames (+ 9 motion), first chunk {scenario.first_frames}; head groups up to "
         f"{scenario.head_groups}.",
         f"  measured (one H200): DiT {MEASURED.dit_tflops(sampling.passes):.0f} TFLOP/s ({sampling.passes} batched); "
-        f"VAE at {scenario.vae_tflops:.0f} TFLOP/s: {vae} (the Wan VAE is not timed)",
+        f"VAE at {scenario.vae_tflops:.0f} TFLOP/s: {vae}",
         f"  modelled: launch overhead {launch.base_ms:.2f} ms + {launch.per_group_ms:.2f} ms x head groups per layer "
         f"per forward at P > 1 (fit to the one-rank SP layer); NVLink {rates.nvlink_gbps:g} GB/s, "
         f"{rates.collective_latency_us:g} us per collective, GEMM rate m/(m+{rates.gemm_half_rows}) (assumed)",
@@ -392,7 +393,7 @@ def report(scenario: Scenario, degrees: tuple[int, ...] = (1, 2, 4, 8)) -> dict[
         "chunk_frames": scenario.chunk_frames,
         "first_frames": scenario.first_frames,
         "dit_tflops": MEASURED.dit_tflops(scenario.sampling.passes),
-        "vae_tflops_stand_in": scenario.vae_tflops,
+        "vae_tflops": scenario.vae_tflops,
         "launch": asdict(scenario.launch),
         "rows": [asdict(row) | {"chunk_s": row.chunk.total_s} for row in rows],
         "verdict": verdict(scenario, rows[-1]).strip(),

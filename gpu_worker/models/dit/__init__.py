@@ -32,8 +32,9 @@ from gpu_worker.models import FAMILIES
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
 from gpu_worker.models.dit.context import DiTContext
+from gpu_worker.models.dit.decoder import DiTDecoder
 from gpu_worker.models.dit.reference import DiTReference
-from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
+from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTSuperResolution
 from gpu_worker.models.dit.runtime import Precision, TorchModule
 from gpu_worker.pipeline.module import ModelSet
 from gpu_worker.quantize import QuantMode
@@ -82,13 +83,15 @@ def build_family(
     super_resolution.warm_resolutions = warm_resolutions()
     audio_to_video = DiTAudioToVideo(weights)  # its steps compile at the same canvases (gpu_worker/compiled.py)
     audio_to_video.warm_resolutions = super_resolution.warm_resolutions
+    decoder = DiTDecoder(weights)  # its per-frame stage compiles at them too (decoder.py)
+    decoder.warm_resolutions = super_resolution.warm_resolutions
     models = ModelSet(
         name=Family.DIT,
         reference=DiTReference(weights),
         context=DiTContext(weights),
         audio_to_video=audio_to_video,
         super_resolution=super_resolution,
-        decoder=DiTDecoder(weights),
+        decoder=decoder,
     )
     for module in models.modules():
         if isinstance(module, TorchModule):

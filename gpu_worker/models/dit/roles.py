@@ -1,4 +1,4 @@
-"""The dit family's generation modules: audio-to-video, super-resolution and the streaming decoder.
+"""The dit family's generation modules: audio-to-video and super-resolution (decoder.py: the streaming decoder).
 
 The latent grid. The VAE makes one latent frame of every `VAEConfig.temporal_stride` (4) video frames:
 latent j covers frames [4 j, 4 j + 4). A chunk of T frames starting at frame f (a multiple of 4) has
@@ -44,16 +44,14 @@ import torch
 from torch import Tensor
 
 from gpu_worker.compiled import compiled_step
-from gpu_worker.distributed.sequence import current_sp, split_frames, start_gather_frames
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT, guided_velocity
 from gpu_worker.models.dit.config import DiTConfig
 from gpu_worker.models.dit.flow import euler_sample, sampling_timesteps
 from gpu_worker.models.dit.reference import named_canvas
 from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.models.dit.sr import SuperResolutionDiT
-from gpu_worker.models.dit.vae import VAEDecoder, fold
 from gpu_worker.models.dit.warm import a2v_inputs, sr_inputs, steady_chunks
-from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Decoder, Reference, SuperResolution
+from gpu_worker.pipeline.module import A2VOutput, Anchor, AudioToVideo, Reference, SuperResolution
 from gpu_worker.pipeline.progress import StepProgress, no_steps
 from gpu_worker.pipeline.types import ChunkRequest
 from monologue.contracts import ChunkKind, Family as FamilyName
@@ -298,107 +296,3 @@ class DiTSuperResolution(TorchModule, SuperResolution):
         if context is None:
             return ChunkLatents(upscaled, video_frames=video_frames)
         return ChunkLatents(upscaled[:, context.shape[1] :], upscaled[:, : context.shape[1]], video_frames)
-
-
-def spatial_batches(frame_count: int, step: int, degree: int = 1) -> list[list[tuple[int, int]]]:
-    """The [start, end) frame batches of the decoder's spatial stage, per rank of an SP group of `degree`.
-
-    The batches are always the one-rank ones, `step` frames each, the last one short; SP hands each rank a
-    contiguous run of whole batches (`split_frames` over the batch count), never cutting one. A convolution's
-    result can depend on its batch size (it does on CPU for small frames: another algorithm), so frames
-    computed in the one-rank batch shapes are the one-rank frames. The split is in units of `step` frames
-    (`VAEConfig.frames_per_batch`: 1 in the h200 preset, so SP splits the decode frame by frame); ranks past
-    the last batch get none."""
-    batches = [(start, min(start + step, frame_count)) for start in range(0, frame_count, step)]
-    return [batches[start:end] for start, end in split_frames(len(batches), degree)]
-
-
-def latents_behind(start: int, end: int, stride: int) -> tuple[int, int]:
-    """The [first, last) latents whose temporal stage makes video frames [start, end)."""
-    return start // stride, -(-end // stride)
-
-
-def _rgb(model: VAEDecoder, features: Tensor, crop: tuple[int, int, int, int]) -> Tensor:
-    """Features (1, C', n, h, w) → uint8 frames (n, height, width, 3), centre-cropped (top, height, left, width)."""
-    top, height, left, width = crop
-    pixels = model.spatial(fold(features))  # (n, 3, H, W)
-    pixels = pixels[:, :, top : top + height, left : left + width].float().clamp(-1.0, 1.0)
-    return ((pixels + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
-
-
-class DiTDecoder(TorchModule, Decoder):
-    """Output-resolution latents → RGB frames at the output size (the canvas, centre-cropped)."""
-
-    model_names = ("vae_decoder",)
-
-    def load(self) -> None:
-        check_temporal_stride(self.config)
-        super().load()
-
-    def decode(self, reference: Reference, upscaled: DiTLatents) -> np.ndarray:
-        """stride frames per latent, the ones past the chunk's end (`ChunkLatents.video_frames`) dropped.
-
-        Both paths make each batch's features with `VAEDecoder.frame_features` just before its spatial stage, so
-        the features of a whole chunk never exist at once. Under sequence parallelism (`current_sp()`) each rank
-        runs only its share of the spatial batches (see `spatial_batches`), the latent-rate stage only on the
-        latents those frames come from, primed on the `context_frames` latents before them (see
-        `_local_inputs`), and depth to time only for its own frames; the ranks all-gather the uint8 frames batch
-        by batch (round i, every rank's i-th batch, travels while the ranks decode their next one), so every
-        rank returns the one-rank frames."""
-        width, height = self.frame_size(reference)
-        canvas_width, canvas_height = (int(v) for v in reference["canvas_size"])
-        crop = ((canvas_height - height) // 2, height, (canvas_width - width) // 2, width)
-        model = self.model("vae_decoder", VAEDecoder)
-        decoded = self.config.vae.temporal_stride * upscaled.frames.shape[1]
-        frame_count = getattr(upscaled, "video_frames", None) or decoded
-        if not decoded - self.config.vae.temporal_stride < frame_count <= decoded:
-            raise ValueError(f"{upscaled.frames.shape[1]} latents cannot make {frame_count} frames")
-        sp = current_sp()
-        batches = spatial_batches(frame_count, self.config.vae.frames_per_batch, sp.degree if sp else 1)
-        frames = np.empty((frame_count, height, width, 3), dtype=np.uint8)
-        with self.running():
-            if sp is None:
-                state = None if upscaled.context is None else model.prime(upscaled.context[None].to(self.device))
-                inputs, _ = model.temporal_inputs(upscaled.frames[None].to(self.device), state)
-                for start, end in batches[0]:
-                    frames[start:end] = _rgb(model, model.frame_features(inputs, range(start, end)), crop).cpu().numpy()
-                return frames
-            mine = batches[sp.rank]
-            if mine:
-                inputs, first = self._local_inputs(model, upscaled, mine[0][0], mine[-1][1])
-            gathers = []  # round i gathers every rank's i-th batch while the ranks decode their next one
-            for index in range(max(len(rank) for rank in batches)):
-                local = upscaled.frames.new_empty((0, height, width, 3), dtype=torch.uint8).to(self.device)
-                if index < len(mine):
-                    start, end = mine[index]
-                    local = _rgb(model, model.frame_features(inputs, range(start - first, end - first)), crop)
-                owners = [rank[index] if index < len(rank) else (0, 0) for rank in batches]
-                counts = [end - start for start, end in owners]
-                gathers.append((start_gather_frames(local, 0, counts, sp), owners, counts))
-            for pending, owners, counts in gathers:
-                for (start, end), piece in zip(owners, torch.split(pending.wait(), counts), strict=True):
-                    frames[start:end] = piece.cpu().numpy()
-        return frames
-
-    def _local_inputs(self, model: VAEDecoder, upscaled: DiTLatents, start: int, end: int) -> tuple[Tensor, int]:
-        """(the temporal stage's depth-to-time inputs for the latents behind frames [start, end), the video frame
-        of their first latent).
-
-        The latent-rate stage runs on latents [start // stride, ceil(end / stride)) only, from the state primed
-        on the up to `context_frames` latents before them in context + latents (`VAEDecoder.prime` is exact with
-        that many; with fewer, they reach back to where the one-rank decode starts, the chunk's context or the
-        video's first latent, so priming on them is that decode's own start)."""
-        stride = self.config.vae.temporal_stride
-        first, last = latents_behind(start, end, stride)
-        context = upscaled.context
-        sequence = upscaled.frames if context is None else torch.cat([context, upscaled.frames], dim=1)
-        known = 0 if context is None else context.shape[1]  # sequence index of latent 0 of the chunk
-        before = sequence[:, max(0, known + first - self.config.vae.context_frames) : known + first]
-        state = model.prime(before[None].to(self.device)) if before.shape[1] else None
-        inputs, _ = model.temporal_inputs(upscaled.frames[None, :, first:last].to(self.device), state)
-        return inputs, first * stride
-
-    @staticmethod
-    def frame_size(reference: Reference) -> tuple[int, int]:
-        width, height = (int(v) for v in reference["frame_size"])
-        return width, height

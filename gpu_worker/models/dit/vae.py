@@ -339,3 +339,15 @@ class VAEDecoder(nn.Module):
         tests; the decoder module batches `spatial` itself to bound memory."""
         features, state = self.temporal(latents, state)
         return unfold(self.spatial(fold(features)), latents.shape[0]), state
+
+
+class SpatialStage(nn.Module):
+    """A decoder's per-frame stage (`VAEDecoder.spatial`) as a module of its own: the unit the node compiles
+    (gpu_worker/compiled.py, `MONOLOGUE_COMPILE_DECODER`), its parameters the decoder's."""
+
+    def __init__(self, decoder: VAEDecoder) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.decoder.spatial(features)

@@ -18,7 +18,8 @@ from gpu_worker.distributed.sequence import SPGroup, current_sp, sequence_parall
 from gpu_worker.models.dit import build_family, default_weights
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
-from gpu_worker.models.dit.roles import ChunkLatents, DiTDecoder
+from gpu_worker.models.dit.decoder import DiTDecoder
+from gpu_worker.models.dit.roles import ChunkLatents
 from gpu_worker.models.dit.runtime import DiTLatents
 from gpu_worker.models.dit.vae import VAEDecoder
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline

@@ -130,7 +130,7 @@ def test_decode_split_primes_every_rank() -> None:
 
 
 def test_verdict_follows_the_figures() -> None:
-    """At the dit decoder's stand-in rate the VAE misses 25 fps at 8; with a free VAE the DiT's figures decide."""
+    """At the Wan VAE's measured rate the VAE misses 25 fps at 8; with a free VAE the DiT's figures decide."""
     assert "25: MISSED" in model.describe(FAST_480, DEGREES)
     free = model.model_rows(replace(FAST_480, vae_tflops=1e9), DEGREES)[-1]
     assert free.fps >= 25 and "(>= 25: met)" in model.verdict(replace(FAST_480, vae_tflops=1e9), free)
@@ -143,7 +143,7 @@ def test_cli_prints_the_infinitetalk_table() -> None:
     lines = result.output.splitlines()
     assert (
         lines[0].startswith("MODEL (not measured): infinitetalk")
-        and "DIT DECODER'S measured rate standing in" in result.output
+        and "VAE at 99 TFLOP/s: the Wan VAE's measured fp32 decode" in result.output
     )
     rows = [match[1] for line in lines if (match := re.match(r"\s+(\d+)\s+\d+\.\d+", line))]
     assert rows == ["1", "2", "4", "8"]

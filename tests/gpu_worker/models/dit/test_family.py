@@ -17,7 +17,7 @@ from gpu_worker.models.dit import SMOKE_SEED, WEIGHTS_ENV, build_family
 from gpu_worker.models.dit.a2v import A2VConditioning, AudioToVideoDiT
 from gpu_worker.models.dit.checkpoint import Weights
 from gpu_worker.models.dit.config import TINY
-from gpu_worker.models.dit.roles import DiTDecoder
+from gpu_worker.models.dit.decoder import DiTDecoder
 from gpu_worker.models.dit.runtime import DiTLatents, TorchModule
 from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
 from gpu_worker.pipeline.pipeline import Session

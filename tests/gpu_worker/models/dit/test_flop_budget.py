@@ -106,7 +106,8 @@ def test_the_counted_figures_are_what_a_real_chunk_does(monkeypatch: pytest.Monk
     leaves a shorter tail, so fewer context latents go through the SR DiT and the decoder than counted."""
     from gpu_worker.models.dit import SMOKE_SEED, build_family
     from gpu_worker.models.dit.checkpoint import Weights
-    from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTDecoder, DiTSuperResolution
+    from gpu_worker.models.dit.decoder import DiTDecoder
+    from gpu_worker.models.dit.roles import DiTAudioToVideo, DiTSuperResolution
     from gpu_worker.pipeline import ArrayAudio, ChunkRequest, OutputSpec, Pipeline
     from monologue.plan import plan_chunks
 
