@@ -246,15 +246,19 @@ def vae_flops(scenario: Scenario, frames: int, known: int, degree: int) -> dict[
     units, stream, stride = vae_units(scenario.resolution), scenario.config.stream, scenario.config.vae.temporal_stride
     motion_latents, chunk_latents = scenario.latents(frames, known)
     clip_latents = motion_latents + chunk_latents
-    calls = [
-        min(stream.decoder_context, known + start) + end - start
-        for start, end in split_frames(chunk_latents, degree)
-        if end > start
-    ]
+    if stream.decoder_states:  # every rank decodes the chunk whole, from the previous N chunk's kept state (roles.py)
+        decode = units.decode(chunk_latents) if known == 0 else chunk_latents * units.decode_next
+    else:  # the latents split, each rank primed on the up to `decoder_context` latents before its run
+        calls = [
+            min(stream.decoder_context, known + start) + end - start
+            for start, end in split_frames(chunk_latents, degree)
+            if end > start
+        ]
+        decode = max(units.decode(count) for count in calls)
     return {
         "condition": 0.0 if known else units.encode(1 + stride * (clip_latents - 1)),
         "motion": units.encode(stream.motion_frames),
-        "decode": max(units.decode(count) for count in calls),
+        "decode": decode,
     }
 
 

@@ -30,9 +30,14 @@ With `decoder_context` ≥ the decoder's receptive field (38) the primed cache i
 the stream from the video's start (vae.py), so a chunk decodes the same after a resume on any node.
 
 Under sequence parallelism (`current_sp()`, a multi-GPU node's default) the DiT splits its tokens across the ranks
-(dit.py) and the decoder its latents (`vae.decode_share`: each rank its run, primed on the latents before it; the
-uint8 frames all-gathered), both returning the one-process result on every rank. The motion frames' float frames
-are gathered from the ranks that decoded them and encoded whole on every rank, as the encoders run.
+(dit.py), returning the one-process result on every rank. The decoder does not split where the node keeps decode
+states (`StreamConfig.decoder_states` > 0, the default): every rank decodes the whole chunk from its own kept state,
+as one process does (18 latent calls for a steady N chunk), since a split rank primes on the 38 latents before its
+run (38 + 18 / P calls: more than the whole chunk at any P; measured on one H200, the Wan VAE's 98.5 TFLOP/s made
+that priming the 8-GPU node's limit, docs/benchmarks.md). With no states kept, every chunk primes anyway, so the
+decoder splits its latents (`vae.decode_share`: each rank its run, primed on the latents before it; the uint8 frames
+all-gathered; the motion frames' float frames gathered from the ranks that decoded them and encoded whole on every
+rank). Both return the one-process frames on every rank.
 """
 
 from __future__ import annotations
@@ -285,9 +290,10 @@ class InfiniteTalkDecoder(WanModule, Decoder):
         self.states = StreamStates(self.settings.stream.decoder_states)
 
     def decode(self, reference: Reference, upscaled: WanLatents) -> np.ndarray:
-        """Under SP each rank decodes its run of the latents (`decode_share`) and the ranks all-gather the uint8
-        frames: every rank returns the one-process frames."""
-        sp = current_sp()
+        """One stream, from a kept state where there is one; under SP with no states kept, each rank decodes its run
+        of the latents (`decode_share`) and the ranks all-gather the uint8 frames (see the module docstring): every
+        rank returns the one-process frames."""
+        sp = None if self.states.capacity else current_sp()  # kept states: every rank decodes the whole chunk
         with self.running():
             vae = self.models["vae"]
             context = None if upscaled.context is None else upscaled.context[None].to(self.device)

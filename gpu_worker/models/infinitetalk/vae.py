@@ -19,7 +19,8 @@ start): by the receptive field, its cache is then the one-process cache there, a
 decoder in the one-process call shapes (one latent a call, the post-quant convolution over the whole context and the
 whole chunk as one process makes it), so the frames are the one-process frames bit for bit. The ranks gather them
 (roles.py). A rank pays the priming in full: the split shortens a chunk's decode from context + T latents to
-context + T / P.
+context + T / P, so the node splits only where it keeps no decode states (`StreamStates`, from which one stream
+decodes the T latents alone: fewer calls than a split rank's at any P).
 
 The VAE runs in its own dtype (`InfiniteTalkConfig.vae_precision`: fp32 as the original's, autocast off) inside a
 bf16 module (`runtime.own_precision`).
@@ -135,6 +136,10 @@ class StreamStates:
         (z, K, h, w): what the tail anchor's context holds, and the next chunk primes on."""
         if self._kept.capacity > 0:
             self._kept.put(_content_key(last), (stream.cache, stream.latents))
+
+    @property
+    def capacity(self) -> int:
+        return self._kept.capacity
 
     def __len__(self) -> int:
         return len(self._kept)

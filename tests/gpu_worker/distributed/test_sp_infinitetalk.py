@@ -74,14 +74,14 @@ def test_dit_count_extrapolated_from_two_layers_equals_flops_py() -> None:
 @pytest.mark.parametrize(
     ("resolution", "per_frame"),
     [
-        ("480p", {"condition": 0.0, "motion": 0.26, "decode": 10.41}),
-        ("720p", {"condition": 0.0, "motion": 0.61, "decode": 24.17}),
+        ("480p", {"condition": 0.0, "motion": 0.26, "decode": 3.39}),  # decoding from a kept stream state
+        ("720p", {"condition": 0.0, "motion": 0.61, "decode": 7.86}),
     ],
 )
 def test_vae_counts_match_flops_py_per_frame(resolution: str, per_frame: dict[str, float]) -> None:
     """One rank's VAE work per N chunk is flops.py's counted table (docs/benchmarks.md, issue 16) to its rounding: the
-    motion frames' encode (the decoder's own frames: no decode of their own) and the decode; a steady N chunk encodes
-    no I2V condition (its length's was encoded before)."""
+    motion frames' encode (the decoder's own frames: no decode of their own) and the decode from the kept state; a
+    steady N chunk encodes no I2V condition (its length's was encoded before)."""
     parts = model.vae_flops(replace(FAST_480, resolution=resolution), 72, 38, 1)
     assert {name: value / 72 / 1e12 for name, value in parts.items()} == pytest.approx(per_frame, abs=0.0051)
 
@@ -121,12 +121,18 @@ def test_decode_units_are_linear_in_calls() -> None:
 
 
 def test_decode_split_primes_every_rank() -> None:
-    """Under SP every rank primes on the 38 latents before its run: a steady chunk's decode at 8 ranks is 38 + 3
-    latent calls, not 56 / 8; N0's last rank primes on all before it, so N0's decode does not shrink."""
+    """With no decode states kept, under SP every rank primes on the 38 latents before its run: a steady chunk's
+    decode at 8 ranks is 38 + 3 latent calls, not 56 / 8; N0's last rank primes on all before it, so N0's decode does
+    not shrink. With states kept (the default) every rank decodes the chunk's 18 latents whole, at any degree."""
     units = model.vae_units("480p")
-    assert model.vae_flops(FAST_480, 72, 38, 8)["decode"] == units.decode(38 + 3)
-    assert model.vae_flops(FAST_480, 72, 38, 1)["decode"] == units.decode(38 + 18)
-    assert model.vae_flops(FAST_480, 17, 0, 8)["decode"] == model.vae_flops(FAST_480, 17, 0, 1)["decode"]
+    unkept = replace(FAST_480, config=replace(WAN_14B, stream=replace(WAN_14B.stream, decoder_states=0)))
+    assert model.vae_flops(unkept, 72, 38, 8)["decode"] == units.decode(38 + 3)
+    assert model.vae_flops(unkept, 72, 38, 1)["decode"] == units.decode(38 + 18)
+    assert model.vae_flops(unkept, 17, 0, 8)["decode"] == model.vae_flops(unkept, 17, 0, 1)["decode"]
+    assert WAN_14B.stream.decoder_states > 0
+    for degree in (1, 2, 8):
+        assert model.vae_flops(FAST_480, 72, 38, degree)["decode"] == 18 * units.decode_next  # none a stream's first
+        assert model.vae_flops(FAST_480, 17, 0, degree)["decode"] == units.decode(5)
 
 
 def test_verdict_follows_the_figures() -> None:

@@ -128,7 +128,8 @@ class CheckpointDiT:
 
 @dataclass(frozen=True)
 class Decodes:
-    """The tiny checkpoint's decoder role on every case, single-process and under SP of `degree` (uint8 frames),
+    """The tiny checkpoint's decoder role on every case, single-process and under SP of `degree` (uint8 frames): split
+    across the ranks where the node keeps no decode states, whole on every rank where it keeps them (the default),
     and the float frames of `decode_share` gathered against one `DecodeStream`'s (uint8 rounding would hide a
     cache that is off in the last bits); the tail's motion latents the decoder adds, gathered from the ranks that
     hold the last frames (several, where a rank's run is shorter than the motion frames), against one process's."""
@@ -139,6 +140,10 @@ class Decodes:
     def run(self, context: RankContext) -> dict[str, Any]:
         decoder = InfiniteTalkDecoder(InfiniteTalkWeights(TINY, Locations.under(Path(self.weights))))
         decoder.load()
+        # A node keeping no decode states splits the decode across the ranks (the other decodes whole on each).
+        unkept_config = replace(TINY, stream=replace(TINY.stream, decoder_states=0))
+        unkept = InfiniteTalkDecoder(InfiniteTalkWeights(unkept_config, Locations.under(Path(self.weights))))
+        unkept.load()
         vae = decoder.models["vae"]
         sp = sp_group(context, self.degree)
         seen: dict[str, Any] = {}
@@ -153,14 +158,18 @@ class Decodes:
             context = ended[:, -TINY.stream.decoder_context :].numpy()  # what an N chunk's tail anchor holds
             plain_tail: dict[str, np.ndarray] = {"context": context}
             split_tail: dict[str, np.ndarray] = {"context": context}
+            whole_tail: dict[str, np.ndarray] = {"context": context}
             with torch.no_grad():
                 plain = decoder.decode({}, WanLatents(frames, before, video_frames, plain_tail, motion))
+                starts = decoder.states.hits + decoder.states.misses
                 with sequence_parallel(sp):
-                    split = decoder.decode({}, WanLatents(frames, before, video_frames, split_tail, motion))
+                    split = unkept.decode({}, WanLatents(frames, before, video_frames, split_tail, motion))
+                    whole = decoder.decode({}, WanLatents(frames, before, video_frames, whole_tail, motion))
+                starts = decoder.states.hits + decoder.states.misses - starts  # 1: a stream from a state, or primed
                 stream = DecodeStream(vae)  # type: ignore[arg-type]
                 if before is not None:
                     stream.prime(before[None])
-                whole = stream.decode(frames[None])
+                one_stream = stream.decode(frames[None])
                 share, counts = decode_share(
                     vae,  # type: ignore[arg-type]
                     None if before is None else before[None],
@@ -173,8 +182,11 @@ class Decodes:
             seen[name] = {
                 "plain": plain,
                 "sp": split,
-                "float_equal": torch.equal(gathered, whole),
+                "sp_whole": whole,
+                "float_equal": torch.equal(gathered, one_stream),
                 "motion_equal": np.array_equal(split_tail["motion"], plain_tail["motion"]),
+                "whole_motion_equal": np.array_equal(whole_tail["motion"], plain_tail["motion"]),
+                "stream_starts": {"whole": starts, "split": unkept.states.hits + unkept.states.misses},
             }
         return seen
 

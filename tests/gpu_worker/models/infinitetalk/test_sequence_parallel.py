@@ -102,12 +102,16 @@ def test_a_rank_s_tokens_go_to_their_frames_audio_in_runs_of_cut_and_whole_frame
 @pytest.mark.parametrize("degree", [2, 4])
 def test_the_split_decode_gathers_the_one_process_frames_bit_for_bit(results: dict[str, Any], degree: int) -> None:
     per_rank = _value(results[f"decode{degree}"])
-    for name, latents, _, video_frames in DECODE_CASES:
+    for name, latents, context, video_frames in DECODE_CASES:
         plain = per_rank[0][name]["plain"]
         assert plain.shape[0] == video_frames
         for rank, seen in enumerate(per_rank):
             assert np.array_equal(seen[name]["plain"], plain), f"{name}: rank {rank} decodes differently alone"
-            assert np.array_equal(seen[name]["sp"], plain), f"{name}: rank {rank}'s SP frames differ"
+            assert np.array_equal(seen[name]["sp"], plain), f"{name}: rank {rank}'s split SP frames differ"
+            assert np.array_equal(seen[name]["sp_whole"], plain), f"{name}: rank {rank}'s whole SP frames differ"
+            assert seen[name]["whole_motion_equal"], f"{name}: rank {rank}'s motion latents differ (whole)"
+            # The whole path started its stream through the kept states (a chunk with context); the split path never.
+            assert seen[name]["stream_starts"] == {"whole": int(context > 0), "split": 0}, name
             assert seen[name]["float_equal"], f"{name}: rank {rank}'s gathered float frames differ"
             assert seen[name]["motion_equal"], f"{name}: rank {rank}'s motion latents differ"
         if name == "first" and degree == 4:
