@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import click
@@ -261,6 +262,11 @@ class ClusterScenario(StrEnum):
     " 4 live sessions on 4 nodes × 2 slots, 4 node kills (--nodes, --capacity, --chunk-delay, --node-kills apply).",
 )
 @click.option("--small", is_flag=True, help="CI's scenario: 2 nodes, 6 sessions, 3 node kills (= --scenario small).")
+@click.option(
+    "--keep-logs",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Copy every process's log (JSON lines: leases, chunks, yields) here before the cluster's folder goes.",
+)
 @click.pass_context
 def bench_cluster_command(
     ctx: click.Context,
@@ -273,6 +279,7 @@ def bench_cluster_command(
     chunk_delay: float,
     scenario_name: str,
     small: bool,
+    keep_logs: Path | None,
 ) -> None:
     """Two API processes and NODES nodes on loopback (Temporal, PostgreSQL, SeaweedFS, Prometheus): sessions while
     random nodes and one API are SIGKILLed and restarted. Prints sessions/hour, queue wait, recovery per kill, slot
@@ -287,13 +294,13 @@ def bench_cluster_command(
 
     name = _cluster_scenario(ctx, ClusterScenario(scenario_name), small)
     if name is ClusterScenario.CONTENTION:
-        _bench_contention(ctx, postgres_url)
+        _bench_contention(ctx, postgres_url, keep_logs)
         return
     scenario = SMALL if name is ClusterScenario.SMALL else FULL
     if name is ClusterScenario.FULL:
         shape = Shape(nodes=nodes, capacity=capacity, chunk_delay_s=chunk_delay)
         scenario = dataclasses.replace(scenario, shape=shape, renders=renders, live=live, node_kills=node_kills)
-    report = bench_cluster(scenario, postgres_url)
+    report = bench_cluster(scenario, postgres_url, keep_logs)
     click.echo(report.table())
     if report.problems:
         raise SystemExit(1)
@@ -314,7 +321,7 @@ def _cluster_scenario(ctx: click.Context, name: ClusterScenario, small: bool) ->
     return name
 
 
-def _bench_contention(ctx: click.Context, postgres_url: str) -> None:
+def _bench_contention(ctx: click.Context, postgres_url: str, keep_logs: Path | None) -> None:
     import dataclasses
 
     from cli.benches.contention import CONTENTION, bench_contention
@@ -325,7 +332,7 @@ def _bench_contention(ctx: click.Context, postgres_url: str) -> None:
         shape_changes["chunk_delay_s"] = ctx.params["chunk_delay"]
     kills = {"node_kills": ctx.params["node_kills"]} if _given(ctx, "node_kills") else {}
     scenario = dataclasses.replace(base, shape=dataclasses.replace(base.shape, **shape_changes), **kills)
-    report = bench_contention(dataclasses.replace(CONTENTION, scenario=scenario), postgres_url)
+    report = bench_contention(dataclasses.replace(CONTENTION, scenario=scenario), postgres_url, keep_logs)
     click.echo(report.table())
     if report.problems:
         raise SystemExit(1)

@@ -4,6 +4,7 @@ Counters of a killed process lose what it counted since its last scrape (every s
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,23 +61,39 @@ class Bench:
 
 
 @contextmanager
-def bench_stack(shape: Shape, postgres_admin_url: str, sched: SchedSettings | None = None) -> Iterator[Bench]:
-    """A fresh database, SeaweedFS, the cluster (with `sched`'s scheduling settings) and Prometheus; all gone after."""
+def bench_stack(
+    shape: Shape, postgres_admin_url: str, sched: SchedSettings | None = None, keep_logs: Path | None = None
+) -> Iterator[Bench]:
+    """A fresh database, SeaweedFS, the cluster (with `sched`'s scheduling settings) and Prometheus; all gone after,
+    but for the processes' logs, copied to `keep_logs` if given (also when the bench fails)."""
     with tempfile.TemporaryDirectory(prefix="monologue-bench-cluster-") as scratch:
         root = Path(scratch)
-        with (
-            fresh_database(postgres_admin_url) as database_url,
-            seaweed_s3(root / "s3") as s3,
-            cluster(root / "cluster", database_url, s3, shape, sched) as running,
-        ):
-            api = [url.removeprefix("http://") for url in running.api_urls]
-            nodes = [f"127.0.0.1:{port}" for port in running.node_ports.values()]
-            with prometheus({"api": api, "node": nodes}) as server:
-                yield Bench(running, root, server)
+        try:
+            with (
+                fresh_database(postgres_admin_url) as database_url,
+                seaweed_s3(root / "s3") as s3,
+                cluster(root / "cluster", database_url, s3, shape, sched) as running,
+            ):
+                api = [url.removeprefix("http://") for url in running.api_urls]
+                nodes = [f"127.0.0.1:{port}" for port in running.node_ports.values()]
+                with prometheus({"api": api, "node": nodes}) as server:
+                    yield Bench(running, root, server)
+        finally:
+            if keep_logs is not None:
+                copy_logs(root / "cluster", keep_logs)
 
 
-def bench_cluster(scenario: Scenario, postgres_admin_url: str) -> Report:
-    with bench_stack(scenario.shape, postgres_admin_url) as bench:
+def copy_logs(folder: Path, into: Path) -> None:
+    """The *.log files under `folder` into `into`, in the same subfolders (nothing else: no database, no objects)."""
+
+    def not_logs(where: str, names: list[str]) -> list[str]:
+        return [name for name in names if not name.endswith(".log") and not (Path(where) / name).is_dir()]
+
+    shutil.copytree(folder, into, dirs_exist_ok=True, ignore=not_logs)
+
+
+def bench_cluster(scenario: Scenario, postgres_admin_url: str, keep_logs: Path | None = None) -> Report:
+    with bench_stack(scenario.shape, postgres_admin_url, keep_logs=keep_logs) as bench:
         report = run(bench.cluster, scenario, bench.folder)
         report.prometheus = bench.figures()
     return report

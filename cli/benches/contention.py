@@ -193,10 +193,13 @@ def _goal(name: str, value: float | None, limit: float | None, meaning: str = ""
     return f"goal  {name} {_shown(value)} s ≤ {bound}  {verdict}"
 
 
-def bench_contention(contention: Contention, postgres_admin_url: str) -> ContentionReport:
-    """The scenario on a fresh cluster whose tenants weigh `contention.weights`, with the Prometheus figures."""
+def bench_contention(
+    contention: Contention, postgres_admin_url: str, keep_logs: Path | None = None
+) -> ContentionReport:
+    """The scenario on a fresh cluster whose tenants weigh `contention.weights`, with the Prometheus figures (and the
+    processes' logs copied to `keep_logs`)."""
     sched = SchedSettings(tenant_weights=contention.weights)
-    with bench_stack(contention.scenario.shape, postgres_admin_url, sched) as bench:
+    with bench_stack(contention.scenario.shape, postgres_admin_url, sched, keep_logs) as bench:
         report = run_contention(bench.cluster, contention, bench.folder)
         report.cluster.prometheus = bench.figures()
     return report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli.benches.contention_figures import Lease, SessionLeases, chunk_seconds, fairness, given_up, jain, queue_waits
@@ -64,3 +66,19 @@ def test_chunk_seconds_are_between_consecutive_n_chunks_of_a_render_on_one_node(
     ]
 
     assert chunk_seconds(events, {"r"}) == [1.5, 2.0]
+
+
+def test_the_benchs_kept_logs_are_the_log_files_alone(tmp_path: Path) -> None:
+    """`monologue bench cluster --keep-logs DIR` copies every process's *.log, in its subfolder, and nothing else."""
+    from cli.benches.cluster_run import copy_logs
+
+    source = tmp_path / "cluster"
+    (source / "logs").mkdir(parents=True)
+    (source / "logs" / "node-n1.log").write_text('{"event": "node acquired"}\n')
+    (source / "api.log").write_text("up\n")
+    (source / "state.db").write_bytes(b"sqlite")
+    (source / "media").mkdir()
+    (source / "media" / "segment.ts").write_bytes(b"ts")
+    copy_logs(source, tmp_path / "kept")
+    kept = sorted(str(path.relative_to(tmp_path / "kept")) for path in (tmp_path / "kept").rglob("*") if path.is_file())
+    assert kept == ["api.log", "logs/node-n1.log"]
