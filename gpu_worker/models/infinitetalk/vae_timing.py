@@ -7,13 +7,15 @@ never timed: at 45 eight H200 make 4.99 frames/s, at 618 TFLOP/s they would make
 480: latents 104 x 60), the VAE calls one steady N chunk makes on a node (roles.py, vae.py):
 
 - `decode_kept`: a kept decode state's copy (`StreamStates`), then the chunk's 18 latents (72 frames);
-- `prime`: a stream primed on `decoder_context` (38) latents (a chunk whose state is not kept: SP ranks, resumes);
+- `prime`: a stream primed on `decoder_context` (38) latents (a chunk whose state is not kept: a resume);
 - `encode_motion`: the tail anchor's 9 motion frames encoded (3 latents);
 - `encode_condition`: an 81-frame I2V condition (portrait + grey frames), once per clip length,
 
 in the precisions the node could run the VAE in: `fp32` (the original's, TF32 convolutions: the default),
-`bf16`, and `bf16` channels-last-3d. Per variant: ms, TFLOP/s (FlopCounterMode over the fp32 decode), and the bf16
-frames' largest difference from fp32. Needs diffusers; on a CPU with `--preset tiny` it checks the script.
+`bf16`, and `bf16` channels-last-3d, and compiled (`*_compiled`: torch.compile of the decoder's and the encoder's
+calls, as the dit decoder's stage runs; the first run of each call compiles it). Per variant: ms, TFLOP/s
+(FlopCounterMode over the fp32 decode), and the frames' largest difference from fp32's (a variant that fails keeps
+its error). Needs diffusers; on a CPU with `--preset tiny` it checks the script.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gpu_worker.models.infinitetalk.checkpoint import _vae
 from gpu_worker.models.infinitetalk.config import preset
 from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
 
-VARIANTS = ("fp32", "bf16", "bf16_nhwc")
+VARIANTS = ("fp32", "bf16", "bf16_nhwc", "fp32_compiled", "bf16_nhwc_compiled")
 
 
 def _sync(device: torch.device) -> None:
@@ -56,10 +58,13 @@ def _variant(name: str, base: AutoencoderKLWan) -> AutoencoderKLWan:
     vae = _vae_like(base)
     if name.startswith("bf16"):
         vae = vae.to(torch.bfloat16)
-    if name.endswith("nhwc"):  # the 3-D convolutions' weights (cuDNN then runs them channels-last)
+    if "nhwc" in name:  # the 3-D convolutions' weights (cuDNN then runs them channels-last)
         for module in vae.modules():
             if isinstance(module, torch.nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last_3d)
+    if name.endswith("compiled"):  # the per-latent decoder and the encoder calls as Inductor graphs (the warm-up
+        vae.decoder.compile(dynamic=False)  # run compiles them: one graph per cache shape)
+        vae.encoder.compile(dynamic=False)
     return vae
 
 
@@ -141,8 +146,13 @@ def main() -> None:
     save()
     reference: torch.Tensor | None = None
     for name in args.variants.split(","):
-        vae = _variant(name, base)
-        result, frames = time_variant(vae, latents, args.latents, context, args.repeats)
+        try:
+            vae = _variant(name, base)
+            result, frames = time_variant(vae, latents, args.latents, context, args.repeats)
+        except Exception as err:  # a variant that fails (a compile) leaves its error, and the others run
+            figures[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            save()
+            continue
         del vae
         reference = frames if reference is None else reference
         result["decode_tflops_per_s"] = float(figures["decode_tflop"]) / (result["decode_kept_ms"] / 1000)  # type: ignore[arg-type]
