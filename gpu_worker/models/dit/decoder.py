@@ -26,6 +26,8 @@ from gpu_worker.models.dit.vae import SpatialStage, VAEDecoder, fold
 from gpu_worker.models.dit.warm import steady_chunks
 from gpu_worker.pipeline.module import Decoder, Reference
 
+_SPATIAL_STEP = "_monologue_spatial_step"  # the decoder model's compiled per-frame stage (`DiTDecoder._spatial`)
+
 
 def spatial_batches(frame_count: int, step: int, degree: int = 1) -> list[list[tuple[int, int]]]:
     """The [start, end) frame batches of the decoder's spatial stage, per rank of an SP group of `degree`.
@@ -59,7 +61,6 @@ class DiTDecoder(TorchModule, Decoder):
     model_names = ("vae_decoder",)
     # Canvases whose per-frame stage compiles at load (build_family sets them, as the SR module's).
     warm_resolutions: tuple[str, ...] = ()
-    _stage: SpatialStage | None = None
 
     def load(self) -> None:
         check_temporal_stride(self.config)
@@ -67,10 +68,14 @@ class DiTDecoder(TorchModule, Decoder):
         self._warm_spatial()
 
     def _spatial(self, model: VAEDecoder) -> CompiledStep:
-        """The per-frame stage of the loaded decoder, compiled at the warm canvases' frame shape where it is on."""
-        if self._stage is None or self._stage.decoder is not model:
-            self._stage = SpatialStage(model)
-        return compiled_step(self._stage, self.device, decoder_setting(), collective_free=True)
+        """The per-frame stage of the loaded decoder, compiled at the warm canvases' frame shape where it is on. Kept
+        on the decoder model (a plain attribute: the step is no module), so the role holds no model it does not
+        declare and the step lives and dies with the decoder."""
+        step: CompiledStep | None = getattr(model, _SPATIAL_STEP, None)
+        if step is None:
+            step = compiled_step(SpatialStage(model), self.device, decoder_setting(), collective_free=True)
+            setattr(model, _SPATIAL_STEP, step)
+        return step
 
     def _warm_spatial(self) -> None:
         """Compile the per-frame stage at each warm canvas for the batch sizes a default session's chunks decode in
