@@ -26,7 +26,7 @@ from cli.cluster import Cluster, Kill, Shape
 from monologue import SAMPLES, keys
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionKind, SessionStatus
-from monologue.db import ChunkRow, SessionRow, make_engine, make_sessionmaker
+from monologue.db import ChunkRow, NodeRow, SessionRow, make_engine, make_sessionmaker
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Report:
     taken_over_s: list[float] = field(default_factory=list)  # ... to another lease on each of its sessions
     utilisation: float = 0.0
     kills: list[str] = field(default_factory=list)
+    kill_lines: list[str] = field(default_factory=list)  # per kill: when, the sessions held, each one's recovery
     problems: list[str] = field(default_factory=list)
     prometheus: dict[str, float | None] = field(default_factory=dict)
 
@@ -88,6 +89,7 @@ class Report:
             f"  (to a chunk done elsewhere for each; {len(self.recovery_s)} kills held sessions)",
             f"slot utilisation    {self.utilisation:.0%}",
             f"kills               {', '.join(self.kills)}",
+            *self.kill_lines,
         ]
         lines += [f"prometheus  {name:<32} {_shown(value)}" for name, value in self.prometheus.items()]
         lines += [f"PROBLEM: {problem}" for problem in self.problems] or ["checks              all hold"]
@@ -221,13 +223,10 @@ def chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: fl
         if kills < scenario.node_kills and not ended and now >= next_kill and len(ready) >= 2:
             victim = rng.choice(ready)
             with sessions() as db:
-                held = list(
-                    db.scalars(
-                        select(SessionRow.id).where(
-                            SessionRow.node_id == victim, SessionRow.status == SessionStatus.RUNNING
-                        )
-                    )
-                )
+                # What the node reported holding (the registry), not the rows naming it: a session that lost this node
+                # earlier and waits in the queue still names it, and its queue wait is no recovery from this kill.
+                node = db.get(NodeRow, victim)
+                held = list(node.sessions) if node is not None else []
             pending.append((now + scenario.restart_after_s, cluster.kill(f"node-{victim}", held)))
             if kills == api_kill_at:
                 pending.append(
@@ -350,6 +349,11 @@ def _figures(cluster: Cluster, report: Report, sessions: list[str], started: flo
                     firsts.append(min(later) - kill.at)
             if firsts:
                 report.recovery_s.append(max(firsts))
+            recovered = ", ".join(f"{value:.1f}" for value in firsts) or "-"
+            report.kill_lines.append(
+                f"  {kill.name} at +{kill.at - started:.1f} s: held {len(kill.sessions)}, each to a chunk elsewhere"
+                f" (s): {recovered}"
+            )
             leases = [_leased_after(events, session_id, kill.at) for session_id in kill.sessions]
             if all(at is not None for at in leases):
                 report.taken_over_s.append(max(at for at in leases if at is not None) - kill.at)
