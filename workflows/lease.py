@@ -40,7 +40,12 @@ Result = TypeVar("Result")
 PRIORITY_PATCH = "lease-priority-and-preemption"
 # Sessions started before the `yielded` class waited for a free slot after losing their node, asking nobody.
 NODE_LOST_ASKS_PATCH = "node-lost-sessions-ask"
+# Sessions started before this awaited each ask before looking at their lease again: an ask whose node died held them
+# (start_to_close, 5 min) past the node their lease had found meanwhile, its slot idle all that time.
+ASK_ALONGSIDE_PATCH = "ask-to-yield-alongside-the-lease"
 ASK_EVERY_MAX_S = 30.0  # a live session that still waits asks a render to yield at least this often
+# An ask is one database transaction: a node killed under it is noticed this soon, and the ask runs again elsewhere.
+ASK_TIMEOUT = timedelta(seconds=10)
 
 
 class NodeLost(Exception):
@@ -159,22 +164,51 @@ class NodeLease:
         if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
             return
+        alongside = workflow.patched(ASK_ALONGSIDE_PATCH)
+        pending: workflow.ActivityHandle[c.AskToYieldResult] | None = None  # one ask in flight at most
         while True:
             try:
                 await workflow.wait_condition(self._offered_or_ended, timeout=timedelta(seconds=after))
-                return
+                return  # an ask still in flight finishes on its own (the render it marks yields to a later asker)
             except TimeoutError:
-                await self._ask_a_render_to_yield(why)
+                if not alongside:
+                    await self._ask_a_render_to_yield(why)
+                elif pending is None or pending.done():
+                    pending = self._start_ask(why)
                 after = min(2 * after, max(after, ASK_EVERY_MAX_S))
 
     async def _ask_a_render_to_yield(self, why: c.AskReason) -> None:
-        request = self._request
-        session_id = request.session_id
-        asking = c.AskToYieldInput(session_id=session_id, tenant=request.tenant, queue_class=self.queue_class, why=why)
+        """The ask as sessions started before ASK_ALONGSIDE_PATCH make it: awaited, on run_shared's timeout."""
         try:
-            await run_shared(c.ASK_TO_YIELD, asking, c.AskToYieldResult)
+            await run_shared(c.ASK_TO_YIELD, self._asking(why), c.AskToYieldResult)
         except ActivityError as err:  # no render yields this time; the session still waits for a free slot
-            workflow.logger.warning("ask to yield failed", extra={"session_id": session_id, "error": str(err)})
+            self._ask_failed(err)
+
+    def _start_ask(self, why: c.AskReason) -> workflow.ActivityHandle[c.AskToYieldResult]:
+        """Ask a render to yield, not waiting for the answer: the lease may find a node meanwhile."""
+        handle = workflow.start_activity(
+            c.ASK_TO_YIELD,
+            self._asking(why),
+            result_type=c.AskToYieldResult,
+            start_to_close_timeout=ASK_TIMEOUT,
+            retry_policy=RETRY,
+        )
+        handle.add_done_callback(self._ask_done)
+        return handle
+
+    def _ask_done(self, handle: asyncio.Future[c.AskToYieldResult]) -> None:
+        if not handle.cancelled() and isinstance(error := handle.exception(), ActivityError):
+            self._ask_failed(error)
+
+    def _ask_failed(self, err: ActivityError) -> None:
+        session_id = self._request.session_id
+        workflow.logger.warning("ask to yield failed", extra={"session_id": session_id, "error": str(err)})
+
+    def _asking(self, why: c.AskReason) -> c.AskToYieldInput:
+        request = self._request
+        return c.AskToYieldInput(
+            session_id=request.session_id, tenant=request.tenant, queue_class=self.queue_class, why=why
+        )
 
     def _offered_or_ended(self) -> bool:
         return self._offered is not None or self._handle is None or self._handle.done()

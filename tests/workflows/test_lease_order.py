@@ -56,6 +56,7 @@ class Cluster:
         self.asked: list[str] = []  # renders asked to yield
         self.asks: list[tuple[str, c.AskReason, c.QueueClass]] = []  # who asked, why, in which class
         self.yielded: list[c.RecordYieldInput] = []
+        self.hold_asks: asyncio.Event | None = None  # set: every ask waits for it (a node killed under the ask)
 
     def sched(self) -> list[object]:
         """`ask_to_yield` asks the render holding the slot (the real policy is tested in tests/monologue)."""
@@ -63,6 +64,8 @@ class Cluster:
         @activity.defn(name=c.ASK_TO_YIELD)
         async def ask_to_yield(request: c.AskToYieldInput) -> c.AskToYieldResult:
             self.asks.append((request.session_id, request.why, request.queue_class))
+            if self.hold_asks is not None:
+                await self.hold_asks.wait()
             holder = self.dispatched[-1] if self.dispatched else None
             # As the policy: a render that gave its slot to a fairer share is at its share, and does not ask back.
             gave_way = request.why is c.AskReason.FAIR_SHARE and request.session_id in self.asked
@@ -242,6 +245,34 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
     assert set(generated) == {"N0", "N1", "N2", "N3", "N4", "I0", "I1", "I2", "I3"}
     published = [int(call.split()[1]) for call in cluster.fake.calls if call.startswith("publish")]
     assert published == sorted(published) and published[-1] == 97
+
+
+async def test_a_node_found_while_an_ask_hangs_is_taken_at_once(env: WorkflowEnvironment) -> None:
+    """An ask to yield that does not answer (its node killed under it) does not hold the session back: the lease that
+    finds a node meanwhile is taken and the session set up there at once. Before ASK_ALONGSIDE_PATCH the session
+    awaited the ask (up to its 5-minute timeout), the node's slot idle: the contention bench's 270-s stalls."""
+    cluster = Cluster(env, chunk_s=0.5)
+    cluster.hold_asks = asyncio.Event()
+    async with cluster.workers():
+        await cluster.start("render")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
+        live = await cluster.start("live", kind=c.SessionKind.LIVE, tenant="b", preempt_after_s=0.2)
+        await until(lambda: _asked(cluster), "the live session to ask a render to yield")
+        await cluster.end("render")  # its slot frees while the ask hangs
+        await until(lambda: _set_up(live, cluster.node_id), "the live session to be set up on the node")
+        assert not cluster.hold_asks.is_set() and [ask[0] for ask in cluster.asks] == ["live"]
+        cluster.hold_asks.set()
+        await cluster.end("live")
+    assert cluster.dispatched == ["render", "live"] and cluster.asked == []
+
+
+async def _asked(cluster: Cluster) -> bool:
+    return bool(cluster.asks)
+
+
+async def _set_up(handle: Handle, node_id: str) -> bool:
+    progress = await handle.query(RenderWorkflow.progress)
+    return bool(progress.node_id == node_id)
 
 
 async def _has(calls: list[str], prefix: str) -> bool:
