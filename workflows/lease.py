@@ -22,7 +22,7 @@ from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout, TimeoutType
 
-from workflows.shared import RETRY, abandon, run_shared
+from workflows.shared import RETRY, SHORT, abandon, run_shared
 
 # A pinned activity whose heartbeats stopped is not retried: its retry would wait on the same (hung) node's
 # queue, whose slot the hung attempt still holds, until schedule_to_start; failing at once moves the session
@@ -41,11 +41,9 @@ PRIORITY_PATCH = "lease-priority-and-preemption"
 # Sessions started before the `yielded` class waited for a free slot after losing their node, asking nobody.
 NODE_LOST_ASKS_PATCH = "node-lost-sessions-ask"
 # Sessions started before this awaited each ask before looking at their lease again: an ask whose node died held them
-# (start_to_close, 5 min) past the node their lease had found meanwhile, its slot idle all that time.
+# (until its start_to_close timeout, 5 min then) past the node their lease had found meanwhile, its slot idle.
 ASK_ALONGSIDE_PATCH = "ask-to-yield-alongside-the-lease"
 ASK_EVERY_MAX_S = 30.0  # a live session that still waits asks a render to yield at least this often
-# An ask is one database transaction: a node killed under it is noticed this soon, and the ask runs again elsewhere.
-ASK_TIMEOUT = timedelta(seconds=10)
 
 
 class NodeLost(Exception):
@@ -178,9 +176,9 @@ class NodeLease:
                 after = min(2 * after, max(after, ASK_EVERY_MAX_S))
 
     async def _ask_a_render_to_yield(self, why: c.AskReason) -> None:
-        """The ask as sessions started before ASK_ALONGSIDE_PATCH make it: awaited, on run_shared's timeout."""
+        """The ask as sessions started before ASK_ALONGSIDE_PATCH make it: awaited."""
         try:
-            await run_shared(c.ASK_TO_YIELD, self._asking(why), c.AskToYieldResult)
+            await run_shared(c.ASK_TO_YIELD, self._asking(why), c.AskToYieldResult, SHORT)
         except ActivityError as err:  # no render yields this time; the session still waits for a free slot
             self._ask_failed(err)
 
@@ -190,7 +188,7 @@ class NodeLease:
             c.ASK_TO_YIELD,
             self._asking(why),
             result_type=c.AskToYieldResult,
-            start_to_close_timeout=ASK_TIMEOUT,
+            start_to_close_timeout=SHORT,  # one transaction: a node killed under it is noticed soon
             retry_policy=RETRY,
         )
         handle.add_done_callback(self._ask_done)

@@ -13,7 +13,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from workflows.shared import run_shared
+from workflows.shared import SHORT, run_shared
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -117,7 +117,7 @@ class SessionPlan:
         if workflow.patched(STORED_AUDIO_PATCH):
             signalled = feed.samples  # a signal during the call is audio stored after the end marker: not counted
             ask = c.StoredAudioInput(session_id=self._request.session_id)
-            stored = await run_shared(c.STORED_AUDIO, ask, c.StoredAudioResult)
+            stored = await run_shared(c.STORED_AUDIO, ask, c.StoredAudioResult, SHORT)
             feed.samples = max(signalled, stored.samples)
         workflow.logger.info(reason, extra={"session_id": self._request.session_id, "samples": feed.samples})
         feed.ended = True

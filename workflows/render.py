@@ -34,7 +34,7 @@ from workflows.chunks import ChunkWindow
 from workflows.lease import NodeLease, NodeLost
 from workflows.planning import LIFETIME_OVER, AudioFeed, SessionPlan
 from workflows.publishing import SINK_DRAIN_S, Publisher
-from workflows.shared import run_shared
+from workflows.shared import SHORT, run_shared
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -222,7 +222,7 @@ class RenderWorkflow:
             session_id=session_id, for_session=for_session, node_id=node_id, chunks_done=cursor, yielded=yielded
         )
         try:
-            await run_shared(c.RECORD_YIELD, record, type(None))
+            await run_shared(c.RECORD_YIELD, record, type(None), SHORT)
         except ActivityError as err:  # the record is for people and the policy's bookkeeping; the session goes on
             workflow.logger.warning("yield not recorded", extra={"session_id": session_id, "error": str(err)})
 
@@ -292,7 +292,7 @@ class RenderWorkflow:
             error=error,
             session_kind=self._request.kind,
         )
-        await run_shared(c.RECORD_STATUS, record, type(None))
+        await run_shared(c.RECORD_STATUS, record, type(None), SHORT)
         await self._notify(status)
         await self._publisher.wait_for_sinks(timeout_s=SINK_DRAIN_S)  # they send what was published, then stop
 
@@ -313,7 +313,7 @@ class RenderWorkflow:
         goes on as it is."""
         notice = c.NotifyEndedInput(session_id=self._request.session_id, tenant=self._request.tenant, status=status)
         try:
-            await run_shared(c.NOTIFY_ENDED, notice, c.NotifyEndedResult)
+            await run_shared(c.NOTIFY_ENDED, notice, c.NotifyEndedResult, SHORT)
         except ActivityError as err:
             workflow.logger.warning(
                 "webhooks not queued", extra={"session_id": self._request.session_id, "error": _root_message(err)}

@@ -28,10 +28,18 @@ RETRY = RetryPolicy(
 )
 
 
-async def run_shared(name: str, arg: Any, result_type: type[Result]) -> Result:
-    """An activity on the shared queue (any node may run it)."""
+# A shared activity runs on whichever node polls first and does not heartbeat, so a node killed under it is noticed
+# only at its start_to_close timeout, and the workflow waits that long. The ones that are a database transaction or
+# two (record a status or a yield, ask a render to yield, read the stored audio, queue the webhooks) get a short one:
+# the contention bench saw sessions wait the 5 minutes once a kill landed on one (docs/benchmarks.md, issue 27).
+SHORT = timedelta(seconds=15)
+LONG = timedelta(minutes=5)  # prepare: decoding and checking the uploads can take a while
+
+
+async def run_shared(name: str, arg: Any, result_type: type[Result], timeout: timedelta = LONG) -> Result:
+    """An activity on the shared queue (any node may run it), retried elsewhere after `timeout` on a dead node."""
     result: Result = await workflow.execute_activity(
-        name, arg, result_type=result_type, start_to_close_timeout=timedelta(minutes=5), retry_policy=RETRY
+        name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=RETRY
     )
     return result
 

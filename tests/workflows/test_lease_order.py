@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from temporalio.worker import Worker
 from monologue import contracts as c
 from tests.workflows.test_render_workflow import FakeNodes, orchestration
 from workflows.render import RenderWorkflow
+from workflows.shared import LONG, SHORT
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -245,6 +247,22 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
     assert set(generated) == {"N0", "N1", "N2", "N3", "N4", "I0", "I1", "I2", "I3"}
     published = [int(call.split()[1]) for call in cluster.fake.calls if call.startswith("publish")]
     assert published == sorted(published) and published[-1] == 97
+    # The shared activities that are a transaction or two time out soon on a node killed under them (shared.SHORT).
+    timeouts = {**await _scheduled_timeouts(render), **await _scheduled_timeouts(live)}
+    wanted = (c.RECORD_YIELD, c.ASK_TO_YIELD, c.NOTIFY_ENDED)
+    assert {name: timeouts[name] for name in wanted} == dict.fromkeys(wanted, SHORT)
+    assert timeouts[c.PREPARE] == LONG
+
+
+async def _scheduled_timeouts(handle: Handle) -> dict[str, timedelta]:
+    """Each activity type the workflow scheduled → its start_to_close timeout (the last one scheduled)."""
+    history = await handle.fetch_history()
+    found = {}
+    for event in history.events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            scheduled = event.activity_task_scheduled_event_attributes
+            found[scheduled.activity_type.name] = scheduled.start_to_close_timeout.ToTimedelta()
+    return found
 
 
 async def test_a_node_found_while_an_ask_hangs_is_taken_at_once(env: WorkflowEnvironment) -> None:
