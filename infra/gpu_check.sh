@@ -206,7 +206,7 @@ if wanted wan_vae; then
   fi
 fi
 # shellcheck disable=SC2086  # the DiTs' steps compiled at load (CUDA graphs), against bench_resident's eager steps
-if wanted bench_compiled; then bench bench_compiled 150 $COMPILED_BENCH --compile; fi
+if wanted bench_compiled; then bench bench_compiled 240 $COMPILED_BENCH --compile; fi  # past 150 s compiling on an H200 (2026-12-04)
 # shellcheck disable=SC2086
 if wanted bench_switch; then bench bench_switch 90 $SWITCH_BENCH --residency switch; fi
 # shellcheck disable=SC2086
