@@ -22,7 +22,7 @@ from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout, TimeoutType
 
-from workflows.shared import RETRY, SHORT, abandon, run_shared
+from workflows.shared import RETRY, SHORT, abandon, run_shared, start_shared
 
 # A pinned activity whose heartbeats stopped is not retried: its retry would wait on the same (hung) node's
 # queue, whose slot the hung attempt still holds, until schedule_to_start; failing at once moves the session
@@ -184,13 +184,7 @@ class NodeLease:
 
     def _start_ask(self, why: c.AskReason) -> workflow.ActivityHandle[c.AskToYieldResult]:
         """Ask a render to yield, not waiting for the answer: the lease may find a node meanwhile."""
-        handle = workflow.start_activity(
-            c.ASK_TO_YIELD,
-            self._asking(why),
-            result_type=c.AskToYieldResult,
-            start_to_close_timeout=SHORT,  # one transaction: a node killed under it is noticed soon
-            retry_policy=RETRY,
-        )
+        handle = start_shared(c.ASK_TO_YIELD, self._asking(why), c.AskToYieldResult, SHORT)
         handle.add_done_callback(self._ask_done)
         return handle
 

@@ -36,12 +36,18 @@ SHORT = timedelta(seconds=15)
 LONG = timedelta(minutes=5)  # prepare: decoding and checking the uploads can take a while
 
 
-async def run_shared(name: str, arg: Any, result_type: type[Result], timeout: timedelta = LONG) -> Result:
+def start_shared(
+    name: str, arg: Any, result_type: type[Result], timeout: timedelta = LONG
+) -> workflow.ActivityHandle[Result]:
     """An activity on the shared queue (any node may run it), retried elsewhere after `timeout` on a dead node."""
-    result: Result = await workflow.execute_activity(
+    return workflow.start_activity(
         name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=RETRY
     )
-    return result
+
+
+async def run_shared(name: str, arg: Any, result_type: type[Result], timeout: timedelta = LONG) -> Result:
+    """`start_shared`, awaited."""
+    return await start_shared(name, arg, result_type, timeout)
 
 
 def abandon(handle: asyncio.Future[Any]) -> None:

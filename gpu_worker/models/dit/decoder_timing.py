@@ -33,14 +33,10 @@ from torch import Tensor
 
 from gpu_worker.models.dit.config import preset
 from gpu_worker.models.dit.vae import VAEDecoder, fold
+from gpu_worker.timing import save as write_figures, sync
 
 VARIANTS = ("nchw", "nhwc", "nhwc_batch4", "nchw_compiled", "nhwc_compiled")
 SIZES = {"720p": (1280, 736), "480p": (832, 480), "512": (512, 512)}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _channels_last(decoder: VAEDecoder) -> VAEDecoder:
@@ -78,14 +74,14 @@ def time_variant(name: str, decoder: VAEDecoder, latents: Tensor, repeats: int) 
     with torch.no_grad():
         started = time.perf_counter()
         first = decode(model, latents, batch, spatial, nhwc)  # the warm-up (and the compile)
-        _sync(device)
+        sync(device)
         warmup_s = time.perf_counter() - started
         times = []
         for _ in range(repeats):
-            _sync(device)
+            sync(device)
             begin = time.perf_counter()
             again = decode(model, latents, batch, spatial, nhwc)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - begin)
     figures = {"warmup_s": warmup_s, "ms": [1000 * t for t in times], "best_ms": 1000 * min(times)}
     figures["repeatable"] = bool(torch.equal(first, again))
@@ -125,9 +121,8 @@ def main() -> None:
                                   "device": str(device), "dtype": str(dtype)}  # fmt: skip
     figures["spatial_tflop"] = tflop = spatial_tflop(decoder, latents)
 
-    def save() -> None:  # after every variant: a step killed by its timeout keeps what it measured
-        if args.json_out:
-            args.json_out.write_text(json.dumps(figures, indent=2))
+    def save() -> None:  # after every phase: a step killed by its timeout keeps what it measured
+        write_figures(args.json_out, figures)
 
     baseline: Tensor | None = None
     for name in args.variants.split(","):

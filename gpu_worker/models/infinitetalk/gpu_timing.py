@@ -22,11 +22,7 @@ import torch
 from gpu_worker.distributed.offload import ModelSwitcher
 from gpu_worker.models.infinitetalk.config import preset
 from gpu_worker.models.infinitetalk.dit import InfiniteTalkDiT
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from gpu_worker.timing import save as write_figures, sync
 
 
 def main() -> None:
@@ -50,7 +46,7 @@ def main() -> None:
     for parameter in model.parameters():
         parameter.normal_(0.0, 0.02, generator=generator)
     model.rope = type(model.rope)(config.dit.head_dim, config.dit.patch_size, 1024).to(device)  # real buffers
-    _sync(device)
+    sync(device)
     figures["load_s"] = time.perf_counter() - started
     figures["parameters"] = sum(p.numel() for p in model.parameters())
     width, height = (832, 480) if config.name != "tiny" else (64, 64)
@@ -68,16 +64,15 @@ def main() -> None:
         times = []
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             for _ in range(args.steps):
-                _sync(device)
+                sync(device)
                 begin = time.perf_counter()
                 model(inputs[:passes], *(condition[:passes] for condition in conditions))
-                _sync(device)
+                sync(device)
                 times.append(time.perf_counter() - begin)
         return times
 
-    def save() -> None:  # after every phase: a step killed by its timeout still leaves what it measured
-        if args.json_out:
-            args.json_out.write_text(json.dumps(figures, indent=2))
+    def save() -> None:  # after every phase: a step killed by its timeout keeps what it measured
+        write_figures(args.json_out, figures)
 
     save()
     if device.type == "cuda":

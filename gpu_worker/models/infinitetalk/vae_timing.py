@@ -32,13 +32,9 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan
 from gpu_worker.models.infinitetalk.checkpoint import _vae
 from gpu_worker.models.infinitetalk.config import preset
 from gpu_worker.models.infinitetalk.vae import DecodeStream, encode
+from gpu_worker.timing import save as write_figures, sync
 
 VARIANTS = ("fp32", "bf16", "bf16_nhwc", "fp32_compiled", "bf16_nhwc_compiled")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _timed(work: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, object]:
@@ -46,10 +42,10 @@ def _timed(work: Callable[[], object], device: torch.device, repeats: int) -> tu
     result = work()
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         begin = time.perf_counter()
         result = work()
-        _sync(device)
+        sync(device)
         best = min(best, 1000 * (time.perf_counter() - begin))
     return best, result
 
@@ -139,9 +135,8 @@ def main() -> None:
                                   "chunk_latents": args.latents, "decoder_context": context}  # fmt: skip
     figures["decode_tflop"] = decode_tflop(base, latents, args.latents)
 
-    def save() -> None:
-        if args.json_out:
-            args.json_out.write_text(json.dumps(figures, indent=2))
+    def save() -> None:  # after every phase: a step killed by its timeout keeps what it measured
+        write_figures(args.json_out, figures)
 
     save()
     reference: torch.Tensor | None = None
