@@ -71,6 +71,7 @@ def _infinitetalk(options: SpOptions, degrees: tuple[int, ...]) -> str:
         {"preset": options.preset, "i_frames": options.i_frames, "layout": options.layout, "fsdp": options.fsdp},
     )
     from gpu_worker.distributed import sp_infinitetalk as model
+    from gpu_worker.distributed.sp_infinitetalk_table import describe, report
     from gpu_worker.models.infinitetalk.flops import SIZES
 
     if options.resolution not in (None, *SIZES):
@@ -84,4 +85,4 @@ def _infinitetalk(options: SpOptions, degrees: tuple[int, ...]) -> str:
     )
     if options.vae_tflops is not None:
         scenario = replace(scenario, vae_tflops=options.vae_tflops)
-    return json.dumps(model.report(scenario, degrees)) if options.as_json else model.describe(scenario, degrees)
+    return json.dumps(report(scenario, degrees)) if options.as_json else describe(scenario, degrees)
