@@ -34,7 +34,7 @@ from cli.fault_watch import Fault, PlaylistWatch, Prober
 from cli.pgserver import PgServer, private_postgres
 from cli.s3_faults import Exchange, FaultKind, S3FaultProxy
 from cli.seaweed import SeaweedProcess, seaweed_process
-from cli.stack import port_open
+from cli.stack import temporal_ready
 from cli.tcp_cut import TcpCut
 from monologue import SAMPLES, keys
 from monologue.client import Client
@@ -171,8 +171,7 @@ def _temporal_down(rig: Rig) -> None:
     old = stack.kill("temporal")
     time.sleep(OUTAGE_S)
     stack.respawn(old)
-    host, port = stack.settings.temporal.address.rsplit(":", 1)
-    _until(lambda: port_open(host, int(port)), "Temporal to listen again")
+    _until(lambda: temporal_ready(stack.settings), "Temporal to serve again")
 
 
 @injects(Fault.POSTGRES)

@@ -216,7 +216,7 @@ class Stack:
                 *matcher_flags(),
             ],
         )
-        self._wait(lambda: port_open(host, int(port)), "temporal", timeout_s)
+        self._wait(lambda: temporal_ready(self.settings), "temporal", timeout_s)
 
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
@@ -248,8 +248,7 @@ class Stack:
         self.children.remove(old)
         child = self._spawn(name, old.command, old.extra_env)
         if name == "temporal":
-            host, port = self.settings.temporal.address.rsplit(":", 1)
-            self._wait(lambda: port_open(host, int(port)), name, timeout_s)
+            self._wait(lambda: temporal_ready(self.settings), name, timeout_s)
         elif name == "api":
             api = self.settings.api
             self._wait(lambda: http_ok(f"http://{api.host}:{api.port}/healthz"), name, timeout_s)
@@ -272,6 +271,25 @@ def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def temporal_ready(settings: Settings) -> bool:
+    """Temporal serves: a client connects (the dev server opens its port before its frontend is healthy; a start
+    that took the open port for ready failed with "Frontend is not healthy yet") and its health check passes."""
+    from monologue.temporal_client import connect
+
+    host, port = settings.temporal.address.rsplit(":", 1)
+    if not port_open(host, int(port)):
+        return False
+
+    async def healthy() -> bool:
+        client = await connect(settings.temporal)
+        return bool(await client.service_client.check_health())
+
+    try:
+        return _run_async(healthy())
+    except (ConnectionError, RuntimeError):
+        return False
 
 
 def http_ok(url: str) -> bool:
