@@ -15,7 +15,7 @@ import click
 from cli.benches.sp import SP_FAMILIES, SpOptions, sp_table
 from cli.fault_watch import Fault
 from monologue.contracts import Family, LipSync, Residency, Resolution, SamplingPreset
-from monologue.settings import get_settings
+from monologue.settings import IceSettings, get_settings
 
 
 @click.group()
@@ -157,6 +157,11 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
 @click.option(
     "--whip", is_flag=True, help="Speech in through the player page's microphone over WHIP (not the audio socket)."
 )
+@click.option(
+    "--turn",
+    is_flag=True,
+    help="Through a TURN server: coturn on loopback, the nodes relay-only (starts a stack of its own, cli/turn.py).",
+)
 @click.option("--runs", type=int, default=3, show_default=True, help="Live sessions, one after another.")
 @click.option("--bursts", type=int, default=5, show_default=True, help="Speech onsets per session.")
 @click.option("--lip-sync", type=click.Choice([v.value for v in LipSync]), default=None, help="The sessions' lip_sync.")
@@ -165,6 +170,7 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
 def bench_live_command(
     webrtc: bool,
     whip: bool,
+    turn: bool,
     runs: int,
     bursts: int,
     lip_sync: str | None,
@@ -182,7 +188,14 @@ def bench_live_command(
     if not webrtc:
         raise click.UsageError("only --webrtc is measured here (HLS: `monologue bench avatar`, `monologue live`)")
     total, dumps = WebrtcFigures(), []
-    with _api_or_stack(api_url) as (url, key):
+    with contextlib.ExitStack() as running:
+        ice = None
+        if turn:
+            from cli.turn import turn_server
+            from monologue.settings_services import IceTransportPolicy
+
+            ice = running.enter_context(turn_server()).ice(IceTransportPolicy.RELAY)
+        url, key = running.enter_context(_api_or_stack(api_url, ice=ice))
         for run in range(runs):
             options = {} if lip_sync is None else {"lip_sync": lip_sync}
             figures = measure(
@@ -367,18 +380,22 @@ def bench_faults_command(names: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _api_or_stack(api_url: str | None) -> Iterator[tuple[str, str | None]]:
+def _api_or_stack(api_url: str | None, *, ice: IceSettings | None = None) -> Iterator[tuple[str, str | None]]:
     """(url, key) of the API given, or of the embedded stack: the one running, else one started for the bench and
-    stopped after it."""
+    stopped after it (with `ice`: always one started, its API and node using those STUN/TURN settings)."""
     from cli.renders import api_target
     from cli.stack import Stack, http_ok
 
     url, key = api_target(api_url)
-    if api_url is not None or http_ok(f"{url}/healthz"):
+    running = api_url is not None or http_ok(f"{url}/healthz")
+    if running and ice is not None:
+        raise click.UsageError("--turn starts a stack of its own: stop the running one (or leave out --api)")
+    if running:
         yield url, key
         return
     click.echo("starting Temporal, the API and a node…", err=True)
-    stack = Stack(get_settings())
+    settings = get_settings() if ice is None else get_settings().model_copy(update={"ice": ice})
+    stack = Stack(settings)
     stack.start()
     try:
         yield url, stack.api_key

@@ -6,8 +6,8 @@ bash infra/setup.sh
 bash infra/postgres.sh
 # Debian packages the tests need; a test whose tool is missing fails rather than skips. Browser tests drive
 # Debian's Chromium (Playwright's own browser download needs the internet); the warp seam, blink and sway
-# tests synthesise 25 s of speech with espeak-ng; the metrics tests run Debian's Prometheus server themselves, on
-# loopback (never its system service: policy-rc.d keeps the package from starting one where none forbids it).
+# tests synthesise 25 s of speech with espeak-ng; the metrics tests run Debian's Prometheus server and the WebRTC tests
+# coturn themselves, on loopback (never their system services: policy-rc.d keeps the packages from starting them).
 sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
 missing=()
 for tool in chromium espeak-ng; do command -v "$tool" >/dev/null || missing+=("$tool"); done
@@ -15,14 +15,17 @@ for tool in chromium espeak-ng; do command -v "$tool" >/dev/null || missing+=("$
 if [ ${#missing[@]} -gt 0 ]; then
   $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if ! command -v prometheus >/dev/null; then
+services=()  # packages that bring a system service: the tests run them on loopback themselves
+command -v prometheus >/dev/null || services+=(prometheus)
+command -v turnserver >/dev/null || services+=(coturn)  # the WebRTC tests' TURN server (cli/turn.py)
+if [ ${#services[@]} -gt 0 ]; then
   made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $sudo_ tee /usr/sbin/policy-rc.d >/dev/null && $sudo_ chmod +x /usr/sbin/policy-rc.d
     made_policy=1
   fi
   $sudo_ apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends \
-    prometheus >/dev/null
+    "${services[@]}" >/dev/null
   [ -z "$made_policy" ] || $sudo_ rm -f /usr/sbin/policy-rc.d
 fi
 # shellcheck disable=SC1091

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from monologue.contracts.session import Family, Residency
 from monologue.options import defaults_model
 from monologue.settings_services import (
+    IceSettings as IceSettings,
     InputSettings as InputSettings,
     LinkSettings as LinkSettings,
     OutboundSettings as OutboundSettings,
@@ -315,6 +316,7 @@ class Settings(BaseSettings):
     inputs: InputSettings = InputSettings()
     retention: RetentionSettings = RetentionSettings()
     tts: TtsSettings = TtsSettings()
+    ice: IceSettings = IceSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

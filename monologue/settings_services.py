@@ -4,9 +4,10 @@ re-exports them); nothing here reads the environment."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 
 
 class SinkSettings(BaseModel):
@@ -127,3 +128,49 @@ class TtsSettings(BaseModel):
         default=None,
         description="a Piper voice's .onnx file (its .onnx.json beside it) for voice=piper; needs the piper extra",
     )
+
+
+class IceTransportPolicy(StrEnum):
+    """Which of its addresses a node offers WebRTC peers (RTCConfiguration.iceTransportPolicy)."""
+
+    ALL = "all"  # its own addresses and, with TURN, relayed ones
+    RELAY = "relay"  # only addresses relayed by the TURN server: where viewers cannot reach the node (a pod network)
+
+
+class IceSettings(BaseModel):
+    """STUN and TURN servers of the WebRTC connections (WHEP viewers, WHIP senders): the nodes' peer connections use
+    them, and the player page gets them (`GET /v1/live/{id}/ice-servers`) with TURN credentials minted per connection
+    the TURN REST API's way (coturn's `use-auth-secret`): the API and the nodes share `turn_secret` with the TURN
+    server (monologue/ice.py)."""
+
+    stun_urls: list[str] = Field(
+        default_factory=list, description="STUN servers, e.g. 'stun:stun.example.net:3478' (JSON list)"
+    )
+    turn_urls: list[str] = Field(
+        default_factory=list,
+        description="TURN servers, e.g. 'turn:turn.example.net:3478?transport=udp' (JSON list; needs turn_secret)",
+    )
+    turn_secret: SecretStr | None = Field(
+        default=None, description="the TURN server's static-auth-secret (coturn: use-auth-secret)"
+    )
+    credential_ttl_s: float = Field(
+        default=3600.0, gt=0, le=7 * 86400, description="a minted TURN credential works this long"
+    )
+    transport_policy: IceTransportPolicy = Field(
+        default=IceTransportPolicy.ALL,
+        description="relay: the nodes offer only TURN-relayed addresses (viewers cannot reach a node itself)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IceSettings:
+        for url in self.stun_urls:
+            if not url.startswith("stun:"):
+                raise ValueError(f"a STUN URL starts with stun:, got {url!r}")
+        for url in self.turn_urls:
+            if not url.startswith(("turn:", "turns:")):
+                raise ValueError(f"a TURN URL starts with turn: or turns:, got {url!r}")
+        if self.turn_urls and self.turn_secret is None:
+            raise ValueError("turn_urls need turn_secret (the TURN server's static-auth-secret)")
+        if self.transport_policy is IceTransportPolicy.RELAY and not self.turn_urls:
+            raise ValueError("transport_policy relay needs turn_urls (a TURN server to relay through)")
+        return self

@@ -350,3 +350,22 @@ def test_the_image_locks_pin_what_ci_tested_with_hashes() -> None:
             assert not packages & {"torch", "av", "opencv-python-headless", "pillow"}
         assert ("torch" in packages) == (extra == "gpu")  # the CPU node's torch comes from PyTorch's CPU index
         assert {"prometheus-client", "temporalio", "opentelemetry-sdk"} <= packages
+
+
+def test_the_turn_extra_shares_the_secret_the_settings_read_and_the_nodes_may_reach_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """infra/k8s/extras/turn.yaml: coturn checks credentials with the secret MONOLOGUE_ICE__TURN_SECRET names (the
+    one the API and nodes mint them from), on the port the nodes' egress policy opens."""
+    resources = {(r["kind"], r["metadata"]["name"]): r for r in load_documents(K8S / "extras" / "turn.yaml")}
+    coturn = _container(resources[("Deployment", "monologue-turn")])
+    secret = next(e for e in coturn["env"] if e["name"] == "MONOLOGUE_ICE__TURN_SECRET")
+    assert secret["valueFrom"]["secretKeyRef"]["name"] == "monologue-secrets"
+    monkeypatch.setenv(secret["name"], "s3cret")  # the name is the setting's
+    monkeypatch.setenv("MONOLOGUE_ICE__TURN_URLS", '["turn:turn.example.com:3478?transport=udp"]')
+    ice = Settings().ice
+    assert ice.turn_secret is not None and ice.turn_secret.get_secret_value() == "s3cret"
+    assert {"--use-auth-secret", f"--static-auth-secret=$({secret['name']})"} <= set(coturn["args"])
+    port = int(next(a for a in coturn["args"] if a.startswith("--listening-port=")).split("=")[1])
+    (rule,) = resources[("NetworkPolicy", "monologue-egress-turn")]["spec"]["egress"]
+    assert rule["ports"] == [{"protocol": "UDP", "port": port}]

@@ -43,6 +43,7 @@ def test_chromium_plays_a_live_session_over_whep_and_the_mouth_follows_the_speec
     print("\n".join(figures.lines()))
     assert figures.frames > 25 and figures.ttff_ms is not None
     assert len(figures.glass_ms) == 3 and min(figures.glass_ms) > 0, figures.lines()  # the mouth opens after each onset
+    assert len(figures.sync_ms) > 10  # the browser played both tracks in one sync group (its stats say where)
 
 
 def test_the_player_talks_over_whip_with_a_ticket_and_the_mouth_follows_the_microphone(

@@ -8,6 +8,9 @@
   offer sending Opus audio, `Authorization: Bearer <audio ticket>` (`audio_ticket` of the session, or a fresh one from
   `POST /v1/sessions/{id}/ticket`) or an API key of its tenant; 201 with the answer and a `Location` to `DELETE`. One
   sender at a time, socket or WHIP (409). The session must have been created with `delivery=webrtc`.
+- `GET /v1/live/{id}/ice-servers` (the playback link's token as Bearer): the STUN/TURN servers a viewer's or a
+  sender's peer connection uses, TURN credentials minted for it (monologue/ice.py; `[]` where none are configured).
+  WHEP and WHIP answers carry the same servers as `Link: <url>; rel="ice-server"` headers (RFC 9725).
 - `GET /v1/live/{id}/player?link=<token>[&ticket=<audio ticket>]`: a page that plays the session (WHEP) and re-offers
   through the same URL when the connection drops (the session moved to another node); with `ticket` it shows a
   "Talk" button that sends the browser's microphone over WHIP (the page reads `ticket` itself).
@@ -15,12 +18,15 @@ Checks and forwarding are api/webrtc.py's; the peer connections live on the sess
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
+
+from monologue.ice import IceServer, ice_servers
 
 from .. import webrtc
 from ..deps import Services, ServicesDep
@@ -37,7 +43,9 @@ async def whep_offer(session_id: str, request: Request, services: ServicesDep) -
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
     offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHEP)
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    return await _offer_to_node(route.media_url, session_id, webrtc.MediaNeed.WHEP, offer, query=f"?fps={route.fps}")
+    return await _offer_to_node(
+        route.media_url, session_id, webrtc.MediaNeed.WHEP, offer, _servers(services, session_id), f"?fps={route.fps}"
+    )
 
 
 @router.delete("/{session_id}/whep/{resource}", status_code=204, response_class=Response)
@@ -56,7 +64,21 @@ async def whip_offer(session_id: str, request: Request, services: ServicesDep) -
     await run_in_threadpool(webrtc.audio_grant, services, webrtc.bearer(request, _TICKET), session_id)
     offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHIP)
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
-    return await _offer_to_node(route.media_url, session_id, webrtc.MediaNeed.WHIP, offer)
+    return await _offer_to_node(
+        route.media_url, session_id, webrtc.MediaNeed.WHIP, offer, _servers(services, session_id)
+    )
+
+
+@router.get("/{session_id}/ice-servers")
+def ice_servers_of(session_id: str, request: Request, services: ServicesDep) -> dict[str, Any]:
+    """The STUN/TURN servers for a peer connection to this live session (TURN credentials minted now; the player
+    asks before each offer). `ice_servers` is what a browser's `RTCPeerConnection({iceServers})` takes."""
+    webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    return {"ice_servers": [server.as_json() for server in _servers(services, session_id)]}
+
+
+def _servers(services: Services, session_id: str) -> list[IceServer]:
+    return ice_servers(services.settings.ice, f"viewer-{session_id}", now=time.time())
 
 
 @router.delete("/{session_id}/whip/{resource}", status_code=204, response_class=Response)
@@ -67,15 +89,20 @@ async def whip_stop(session_id: str, resource: str, request: Request, services: 
 
 
 async def _offer_to_node(
-    media_url: str, session_id: str, kind: webrtc.MediaNeed, offer: str, *, query: str = ""
+    media_url: str, session_id: str, kind: webrtc.MediaNeed, offer: str, servers: list[IceServer], query: str = ""
 ) -> Response:
     """Forward an offer to the node (`<kind>/<session id>` there): its SDP answer, with the connection's URL on this
-    API (`Location`: `/v1/live/<session id>/<kind>/<resource>`) for the DELETE that ends it."""
+    API (`Location`: `/v1/live/<session id>/<kind>/<resource>`) for the DELETE that ends it and the ICE servers as
+    `Link` headers."""
     answer = await webrtc.forward("POST", f"{media_url}/{kind}/{session_id}{query}", body=offer)
     if answer.status_code != 201:
         raise webrtc.node_refusal(answer)
-    location = f"/v1/live/{session_id}/{kind}/{answer.headers['X-Resource']}"
-    return Response(answer.text, status_code=201, media_type=webrtc.SDP_TYPE, headers={"Location": location})
+    response = Response(answer.text, status_code=201, media_type=webrtc.SDP_TYPE)
+    response.headers["Location"] = f"/v1/live/{session_id}/{kind}/{answer.headers['X-Resource']}"
+    for server in servers:
+        for link in server.link_headers():
+            response.headers.append("Link", link)
+    return response
 
 
 async def _stop_on_node(services: Services, session_id: str, path: str) -> Response:

@@ -73,6 +73,20 @@ const probe = () => {
   video.requestVideoFrameCallback(onFrame);
 };
 document.addEventListener("DOMContentLoaded", probe);
+// A/V sync as the browser plays: the sender-clock (NTP) time of the last video frame and audio sample played out,
+// from the receiver's stats (RTCP sender reports map both tracks' RTP clocks onto the sender's wall clock).
+window.__sync = [];
+setInterval(async () => {
+  const pc = window.monologuePlayer && window.monologuePlayer.pc;
+  if (!pc || pc.connectionState !== "connected") return;
+  const played = {};
+  (await pc.getStats()).forEach((s) => {
+    if (s.type === "inbound-rtp" && s.estimatedPlayoutTimestamp) played[s.kind] = s.estimatedPlayoutTimestamp;
+  });
+  if (played.audio && played.video) {
+    window.__sync.push([performance.timeOrigin + performance.now(), played.video - played.audio]);
+  }
+}, 97);
 """
 
 
@@ -84,6 +98,7 @@ class WebrtcFigures:
     glass_ms: list[float] = field(default_factory=list)
     missed: int = 0  # onsets after which no mouth motion was seen
     stalls_ms: list[float] = field(default_factory=list)
+    sync_ms: list[float] = field(default_factory=list)  # video − audio played out, on the sender's clock (~10 Hz)
     frames: int = 0
     ttffs_ms: list[float] = field(default_factory=list)  # merged runs' TTFFs
     series: list[list[float]] = field(default_factory=list, repr=False)  # (wall ms, dark share) per shown frame
@@ -96,6 +111,7 @@ class WebrtcFigures:
         self.missed += other.missed
         self.stalls_ms += other.stalls_ms
         self.frames += other.frames
+        self.sync_ms += other.sync_ms
         self.ttffs_ms += [other.ttff_ms] if other.ttff_ms is not None else []
 
     def lines(self) -> list[str]:
@@ -112,6 +128,13 @@ class WebrtcFigures:
             )
         else:
             out.append(f"glass-to-glass: no onset seen (missed {self.missed})")
+        if self.sync_ms:
+            offsets = [abs(v) for v in self.sync_ms]
+            out.append(
+                f"A/V offset (video − audio played, sender's clock): median {statistics.median(self.sync_ms):+.0f} ms,"
+                f" |offset| p50 {_percentile(offsets, 50):.0f} ms, p95 {_percentile(offsets, 95):.0f} ms"
+                f" (n={len(offsets)} samples)"
+            )
         if self.stalls_ms:
             out.append(f"stall after the node kill: {', '.join(f'{v:.0f}' for v in self.stalls_ms)} ms")
         return out
@@ -174,6 +197,7 @@ def measure(
             if kill is not None:  # the moved session catches up after its stall: until its frames stop coming
                 _until_frames_stop(page)
             series: list[list[float]] = page.evaluate("window.__frames")
+            sync: list[list[float]] = page.evaluate("window.__sync")
         finally:
             browser.close()
     started = speaker.started_at * 1000
@@ -181,6 +205,7 @@ def measure(
     box = None if reference is None else MouthBox.of_reference(reference(session.id))
     out = figures(series, started, onsets_ms, killed_at, box)
     out.session_id = session.id
+    out.sync_ms = [offset for _, offset in sync]
     return out
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import structlog
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from monologue.settings import IceSettings
 from node.webrtc.hub import MediaHub
+from node.webrtc.ice import rtc_configuration
 from node.webrtc.tracks import SessionAudioTrack, SessionVideoTrack, ViewerClock
 
 log = structlog.get_logger("webrtc")
@@ -38,8 +40,11 @@ class Viewer:
 
 
 class WhepPeers:
-    def __init__(self, hub: MediaHub, *, max_viewers: int, ice_timeout_s: float) -> None:
+    def __init__(
+        self, hub: MediaHub, *, max_viewers: int, ice_timeout_s: float, ice: IceSettings | None = None
+    ) -> None:
         self._hub = hub
+        self._ice = ice or IceSettings()
         self._max_viewers = max_viewers
         self._ice_timeout_s = ice_timeout_s
         self._viewers: dict[str, Viewer] = {}
@@ -54,7 +59,7 @@ class WhepPeers:
         """(resource id, SDP answer) for a viewer's offer."""
         if self.count(session_id) >= self._max_viewers:
             raise OfferRefused(429, f"session {session_id} has {self._max_viewers} viewers, the most it may have")
-        pc = RTCPeerConnection()
+        pc = RTCPeerConnection(rtc_configuration(self._ice, f"whep-{session_id}"))
         resource = secrets.token_urlsafe(16)
         viewer = self._viewers[resource] = Viewer(session_id, pc)
         try:

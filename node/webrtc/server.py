@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from monologue.settings import NodeSettings
+from monologue.settings import IceSettings, NodeSettings
 from node.webrtc.hub import MediaHub
 from node.webrtc.peers import OfferRefused, WhepPeers
 from node.webrtc.whip import WhipIngress
@@ -113,9 +113,12 @@ def _handler(media: MediaServer) -> type[BaseHTTPRequestHandler]:
 
 
 def start(
-    settings: NodeSettings, loop: asyncio.AbstractEventLoop, whip: WhipIngress | None = None
+    settings: NodeSettings,
+    loop: asyncio.AbstractEventLoop,
+    whip: WhipIngress | None = None,
+    ice: IceSettings | None = None,
 ) -> tuple[MediaServer, MediaHub]:
-    """The node's media hub and its signalling port, listening (with `whip`, WHIP audio too)."""
+    """The node's media hub and its signalling port, listening (with `whip`, WHIP audio too; `ice`: STUN/TURN)."""
     hub = MediaHub(loop, max_sessions=2 * settings.capacity + 2)
-    peers = WhepPeers(hub, max_viewers=settings.max_viewers_per_session, ice_timeout_s=settings.ice_timeout_s)
+    peers = WhepPeers(hub, max_viewers=settings.max_viewers_per_session, ice_timeout_s=settings.ice_timeout_s, ice=ice)
     return MediaServer(peers, loop, settings.http_host, settings.media_port, whip), hub

@@ -34,7 +34,9 @@ from temporalio.service import RPCError
 from monologue import contracts as c, repo
 from monologue.live_audio import TAKEOVER_S, LiveAudioWriter, stored_live_audio
 from monologue.plan import AUDIO_RATE, IncrementalPlanner, chunk_sizes, live_frames
+from monologue.settings import IceSettings
 from monologue.storage import ObjectStore
+from node.webrtc.ice import rtc_configuration
 from node.webrtc.peers import OfferRefused
 
 log = structlog.get_logger("webrtc")
@@ -69,8 +71,11 @@ class _Sender:
 class WhipIngress:
     """The node's WHIP senders, on its event loop. `count()` says how many connections are open."""
 
-    def __init__(self, *, store: ObjectStore, sessions: sessionmaker[Any], temporal: Client) -> None:
+    def __init__(
+        self, *, store: ObjectStore, sessions: sessionmaker[Any], temporal: Client, ice: IceSettings | None = None
+    ) -> None:
         self._store, self._sessions, self._temporal = store, sessions, temporal
+        self._ice = ice or IceSettings()
         self._senders: dict[str, _Sender] = {}
 
     def count(self, session_id: str | None = None) -> int:
@@ -86,7 +91,7 @@ class WhipIngress:
         options, stored = await asyncio.to_thread(self._claim, session_id, holder)
         planner = IncrementalPlanner(**chunk_sizes(options))
         list(planner.advance(live_frames(stored, options, ended=False), final=False))  # the workflow may know these
-        pc = RTCPeerConnection()
+        pc = RTCPeerConnection(rtc_configuration(self._ice, f"whip-{session_id}"))
         resource = secrets.token_urlsafe(16)
         writer = LiveAudioWriter(self._store, session_id, stored=stored)
         sender = _Sender(session_id, holder, pc, writer, planner, options, stored, stored == 0)
