@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from cli.stack import free_port
+from cli.stack import free_port, stop_process
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,7 @@ def prometheus(jobs: Mapping[str, Sequence[str]], *, interval_s: float = 1.0) ->
             _wait_ready(url, process, root / "prometheus.log")
             yield Prometheus(url)
         finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
             log.close()
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from cli.stack import stop_process
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0  # a clean stop takes ~2.5 s, but now and then the volume server hangs on SIGTERM
 GRPC_OFFSET = 10000  # SeaweedFS derives some gRPC ports as http port + 10000, even when told otherwise
@@ -98,13 +100,7 @@ def _log_tail(path: Path, lines: int = 40) -> str:
 
 def _stop(proc: subprocess.Popen[bytes], ports: dict[str, int]) -> None:
     """SIGTERM, then SIGKILL; then remove the gRPC sockets SeaweedFS leaves in /tmp when killed."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, STOP_TIMEOUT_S)
     for name, port in ports.items():
         Path(f"/tmp/seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock").unlink(missing_ok=True)
 

@@ -267,6 +267,18 @@ class Stack:
         raise RuntimeError(f"{name} did not become ready within {timeout_s:.0f} s:\n{tail}")
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGTERM a helper server (Prometheus, coturn, SeaweedFS), then SIGKILL if it is still there after `timeout_s`."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)

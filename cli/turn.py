@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from cli.stack import free_port
+from cli.stack import free_port, stop_process
 from monologue.settings import IceSettings
 from monologue.settings_services import IceTransportPolicy
 
@@ -71,12 +71,7 @@ def turn_server() -> Iterator[Turn]:
             _wait_ready(port, process, log)
             yield Turn(f"turn:127.0.0.1:{port}?transport=udp", secret, log)
         finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 def _wait_ready(port: int, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
