@@ -22,10 +22,13 @@ log = structlog.get_logger("sched")
 
 
 class SchedActivities:
-    def __init__(self, *, client: Client, sessions: sessionmaker[Any], settings: SchedSettings) -> None:
+    def __init__(
+        self, *, client: Client, sessions: sessionmaker[Any], settings: SchedSettings, lost_after_s: float
+    ) -> None:
         self._client = client
         self._sessions = sessions
         self._settings = settings
+        self._lost_after_s = lost_after_s  # the lease timeout: a node silent this long is being declared lost
 
     @activity.defn(name=c.ASK_TO_YIELD)
     async def ask_to_yield(self, request: c.AskToYieldInput) -> c.AskToYieldResult:
@@ -55,6 +58,7 @@ class SchedActivities:
                 weight=settings.weight,
                 max_preemptions=settings.max_preemptions,
                 grace_s=settings.yield_grace_s,
+                lost_after_s=self._lost_after_s,
             )
 
     @activity.defn(name=c.RECORD_YIELD)

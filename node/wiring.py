@@ -80,7 +80,9 @@ def build_parts(
     )
     return NodeParts(
         shared=SessionActivities(store=store, sessions=sessions),
-        sched=SchedActivities(client=client, sessions=sessions, settings=settings.sched),
+        sched=SchedActivities(
+            client=client, sessions=sessions, settings=settings.sched, lost_after_s=node.lease_timeout_s
+        ),
         validate=ValidateActivities(store=store, tts=TtsConfig(piper_voice=settings.tts.piper_voice)),
         avatars=AvatarActivities(store=store),
         sinks=SinkActivities(store=store, sessions=sessions, allowed=settings.sinks, scratch_dir=disks.scratch),

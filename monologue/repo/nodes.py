@@ -58,9 +58,9 @@ def get_node(db: Session, *, node_id: str) -> NodeRow | None:
 FRESH_HEARTBEAT_S = 10.0
 
 
-def live_nodes(db: Session, *, now: datetime) -> list[NodeRow]:
-    """Nodes that are up and reported within FRESH_HEARTBEAT_S: the slots there are and the sessions held now."""
-    fresh = now - timedelta(seconds=FRESH_HEARTBEAT_S)
+def live_nodes(db: Session, *, now: datetime, fresh_s: float = FRESH_HEARTBEAT_S) -> list[NodeRow]:
+    """Nodes that are up and reported within `fresh_s`: the slots there are and the sessions held now."""
+    fresh = now - timedelta(seconds=fresh_s)
     nodes = db.scalars(select(NodeRow).where(NodeRow.status == NodeStatus.UP))
     return [node for node in nodes if aware(node.heartbeat_at) >= fresh]
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from monologue.contracts import AskReason, QueueClass, SessionKind, render_options
 from monologue.db import SessionRow, utcnow
-from monologue.repo.nodes import live_nodes
+from monologue.repo.nodes import FRESH_HEARTBEAT_S, live_nodes
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,9 @@ def yield_order(row: SessionRow, max_preemptions: int) -> tuple[bool, int, float
     return row.preemptions >= max_preemptions, -render_class(row).priority_key, -started
 
 
-def held_sessions(db: Session, *, now: datetime) -> dict[str, str]:
-    """Session id → the node holding it now, from the fresh reports of nodes that are up."""
-    return {session: node.id for node in live_nodes(db, now=now) for session in node.sessions}
+def held_sessions(db: Session, *, now: datetime, fresh_s: float = FRESH_HEARTBEAT_S) -> dict[str, str]:
+    """Session id → the node holding it now, from the reports within `fresh_s` of nodes that are up."""
+    return {session: node.id for node in live_nodes(db, now=now, fresh_s=fresh_s) for session in node.sessions}
 
 
 def ask_to_yield(
@@ -57,15 +57,17 @@ def ask_to_yield(
     max_preemptions: int,
     grace_s: float,
     now: datetime | None = None,
+    lost_after_s: float = FRESH_HEARTBEAT_S,
 ) -> str | None:
     """Mark the render that should give way to `asker` now and return its id; None when it already has one asked,
-    or none may be."""
+    or none may be. Renders of a node silent for `lost_after_s` (the lease timeout: it is being declared lost) are
+    not asked: they are about to move themselves, and would only answer that they could not yield."""
     now = now or utcnow()
     recent = now - timedelta(seconds=grace_s)
     fresh_mark = and_(SessionRow.yield_asked_at.is_not(None), SessionRow.yield_asked_at >= recent)
     if db.scalar(select(SessionRow.id).where(SessionRow.yield_for == asker.session_id, fresh_mark)) is not None:
         return None  # its render is on its way
-    held = held_sessions(db, now=now)
+    held = held_sessions(db, now=now, fresh_s=min(lost_after_s, FRESH_HEARTBEAT_S))
     rows = list(db.scalars(select(SessionRow).where(SessionRow.id.in_(list(held)))))
     candidates = [row for row in rows if row.kind == SessionKind.RENDER and row.id != asker.session_id]
     if asker.why is AskReason.FAIR_SHARE:

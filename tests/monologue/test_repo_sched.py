@@ -56,6 +56,7 @@ def _ask(db: Any, asker: repo_sched.Asker = LIVE, *, weights: dict[str, float] |
         max_preemptions=2,
         grace_s=30.0,
         now=kw.get("now", NOW),
+        lost_after_s=kw.get("lost_after_s", 10.0),
     )
 
 
@@ -175,3 +176,16 @@ def test_a_fair_share_is_taken_only_from_the_askers_class_or_a_lower_one(session
         assert _ask(db, repo_sched.Asker("small-low-2", "small", QueueClass.LOW, AskReason.FAIR_SHARE)) is None
         high = repo_sched.Asker("small-high", "small", QueueClass.HIGH, AskReason.FAIR_SHARE)
         assert _ask(db, high) == "big-normal-2"
+
+
+def test_renders_of_a_node_silent_for_the_lease_timeout_are_not_asked(sessions: sessionmaker[Any]) -> None:
+    """A killed node's last report still lists its renders; once it has been silent for the lease timeout it is
+    being declared lost, and its renders (moving themselves) would only answer that they could not yield."""
+    with sessions() as db:
+        _add(db, "on-silent-node", node_id="node-b", started_s_ago=1)  # the most recently started: asked first
+        _add(db, "on-live-node", started_s_ago=100)
+        _node(db, "on-silent-node", node_id="node-b", reported_s_ago=4.0)
+        _node(db, "on-live-node", reported_s_ago=1.0)
+        assert _ask(db, lost_after_s=3.0) == "on-live-node"
+        other = repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE)
+        assert _ask(db, other, lost_after_s=10.0) == "on-silent-node"  # within a longer lease timeout: still held
