@@ -49,6 +49,7 @@ class BacklogPoller:
         self._figures: dict[str, QueueBacklog] = {}
         self._failures = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @classmethod
     def for_settings(cls, client: Client, settings: Settings) -> BacklogPoller:
@@ -97,15 +98,20 @@ class BacklogPoller:
             )
 
     async def _run(self) -> None:
-        while True:
+        # Not `while True`: the Temporal client may turn a cancellation that lands in an RPC (or a lazy client's
+        # connect) into an ordinary error, which poll() counts as a failure, so the loop must also see the flag; a
+        # stop() during an RPC hung the API's shutdown (a test's TestClient waited past its 120 s).
+        while not self._stopping:
             await self.poll()
-            await asyncio.sleep(self._interval_s)
+            if not self._stopping:
+                await asyncio.sleep(self._interval_s)
 
     def start(self) -> None:
         """Poll in the background until `stop()` (the API's lifespan)."""
         self._task = asyncio.create_task(self._run(), name="lease-backlog")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

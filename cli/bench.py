@@ -182,7 +182,7 @@ def bench_live_command(
     import json
     import shutil
 
-    from cli.benches.webrtc import WebrtcFigures, local_reference, measure
+    from cli.benches.webrtc import WebrtcFigures, local_store, measure
     from monologue import SAMPLES
 
     if not webrtc:
@@ -206,7 +206,7 @@ def bench_live_command(
                 bursts=bursts,
                 options=options,
                 chromium=shutil.which("chromium") or "chromium",
-                reference=local_reference(get_settings()),
+                store=local_store(get_settings()),
                 whip=whip,
             )
             click.echo(f"run {run + 1}: " + "; ".join(figures.lines()))

@@ -33,6 +33,10 @@ class Fault(StrEnum):
 
 
 ANSWER_WITHIN_S = 20.0  # longer than any retry the API makes (Temporal's client gives up after about 10 s)
+# A create waits for a node to check its uploads, up to MONOLOGUE_API__VALIDATE_TIMEOUT_S (then 503): across a
+# Temporal restart that is the outage, the nodes' reconnection and the check, which can pass ANSWER_WITHIN_S (seen
+# once in CI: no answer within 20 s). Its bound is that setting plus one give-up of the Temporal client and a margin.
+CREATE_MARGIN_S = 15.0
 PROBE_EVERY_S = 0.25
 CREATE_EVERY_S = 2.0
 
@@ -57,8 +61,11 @@ class Prober:
     """Asks the API what clients ask (a session, the list, the health probe) every PROBE_EVERY_S, and, on a thread of
     its own (a create may wait out the client's retries), creates a render every CREATE_EVERY_S, until stopped."""
 
-    def __init__(self, api_url: str, api_key: str, session_id: str, portrait: Path, audio: Path) -> None:
+    def __init__(
+        self, api_url: str, api_key: str, session_id: str, portrait: Path, audio: Path, *, validate_timeout_s: float
+    ) -> None:
         self._url, self._key, self._session_id = api_url, api_key, session_id
+        self._create_within_s = validate_timeout_s + CREATE_MARGIN_S
         self._portrait, self._audio = portrait, audio
         self._halt = threading.Event()
         self._threads = [threading.Thread(target=target, daemon=True) for target in (self._reads, self._creates)]
@@ -86,7 +93,7 @@ class Prober:
 
         try:
             # One attempt: the watch counts the API's answers, and a retried create would hide them.
-            with Client(self._url, api_key=self._key, timeout_s=ANSWER_WITHIN_S, create_attempts=1) as client:
+            with Client(self._url, api_key=self._key, timeout_s=self._create_within_s, create_attempts=1) as client:
                 session = client.create_render(portrait=self._portrait, audio=self._audio, options=OPTIONS)
             self.answers.codes[201] += 1
             self.answers.created.append(session.id)
@@ -102,7 +109,7 @@ class Prober:
     def stop(self) -> Answers:
         self._halt.set()
         for thread in self._threads:
-            thread.join(timeout=2 * ANSWER_WITHIN_S)
+            thread.join(timeout=2 * self._create_within_s)
         return self.answers
 
 

@@ -256,7 +256,14 @@ def run_fault(rig: Rig, fault: Fault) -> FaultReport:
     assert playlist is not None
     _until(lambda: _under_way(rig, [*renders, live_id]), "every session to be under way")
     _until(lambda: bool(playlist.grew_at), "the live stream's first segment")  # its stalls are counted from there
-    prober = Prober(rig.cluster.api_urls[0], rig.cluster.api_key, renders[0], SAMPLES / "portrait.jpg", audio)
+    prober = Prober(
+        rig.cluster.api_urls[0],
+        rig.cluster.api_key,
+        renders[0],
+        SAMPLES / "portrait.jpg",
+        audio,
+        validate_timeout_s=rig.cluster.stack.settings.api.validate_timeout_s,
+    )
     prober.start()
     started, fault_started = time.monotonic(), time.time()
     INJECT[fault](rig)

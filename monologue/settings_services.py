@@ -1,6 +1,6 @@
 """The settings of what Monologue talks to and keeps beside sessions: sinks, playback links, webhooks, requests to
-caller-chosen URLs, URL inputs, data retention and speech synthesis. Sections of `monologue.settings.Settings` (which
-re-exports them); nothing here reads the environment."""
+caller-chosen URLs, URL inputs, data retention, speech synthesis and WebRTC's STUN/TURN servers. Sections of
+`monologue.settings.Settings` (which re-exports them); nothing here reads the environment."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from urllib.parse import urljoin
 import numpy as np
 import pytest
 
-from cli.benches.webrtc import BURST_S, GAP_S, LEAD_S, local_reference, measure
+from cli.benches.webrtc import BURST_S, GAP_S, LEAD_S, local_store, measure
 from cli.chromium import CHROMIUM_ARGS
 from cli.stack import Stack, free_port
 from monologue import SAMPLES, repo
@@ -38,7 +38,7 @@ def test_chromium_plays_a_live_session_over_whep_and_the_mouth_follows_the_speec
         SAMPLES / "speech.wav",
         bursts=3,
         chromium=chromium_path(),
-        reference=local_reference(stack.settings),
+        store=local_store(stack.settings),
     )
     print("\n".join(figures.lines()))
     assert figures.frames > 25 and figures.ttff_ms is not None
@@ -61,7 +61,7 @@ def test_the_player_talks_over_whip_with_a_ticket_and_the_mouth_follows_the_micr
         SAMPLES / "speech.wav",
         bursts=bursts,
         chromium=chromium_path(),
-        reference=local_reference(stack.settings),
+        store=local_store(stack.settings),
         whip=True,
     )
     print("\n".join(figures.lines()))
@@ -135,7 +135,7 @@ def test_the_player_reconnects_through_the_same_url_after_the_node_is_killed(two
         bursts=4,
         chromium=chromium_path(),
         kill=kill,
-        reference=local_reference(settings),
+        store=local_store(settings),
     )
     print("\n".join(figures.lines()))
     (stall,) = figures.stalls_ms

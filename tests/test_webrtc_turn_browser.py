@@ -15,7 +15,7 @@ import httpx
 import pytest
 from aiortc import RTCPeerConnection
 
-from cli.benches.webrtc import local_reference, measure
+from cli.benches.webrtc import local_store, measure
 from cli.stack import Stack, free_port
 from cli.turn import Turn, turn_server
 from monologue import SAMPLES
@@ -66,7 +66,7 @@ def test_chromium_watches_a_live_session_through_the_turn_server(relayed: Stack,
         SAMPLES / "speech.wav",
         bursts=2,
         chromium=chromium_path(),
-        reference=local_reference(relayed.settings),
+        store=local_store(relayed.settings),
     )
     print("\n".join(figures.lines()))
     assert figures.frames > 25 and len(figures.glass_ms) == 2 and min(figures.glass_ms) > 0, figures.lines()

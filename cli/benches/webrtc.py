@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 import numpy as np
 from websockets.sync.client import connect
 
+from cli.benches import webrtc_sync as sync
+from cli.benches.webrtc_sync import AUDIO_PROBE, STATS_PROBE
 from cli.chromium import CHROMIUM_ARGS
 from monologue import keys
 from monologue.client import Client
@@ -73,20 +75,6 @@ const probe = () => {
   video.requestVideoFrameCallback(onFrame);
 };
 document.addEventListener("DOMContentLoaded", probe);
-// A/V sync as the browser plays: the sender-clock (NTP) time of the last video frame and audio sample played out,
-// from the receiver's stats (RTCP sender reports map both tracks' RTP clocks onto the sender's wall clock).
-window.__sync = [];
-setInterval(async () => {
-  const pc = window.monologuePlayer && window.monologuePlayer.pc;
-  if (!pc || pc.connectionState !== "connected") return;
-  const played = {};
-  (await pc.getStats()).forEach((s) => {
-    if (s.type === "inbound-rtp" && s.estimatedPlayoutTimestamp) played[s.kind] = s.estimatedPlayoutTimestamp;
-  });
-  if (played.audio && played.video) {
-    window.__sync.push([performance.timeOrigin + performance.now(), played.video - played.audio]);
-  }
-}, 97);
 """
 
 
@@ -99,6 +87,7 @@ class WebrtcFigures:
     missed: int = 0  # onsets after which no mouth motion was seen
     stalls_ms: list[float] = field(default_factory=list)
     sync_ms: list[float] = field(default_factory=list)  # video − audio played out, on the sender's clock (~10 Hz)
+    av_ms: list[float] = field(default_factory=list)  # per onset, by content: video later than audio (webrtc_sync)
     frames: int = 0
     ttffs_ms: list[float] = field(default_factory=list)  # merged runs' TTFFs
     series: list[list[float]] = field(default_factory=list, repr=False)  # (wall ms, dark share) per shown frame
@@ -112,6 +101,7 @@ class WebrtcFigures:
         self.stalls_ms += other.stalls_ms
         self.frames += other.frames
         self.sync_ms += other.sync_ms
+        self.av_ms += other.av_ms
         self.ttffs_ms += [other.ttff_ms] if other.ttff_ms is not None else []
 
     def lines(self) -> list[str]:
@@ -134,6 +124,11 @@ class WebrtcFigures:
                 f"A/V offset (video − audio played, sender's clock): median {statistics.median(self.sync_ms):+.0f} ms,"
                 f" |offset| p50 {_percentile(offsets, 50):.0f} ms, p95 {_percentile(offsets, 95):.0f} ms"
                 f" (n={len(offsets)} samples)"
+            )
+        if self.av_ms:
+            out.append(
+                f"A/V offset by content (mouth seen − speech heard, less the model's own lag): "
+                f"{', '.join(f'{v:+.0f}' for v in self.av_ms)} ms (median {statistics.median(self.av_ms):+.0f})"
             )
         if self.stalls_ms:
             out.append(f"stall after the node kill: {', '.join(f'{v:.0f}' for v in self.stalls_ms)} ms")
@@ -164,14 +159,14 @@ def measure(
     options: dict[str, Any] | None = None,
     kill: Callable[[str], None] | None = None,
     chromium: str = "chromium",
-    reference: Callable[[str], Path] | None = None,
+    store: Path | None = None,
     whip: bool = False,
 ) -> WebrtcFigures:
     """One live session watched in headless Chromium while `bursts` of speech go in: over the audio socket, or with
     `whip` through the page itself (its "Talk" button: Chromium's fake microphone plays the speech as a WAV, sent over
     WHIP with the session's audio ticket); `kill` (optional) is called with the session's id halfway through the
-    speech (to kill the node holding it); `reference` finds a session's stored reference (the embedded stack's
-    storage), where the mouth is."""
+    speech (to kill the node holding it); `store`: the embedded stack's local store, where the session's reference
+    says where the mouth is and its output gives the A/V offset (cli/benches/webrtc_sync.py; audio socket only)."""
     from playwright.sync_api import sync_playwright
 
     pcm, onsets = speech_with_onsets(speech, bursts=bursts)
@@ -189,7 +184,7 @@ def measure(
         browser = playwright.chromium.launch(executable_path=chromium, args=flags, headless=True)
         try:
             page = browser.new_page()
-            page.add_init_script(FRAME_PROBE)
+            page.add_init_script(FRAME_PROBE + AUDIO_PROBE + STATS_PROBE)
             page.goto(url)
             speaker: Speaker = PageMicrophone(page) if whip else AudioSender(session.audio_ticket.url, pcm)
             killed_at = speaker.speak(len(pcm) / RATE, None if kill is None else lambda: kill(session.id))
@@ -198,15 +193,30 @@ def measure(
                 _until_frames_stop(page)
             series: list[list[float]] = page.evaluate("window.__frames")
             sync: list[list[float]] = page.evaluate("window.__sync")
+            heard: list[list[float]] = page.evaluate("window.__heard")
         finally:
             browser.close()
     started = speaker.started_at * 1000
     onsets_ms = [started + 1000 * onset / RATE for onset in onsets]
-    box = None if reference is None else MouthBox.of_reference(reference(session.id))
+    box = None if store is None else MouthBox.of_reference(store / keys.reference(session.id))
     out = figures(series, started, onsets_ms, killed_at, box)
     out.session_id = session.id
     out.sync_ms = [offset for _, offset in sync]
+    if store is not None and not whip:  # the stored audio starts with the speech sent (not so over WHIP)
+        out.av_ms = _content_offsets(out, heard, store, box, [onset / RATE for onset in onsets])
     return out
+
+
+def _content_offsets(
+    out: WebrtcFigures, heard: list[list[float]], store: Path, box: MouthBox | None, onsets_s: list[float]
+) -> list[float]:
+    """Each onset seen − heard in the page, less the same on the stored output (cli/benches/webrtc_sync.py)."""
+    if not heard or not out.glass_ms:
+        return []
+    seen_ms = [glass + onset for glass, onset in zip(out.glass_ms, out.onsets_ms, strict=False)]
+    cells, fps = sync.stored_cells(store, out.session_id)
+    stored = sync.Timeline(mouth_signal(cells, box), fps, onsets_s)
+    return sync.content_offsets(seen_ms, heard, stored, first_sent_ms=out.onsets_ms[0], gap_s=GAP_S)
 
 
 def _until_frames_stop(page: Any, *, quiet_s: float = 1.5, limit_s: float = 30.0) -> None:
@@ -227,12 +237,10 @@ def _wav(pcm: np.ndarray, path: Path) -> Path:
     return path
 
 
-def local_reference(settings: Settings) -> Callable[[str], Path] | None:
-    """Where a session's stored reference lies in a local store (the embedded stack's); None for S3."""
+def local_store(settings: Settings) -> Path | None:
+    """The root of the embedded stack's local store, where the sessions' references and outputs lie; None for S3."""
     root = settings.storage.root
-    if settings.storage.backend != "local" or root is None:
-        return None
-    return lambda session_id: root / keys.reference(session_id)
+    return root if settings.storage.backend == "local" else None
 
 
 def figures(

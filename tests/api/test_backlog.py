@@ -190,3 +190,24 @@ async def test_a_priority_key_of_no_class_is_labelled_by_its_number() -> None:
     assert all(
         figures[queue_class.value].count == 0 for queue_class in QueueClass if queue_class is not QueueClass.LIVE
     )
+
+
+async def test_stop_ends_the_poller_when_a_cancelled_rpc_comes_back_as_an_error() -> None:
+    """The Temporal client may turn a cancellation inside an RPC into an ordinary error, which poll() counts as a
+    failure: stop() must still end the loop (it hung the API's shutdown)."""
+    entered = asyncio.Event()
+
+    class Swallowing(BacklogPoller):
+        async def poll(self) -> None:
+            entered.set()
+            try:
+                await asyncio.Event().wait()  # an RPC that answers only when cancelled
+            except asyncio.CancelledError:
+                self._failed(RuntimeError("call cancelled"))
+
+    poller = Swallowing(None, task_queue="q", interval_s=0.01)  # type: ignore[arg-type]
+    poller.start()
+    await entered.wait()
+    stopping = asyncio.ensure_future(poller.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=30)  # a guard: without the fix it never returns
+    assert stopping in done, "stop() hung: the loop went on after its cancellation was swallowed"

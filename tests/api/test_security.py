@@ -88,6 +88,10 @@ KEYLESS_ROUTES = {
     ("POST", "/v1/live/{session_id}/whep"): WHEP_LINKS,
     ("DELETE", "/v1/live/{session_id}/whep/{resource}"): WHEP_LINKS,
     ("GET", "/v1/live/{session_id}/player"): WHEP_LINKS,
+    (
+        "GET",
+        "/v1/live/{session_id}/ice-servers",
+    ): "tests.test_webrtc_turn_browser:test_the_ice_servers_need_the_sessions_playback_link",
     ("POST", "/v1/live/{session_id}/whip"): WHIP_TICKETS,
     ("DELETE", "/v1/live/{session_id}/whip/{resource}"): WHIP_TICKETS,
 }

@@ -1,0 +1,32 @@
+"""The content-based A/V offset's parts (cli/benches/webrtc_sync.py): onsets after quiet spells, the page's grid of
+dark cells computed the same way from frames, and the offset net of the model's own lag."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cli.benches.webrtc_sync import av_offsets, grid_cells, onsets
+
+
+def test_an_onset_is_a_rise_after_a_quiet_spell_in_the_unit_of_the_times() -> None:
+    times = np.arange(0, 10_000, 10.0)  # ms
+    level = np.zeros_like(times)
+    for start in (2000, 2300, 6000):  # 2300 follows 2000 within the quiet spell: the same burst
+        level[(times >= start) & (times < start + 200)] = 1.0
+    assert onsets(times, level, threshold=0.5, quiet=1000) == [2000.0, 6000.0]
+    assert onsets(times, level, threshold=0.5, quiet=50) == [2000.0, 2300.0, 6000.0]
+    assert onsets(times, level, threshold=2.0, quiet=1000) == []
+
+
+def test_grid_cells_are_the_share_of_dark_pixels_per_cell() -> None:
+    frames = np.full((2, 64, 64, 3), 255, np.uint8)
+    frames[1, :2, :2] = 0  # the top-left 2×2 cell of a 32×32 grid is all dark in the second frame
+    frames[1, 2:4, 2] = 0  # half of the cell beside it on the diagonal
+    cells = grid_cells(frames)
+    assert cells.shape == (2, 32 * 32) and cells[0].sum() == 0
+    assert cells[1, 0] == 1.0 and cells[1, 33] == 0.5 and cells[1].sum() == 1.5
+
+
+def test_the_offset_is_the_page_lag_less_the_models_own_and_misdetections_are_left_out() -> None:
+    seen, heard, own = [1040.0, 5100.0, 9900.0], [1000.0, 5000.0, 9000.0], [-0.04, -0.04, -0.04]
+    assert av_offsets(seen, heard, own) == [80.0, 140.0]  # the third: 900 ms apart, a missed detection
