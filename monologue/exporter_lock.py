@@ -71,5 +71,9 @@ class ExporterLock:
     def _drop(self) -> None:
         if self._connection is not None:
             with contextlib.suppress(SQLAlchemyError):  # gone already: so is the lock
+                if self._held:
+                    # Released now, not when the server's backend has gone after the close (a moment later: another
+                    # replica's scrape in that moment found it still held; seen once in CI).
+                    self._connection.exec_driver_sql("SELECT pg_advisory_unlock_all()")
                 self._connection.close()
         self._connection, self._held = None, False
