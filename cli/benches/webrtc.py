@@ -192,7 +192,7 @@ def measure(
             if kill is not None:  # the moved session catches up after its stall: until its frames stop coming
                 _until_frames_stop(page)
             series: list[list[float]] = page.evaluate("window.__frames")
-            sync: list[list[float]] = page.evaluate("window.__sync")
+            playout: list[list[float]] = page.evaluate("window.__sync")
             heard: list[list[float]] = page.evaluate("window.__heard")
         finally:
             browser.close()
@@ -201,7 +201,7 @@ def measure(
     box = None if store is None else MouthBox.of_reference(store / keys.reference(session.id))
     out = figures(series, started, onsets_ms, killed_at, box)
     out.session_id = session.id
-    out.sync_ms = [offset for _, offset in sync]
+    out.sync_ms = [offset for _, offset in playout]
     if store is not None and not whip:  # the stored audio starts with the speech sent (not so over WHIP)
         out.av_ms = _content_offsets(out, heard, store, box, [onset / RATE for onset in onsets])
     return out
@@ -258,14 +258,12 @@ def figures(
     times = np.array([t for t, _ in series])
     out.ttff_ms = float(times[0] - first_sent_ms)
     mouth = mouth_signal(np.array([cells for _, cells in series], dtype=np.float64), box)
-    closed, opened = float(np.percentile(mouth, 10)), float(np.percentile(mouth, 98))
-    if opened - closed < 0.05:  # the mouth never moved
-        out.missed = len(onsets_ms)
-        return out
     # Each burst opens the mouth a few times; bursts are told apart by the silence between them (GAP_S): the k-th
     # run of openings after a closed spell of over GAP_S / 2 answers the k-th onset (frames shown in order).
-    opened_at = times[mouth > closed + 0.4 * (opened - closed)]
-    starts = [t for i, t in enumerate(opened_at) if i == 0 or t - opened_at[i - 1] > 500 * GAP_S]
+    starts = sync.mouth_openings(times, mouth, quiet=500 * GAP_S)
+    if starts is None:  # the mouth never moved
+        out.missed = len(onsets_ms)
+        return out
     out.glass_ms = [float(start - onset) for start, onset in zip(starts, onsets_ms, strict=False)]
     out.missed = len(onsets_ms) - len(out.glass_ms)
     if killed_at_ms is not None:

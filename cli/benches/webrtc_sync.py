@@ -99,6 +99,16 @@ def grid_cells(frames: np.ndarray, grid: int = 32) -> np.ndarray:
     return np.stack(out)
 
 
+def mouth_openings(times: np.ndarray, mouth: np.ndarray, *, quiet: float) -> list[float] | None:
+    """When each run of mouth openings starts after a closed spell of over `quiet` (the unit of `times`): open is
+    past 40 % of the way from the mouth's 10th to its 98th percentile. None when the mouth never moved. Both the
+    page's frames (glass-to-glass) and the stored output (the model's own lag) are read this way."""
+    closed, opened = float(np.percentile(mouth, 10)), float(np.percentile(mouth, 98))
+    if opened - closed < 0.05:
+        return None
+    return onsets(times, mouth, threshold=closed + 0.4 * (opened - closed), quiet=quiet)
+
+
 @dataclass(frozen=True)
 class Timeline:
     """The session's stored output: the mouth per frame, the frame rate, the onsets' times (s) in its speech."""
@@ -109,10 +119,7 @@ class Timeline:
 
     def own_lags_s(self, gap_s: float) -> list[float]:
         """Per onset: the mouth's opening − the onset on the session's own timeline (the model's lag or lead)."""
-        closed, opened = float(np.percentile(self.mouth, 10)), float(np.percentile(self.mouth, 98))
-        threshold = closed + 0.4 * (opened - closed)  # as cli/benches/webrtc.py's figures() reads the page's frames
-        times = np.arange(len(self.mouth)) / self.fps
-        shown = onsets(times, self.mouth, threshold=threshold, quiet=gap_s / 2)
+        shown = mouth_openings(np.arange(len(self.mouth)) / self.fps, self.mouth, quiet=gap_s / 2) or []
         return [mouth_at - onset for mouth_at, onset in zip(shown, self.onsets_s, strict=False)]
 
 
