@@ -243,7 +243,7 @@ async def _start_workflow(
             tenant=tenant,
             kind=kind,
             options=options,
-            orchestration=orchestration_config(settings, tenant),
+            orchestration=orchestration_config(settings, tenant, kind),
         ),
         id=c.render_workflow_id(session_id),
         task_queue=settings.temporal.task_queue,
@@ -291,7 +291,7 @@ async def resume_workflow(services: Services, row: SessionRow) -> None:
             kind=c.SessionKind(row.kind),
             options=options,
             # Today's settings (a resumed live session's lifetime is moot: its audio has ended).
-            orchestration=orchestration_config(settings, row.tenant),
+            orchestration=orchestration_config(settings, row.tenant, c.SessionKind(row.kind)),
             resume=resume,
         ),
         id=row.workflow_id or c.render_workflow_id(row.id),

@@ -4,8 +4,6 @@ torch for other commands."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -14,8 +12,9 @@ import click
 
 from cli.benches.sp import SP_FAMILIES, SpOptions, sp_table
 from cli.fault_watch import Fault
+from cli.renders import api_or_stack
 from monologue.contracts import Family, LipSync, Residency, Resolution, SamplingPreset
-from monologue.settings import IceSettings, get_settings
+from monologue.settings import get_settings
 
 
 @click.group()
@@ -144,7 +143,7 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
     from cli.benches.avatar import bench_avatar
     from monologue import SAMPLES
 
-    with _api_or_stack(api_url) as (url, key):
+    with api_or_stack(api_url) as (url, key):
         report = bench_avatar(url, key, SAMPLES / "portrait.jpg", SAMPLES / "speech.wav", runs=runs)
     for line in report.lines():
         click.echo(line)
@@ -162,61 +161,24 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
     is_flag=True,
     help="Through a TURN server: coturn on loopback, the nodes relay-only (starts a stack of its own, cli/turn.py).",
 )
+@click.option(
+    "--kill",
+    is_flag=True,
+    help="SIGKILL the session's node halfway through each run; the stall is printed (a stack of its own, two nodes).",
+)
 @click.option("--runs", type=int, default=3, show_default=True, help="Live sessions, one after another.")
 @click.option("--bursts", type=int, default=5, show_default=True, help="Speech onsets per session.")
 @click.option("--lip-sync", type=click.Choice([v.value for v in LipSync]), default=None, help="The sessions' lip_sync.")
 @click.option("--api", "api_url", default=None, help="A running API (default: the embedded stack, started if down).")
 @click.option("--dump", type=click.Path(dir_okay=False), default=None, help="Write each run's frame series (JSON).")
-def bench_live_command(
-    webrtc: bool,
-    whip: bool,
-    turn: bool,
-    runs: int,
-    bursts: int,
-    lip_sync: str | None,
-    api_url: str | None,
-    dump: str | None,
-) -> None:
+def bench_live_command(webrtc: bool, **given: Any) -> None:
     """A live session's TTFF and glass-to-glass latency (speech onset sent → mouth moving in the page) as a viewer
-    sees them, p50/p95 over every onset of every run (cli/benches/webrtc.py)."""
-    import json
-    import shutil
-
-    from cli.benches.webrtc import WebrtcFigures, local_store, measure
-    from monologue import SAMPLES
+    sees them, p50/p95 over every onset of every run, and its A/V offset (cli/benches/webrtc_runs.py)."""
+    from cli.benches.webrtc_runs import LiveBench, run_live_bench
 
     if not webrtc:
         raise click.UsageError("only --webrtc is measured here (HLS: `monologue bench avatar`, `monologue live`)")
-    total, dumps = WebrtcFigures(), []
-    with contextlib.ExitStack() as running:
-        ice = None
-        if turn:
-            from cli.turn import turn_server
-            from monologue.settings_services import IceTransportPolicy
-
-            ice = running.enter_context(turn_server()).ice(IceTransportPolicy.RELAY)
-        url, key = running.enter_context(_api_or_stack(api_url, ice=ice))
-        for run in range(runs):
-            options = {} if lip_sync is None else {"lip_sync": lip_sync}
-            figures = measure(
-                url,
-                key,
-                SAMPLES / "portrait.jpg",
-                SAMPLES / "speech.wav",
-                bursts=bursts,
-                options=options,
-                chromium=shutil.which("chromium") or "chromium",
-                store=local_store(get_settings()),
-                whip=whip,
-            )
-            click.echo(f"run {run + 1}: " + "; ".join(figures.lines()))
-            total.merge(figures)
-            dumps.append({"series": figures.series, "onsets_ms": figures.onsets_ms})
-    for line in total.lines():
-        click.echo(line)
-    if dump is not None:
-        with open(dump, "w") as out:
-            json.dump(dumps, out)
+    run_live_bench(LiveBench(**given), click.echo)
 
 
 @bench.command("tts")
@@ -377,27 +339,3 @@ def bench_faults_command(names: tuple[str, ...]) -> None:
         click.echo(f"PROBLEM: {problem}")
     if problems:
         raise SystemExit(1)
-
-
-@contextlib.contextmanager
-def _api_or_stack(api_url: str | None, *, ice: IceSettings | None = None) -> Iterator[tuple[str, str | None]]:
-    """(url, key) of the API given, or of the embedded stack: the one running, else one started for the bench and
-    stopped after it (with `ice`: always one started, its API and node using those STUN/TURN settings)."""
-    from cli.renders import api_target
-    from cli.stack import Stack, http_ok
-
-    url, key = api_target(api_url)
-    running = api_url is not None or http_ok(f"{url}/healthz")
-    if running and ice is not None:
-        raise click.UsageError("--turn starts a stack of its own: stop the running one (or leave out --api)")
-    if running:
-        yield url, key
-        return
-    click.echo("starting Temporal, the API and a node…", err=True)
-    settings = get_settings() if ice is None else get_settings().model_copy(update={"ice": ice})
-    stack = Stack(settings)
-    stack.start()
-    try:
-        yield url, stack.api_key
-    finally:
-        stack.stop()

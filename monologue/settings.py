@@ -149,6 +149,12 @@ class NodeSettings(BaseModel):
     lease_timeout_s: float = Field(
         default=10.0, gt=0, description="a node silent this long is declared lost and its sessions move"
     )
+    live_lease_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="a live session's lease (at most lease_timeout_s): its viewers stall for this long and a new "
+        "node's first chunk when its node dies; shorter costs more heartbeats, and spurious moves on a starved node",
+    )
     heartbeat_timeout_s: float = Field(
         default=10.0,
         gt=0,

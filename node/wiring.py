@@ -27,6 +27,7 @@ from activities.validate import ValidateActivities
 from activities.webhooks import WebhookActivities
 from gpu_worker.tts import TtsConfig
 from monologue import contracts as c
+from monologue.orchestration import lease_timeout_s
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
 from node.lease_gate import lease_tuner
@@ -203,11 +204,16 @@ def _lease_worker(client: Client, settings: Settings, parts: NodeParts, grace: t
         # while the node has no room for a session's files (node/lease_gate.py).
         tuner=lease_tuner(settings.node.capacity, parts.disks.shortage),
         # A released lease learns of its cancellation from a heartbeat response: send them often, so a finished
-        # session frees its slot within about a second.
-        max_heartbeat_throttle_interval=SECOND,
-        default_heartbeat_throttle_interval=SECOND,
+        # session frees its slot within about a second; and well within the shortest lease timeout (a live one's).
+        max_heartbeat_throttle_interval=_lease_beat(settings),
+        default_heartbeat_throttle_interval=_lease_beat(settings),
         graceful_shutdown_timeout=grace,
     )
+
+
+def _lease_beat(settings: Settings) -> timedelta:
+    """How often a held lease's heartbeats reach Temporal: four per live lease timeout, at most a second apart."""
+    return min(SECOND, timedelta(seconds=lease_timeout_s(settings, c.SessionKind.LIVE) / 4))
 
 
 def _sink_worker(

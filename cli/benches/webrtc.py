@@ -43,7 +43,9 @@ CHROMIUM_FLAGS = [
     "--autoplay-policy=no-user-gesture-required",
     "--disable-features=WebRtcHideLocalIpsWithMdns",  # host candidates aiortc can reach (no .local names)
 ]
-# Added to the player page before its own script: every presented frame's dark share with its wall time (ms).
+# Added to the player page before its own script: every presented frame's dark share with its wall time (ms). Only
+# frames that came over WebRTC (they have a `receiveTime`): when a peer connection closes, Chromium shows the old frame
+# again, without one.
 FRAME_PROBE = """
 window.__frames = [];
 const GRID = 32;
@@ -52,9 +54,9 @@ const probe = () => {
   if (!video) { setTimeout(probe, 5); return; }
   const canvas = document.createElement("canvas");
   const context = canvas.getContext("2d", { willReadFrequently: true });
-  const onFrame = (now) => {
+  const onFrame = (now, metadata) => {
     const width = video.videoWidth, height = video.videoHeight;
-    if (width && height) {
+    if (width && height && metadata.receiveTime !== undefined) {
       canvas.width = width; canvas.height = height;
       context.drawImage(video, 0, 0);
       const pixels = context.getImageData(0, 0, width, height).data;
@@ -258,18 +260,29 @@ def figures(
     times = np.array([t for t, _ in series])
     out.ttff_ms = float(times[0] - first_sent_ms)
     mouth = mouth_signal(np.array([cells for _, cells in series], dtype=np.float64), box)
-    # Each burst opens the mouth a few times; bursts are told apart by the silence between them (GAP_S): the k-th
-    # run of openings after a closed spell of over GAP_S / 2 answers the k-th onset (frames shown in order).
+    # Each burst opens the mouth a few times; bursts are told apart by the silence between them (GAP_S): a run of
+    # openings after a closed spell of over GAP_S / 2 answers the onset sent last before it.
     starts = sync.mouth_openings(times, mouth, quiet=500 * GAP_S)
     if starts is None:  # the mouth never moved
         out.missed = len(onsets_ms)
         return out
-    out.glass_ms = [float(start - onset) for start, onset in zip(starts, onsets_ms, strict=False)]
+    out.glass_ms = answered(onsets_ms, starts)
     out.missed = len(onsets_ms) - len(out.glass_ms)
     if killed_at_ms is not None:
         later = times[times > killed_at_ms]
         gaps = np.diff(np.concatenate([[killed_at_ms], later]))
         out.stalls_ms.append(float(gaps.max()) if len(gaps) else float("nan"))
+    return out
+
+
+def answered(onsets_ms: list[float], openings_ms: list[float]) -> list[float]:
+    """Each onset's latency: the first mouth opening after it and before the next onset (none there: the onset was
+    missed, e.g. spoken while no node sent frames, its frames skipped when the viewer caught up)."""
+    out = []
+    for onset, upto in zip(onsets_ms, [*onsets_ms[1:], float("inf")], strict=True):
+        first = next((start for start in openings_ms if onset <= start < upto), None)
+        if first is not None:
+            out.append(float(first - onset))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cli.benches.webrtc import answered
 from cli.benches.webrtc_sync import av_offsets, grid_cells, onsets
 
 
@@ -30,3 +31,12 @@ def test_grid_cells_are_the_share_of_dark_pixels_per_cell() -> None:
 def test_the_offset_is_the_page_lag_less_the_models_own_and_misdetections_are_left_out() -> None:
     seen, heard, own = [1040.0, 5100.0, 9900.0], [1000.0, 5000.0, 9000.0], [-0.04, -0.04, -0.04]
     assert av_offsets(seen, heard, own) == [80.0, 140.0]  # the third: 900 ms apart, a missed detection
+
+
+def test_an_onset_is_answered_by_the_first_opening_before_the_next_onset_or_missed() -> None:
+    # The second onset fell in a stall (no opening before the third was sent): missed, not paired with the third's.
+    onsets_ms = [1000.0, 4000.0, 7000.0, 10_000.0]
+    openings_ms = [1500.0, 1700.0, 7480.0, 10_520.0, 12_000.0]
+    assert answered(onsets_ms, openings_ms) == [500.0, 480.0, 520.0]
+    assert answered(onsets_ms, []) == []
+    assert answered([1000.0], [900.0]) == []  # an opening before the onset answers nothing
