@@ -198,7 +198,7 @@ class CaptionMode(StrEnum):
 class Delivery(StrEnum):
     """How a live session's video reaches its viewers: hls (segments and a playlist, a few seconds behind) or
     webrtc (WHEP: frames sent as they are made, for conversations; live sessions only). With webrtc a live
-    session's chunks default small (8 frames; warp: no I chunks) and its lips follow loudness, unless given."""
+    session's chunks default small (6 frames; warp: no I chunks) and its lips follow loudness, unless given."""
 
     HLS = "hls"
     WEBRTC = "webrtc"
