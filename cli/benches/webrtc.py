@@ -205,7 +205,7 @@ def measure(
     out.session_id = session.id
     out.sync_ms = [offset for _, offset in playout]
     if store is not None and not whip:  # the stored audio starts with the speech sent (not so over WHIP)
-        out.av_ms = _content_offsets(out, heard, store, box, [onset / RATE for onset in onsets])
+        out.av_ms = _content_offsets(out, heard, store, box, sync.heard_onsets_s(pcm, RATE, gap_s=GAP_S))
     return out
 
 

@@ -1,11 +1,11 @@
 """The A/V offset of a live WebRTC session as the page plays it, by content (cli/benches/webrtc.py's figures).
 
-Each speech onset is found twice in the page: *heard* (the received audio's loudness, read through WebAudio) and
-*seen* (the mouth opening in the presented frames, as glass-to-glass finds it). Their difference holds the model's own
-lag (a mouth opens a frame or two after the sound starts), which the session's stored output shows without any
-network: the same mouth measure on its HLS frames (frame n at n / fps of the session's timeline) against the onset's
-sample in the speech sent (sample 0 = the session's first). The offset per onset = (seen − heard in the page) − (the
-same on the session's timeline): positive when the browser shows the video later than the audio it plays with.
+Each speech onset is found twice in the page: *heard* (the received audio's loudness as the audio output plays it)
+and *seen* (the mouth opening in the presented frames, as glass-to-glass finds it). Their difference holds the model's
+own lag (a mouth opens a frame or two after the sound starts), which the session's stored output shows without any
+network: the same mouth measure on its HLS frames (frame n at n / fps of the session's timeline) against the onset
+found the page's way in the speech sent (sample 0 = the session's first). The offset per onset = (seen − heard in
+the page) − (the same on the session's timeline): positive when the browser shows the video later than the audio.
 
 STATS_PROBE reads the same from the receiver's stats (`estimatedPlayoutTimestamp` of both tracks, on the sender's
 clock), which aiortc's sender reports skew by the video's encoding time (a frame is stamped when it is sent)."""
@@ -20,23 +20,37 @@ import numpy as np
 
 from monologue import keys
 
-# Added to the player page: the received audio's loudness, 256 samples at a time, with the wall time it was heard.
+# Added to the player page: the received audio's loudness, a render quantum (128 samples) at a time, with the wall time
+# it comes out of the audio output: an AudioWorklet sees each quantum with its context time, and the context's
+# `getOutputTimestamp()` maps context time to when that sample is played (the output's latency included).
 AUDIO_PROBE = """
 window.__heard = [];
+const TAP = `class Tap extends AudioWorkletProcessor {
+  process(inputs) {
+    const data = inputs[0][0];
+    if (data) {
+      let sum = 0;
+      for (let i = 0; i < data.length; i++) sum += data[i] * data[i];
+      this.port.postMessage([currentTime, Math.sqrt(sum / data.length)]);
+    }
+    return true;
+  }
+}
+registerProcessor("tap", Tap);`;
 let heardTrack = null;
-const listen = () => {
+const listen = async () => {
   const video = document.getElementById("video");
   const track = video && video.srcObject && video.srcObject.getAudioTracks()[0];
   if (track && track !== heardTrack) {  // the first connection's, then each reconnection's
     heardTrack = track;
     const context = new AudioContext();
-    const tap = context.createScriptProcessor(256, 1, 1);
-    tap.onaudioprocess = (event) => {
-      const data = event.inputBuffer.getChannelData(0);
-      let sum = 0;
-      for (let i = 0; i < data.length; i++) sum += data[i] * data[i];
-      const at = performance.timeOrigin + performance.now() - (1000 * data.length) / context.sampleRate;
-      window.__heard.push([at, Math.sqrt(sum / data.length)]);
+    await context.audioWorklet.addModule(URL.createObjectURL(new Blob([TAP], { type: "text/javascript" })));
+    const tap = new AudioWorkletNode(context, "tap");
+    tap.port.onmessage = (event) => {
+      const [at, level] = event.data;
+      const played = context.getOutputTimestamp();
+      if (!played.performanceTime) return;  // the output has not started
+      window.__heard.push([performance.timeOrigin + played.performanceTime + 1000 * (at - played.contextTime), level]);
     };
     context.createMediaStreamSource(new MediaStream([track])).connect(tap);
     tap.connect(context.destination);
@@ -70,6 +84,22 @@ def onsets(times: np.ndarray, level: np.ndarray, *, threshold: float, quiet: flo
     first counts)."""
     loud = times[level > threshold]
     return [float(t) for i, t in enumerate(loud) if i == 0 or t - loud[i - 1] > quiet]
+
+
+HEARD_THRESHOLD = 0.25  # of the loudest level: an onset, in the page and in the speech sent alike
+QUANTUM_S = 128 / 48_000  # the page's level windows: one render quantum of its AudioContext
+
+
+def heard_onsets_s(pcm: np.ndarray, rate: int, *, gap_s: float) -> list[float]:
+    """The onsets of the speech sent (s from its sample 0) as the page finds them in what it hears: the level of each
+    QUANTUM_S window past HEARD_THRESHOLD of the loudest (a sound's attack takes tens of ms to get there, so the
+    samples where a burst starts would read as the page hearing it late)."""
+    window = max(1, round(rate * QUANTUM_S))
+    usable = len(pcm) // window * window
+    windows = pcm[:usable].astype(np.float64).reshape(-1, window)
+    level = np.sqrt((windows**2).mean(axis=1))
+    times = np.arange(len(level)) * window / rate
+    return onsets(times, level, threshold=HEARD_THRESHOLD * level.max(), quiet=gap_s / 2)
 
 
 def stored_cells(root: Path, session_id: str) -> tuple[np.ndarray, float]:
@@ -129,7 +159,7 @@ def content_offsets(
     """The A/V offsets (ms) from the page's mouth openings (`seen_ms`, wall ms per onset), its heard loudness
     samples ((wall ms, RMS) pairs) and the stored output."""
     times, levels = np.array([t for t, _ in heard]), np.array([v for _, v in heard])
-    heard_at = onsets(times, levels, threshold=0.25 * levels.max(), quiet=500 * gap_s)
+    heard_at = onsets(times, levels, threshold=HEARD_THRESHOLD * levels.max(), quiet=500 * gap_s)
     heard_ms = [t for t in heard_at if t > first_sent_ms - 500]  # nothing heard before the first onset was sent
     return av_offsets(seen_ms, heard_ms, stored.own_lags_s(gap_s))
 
