@@ -29,6 +29,7 @@ This module must never change a float layer's numbers: with `QuantMode.NONE` it 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -50,6 +51,14 @@ class QuantMode(StrEnum):
     NONE = "none"  # the model's own dtype (Precision)
     INT8 = "int8"  # int8 weights, per-output-channel scales; any device
     FP8 = "fp8"  # float8_e4m3fn weights, per-output-channel scales; CUDA capability >= 8.9
+
+    @classmethod
+    def from_env(cls, variable: str) -> QuantMode:
+        """The mode the environment variable names (default none); ValueError naming the value and the modes."""
+        value = os.environ.get(variable, "").strip().lower() or cls.NONE.value
+        if value not in set(cls):
+            raise ValueError(f"{variable}={value!r}: expected one of {', '.join(cls)}")
+        return cls(value)
 
     @property
     def storage(self) -> torch.dtype:

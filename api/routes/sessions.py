@@ -128,11 +128,12 @@ async def create_session(
 
 # With delivery=webrtc a live session makes small chunks, so each goes out as soon as its audio is stored (a frame waits
 # for at most 6 frames' audio: glass-to-glass p95 456 ms in Chromium against 550 with 8; 4-frame chunks fell behind
-# real time on a loaded 2-core node: each chunk costs its workflow and activity round trips). Warp's N chunks carry all the motion across a seam (their anchors), so warp needs no
-# I chunks there: an I chunk is generated after the N chunk that follows it (it needs that chunk's first frame), so its
-# frames would wait for that chunk's audio too. The other families keep I chunks of a latent's frames. Lips follow
-# loudness: visemes read fixed 1 s phone windows (`monologue.phone_windows`), 0.3-1.3 s of audio past a frame, far
-# beyond a conversation's latency. Measured in docs/benchmarks.md ("Small live chunks").
+# real time on a loaded 2-core node: each chunk costs its workflow and activity round trips). Warp's N chunks carry
+# all the motion across a seam (their anchors), so warp needs no I chunks there: an I chunk is generated after the N
+# chunk that follows it (it needs that chunk's first frame), so its frames would wait for that chunk's audio too. The
+# other families keep I chunks of a latent's frames. Lips follow loudness: visemes read fixed 1 s phone windows
+# (`monologue.phone_windows`), 0.3-1.3 s of audio past a frame, far beyond a conversation's latency. Measured in
+# docs/benchmarks.md ("Small live chunks", "6-frame live chunks").
 WEBRTC_CHUNKS = {"chunk_frames": 6, "i_frames": 0, "first_chunk_frames": 6}
 WEBRTC_LIP_SYNC = c.LipSync.LOUDNESS
 

@@ -65,7 +65,7 @@ _ENTRIES = (
     FamilyEntry(
         Family.INFINITETALK,
         "gpu_worker.models.infinitetalk",
-        settings=("weights", "wan", "wav2vec", "adapter", "preset", "lora", "lora_strength"),
+        settings=("weights", "wan", "wav2vec", "adapter", "preset", "lora", "lora_strength", "quantize"),
         weight_settings=("weights", "wan", "wav2vec", "adapter"),
     ),
 )

@@ -65,10 +65,7 @@ def warm_resolutions() -> tuple[str, ...]:
 
 def quantize_mode() -> QuantMode:
     """The mode `MONOLOGUE_DIT_QUANTIZE` names (default none); ValueError naming the value and the known modes."""
-    value = os.environ.get(QUANTIZE_ENV, "").strip().lower() or QuantMode.NONE.value
-    if value not in set(QuantMode):
-        raise ValueError(f"{QUANTIZE_ENV}={value!r}: expected one of {', '.join(QuantMode)}")
-    return QuantMode(value)
+    return QuantMode.from_env(QUANTIZE_ENV)
 
 
 def build_family(

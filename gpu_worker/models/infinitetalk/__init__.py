@@ -21,7 +21,9 @@ MONOLOGUE_ settings):
   for the test checkpoints `make_checkpoint.py` writes);
 - `MONOLOGUE_INFINITETALK_LORA`: a distilled LoRA's .safetensors (lightx2v's, FusionX), merged into the DiT as it
   loads (lora.py), with `MONOLOGUE_INFINITETALK_LORA_STRENGTH` (default 1); sessions may then ask for the `fast`
-  sampling preset.
+  sampling preset;
+- `MONOLOGUE_INFINITETALK_QUANTIZE`: `none` (default), `int8` or `fp8`: the DiT's block linears stored quantized
+  after the LoRA is merged (gpu_worker/quantize.py; the modulation and everything outside the blocks stay float).
 With none set the family cannot load: there is no smoke-test model (its users bring their checkpoints), and a node
 started with them set checks every file's names and shapes at start (`check_weights`). Nothing is ever downloaded.
 """
@@ -41,12 +43,14 @@ from gpu_worker.models.infinitetalk.lora import LORA_ENV, LORA_STRENGTH_ENV, Lor
 from gpu_worker.models.infinitetalk.reference import InfiniteTalkReference
 from gpu_worker.models.infinitetalk.roles import InfiniteTalkAudioToVideo, InfiniteTalkDecoder, PassThrough
 from gpu_worker.pipeline.module import ModelSet
+from gpu_worker.quantize import QuantMode
 from monologue.contracts import Family
 
 _ENTRY = FAMILIES[Family.INFINITETALK]
 WEIGHTS_ENV = _ENTRY.env("weights")
 PART_ENVS = {part: _ENTRY.env(part) for part in ("wan", "wav2vec", "adapter")}
 PRESET_ENV = _ENTRY.env("preset")
+QUANTIZE_ENV = _ENTRY.env("quantize")
 
 
 def configured() -> bool:
@@ -91,9 +95,15 @@ def check_weights() -> None:
         default_weights().check()
 
 
-def build_family(weights: InfiniteTalkWeights | None = None, precision: Precision = Precision.AUTO) -> ModelSet:
-    """The five modules over `weights` (default: the environment's); they load when a Pipeline starts."""
+def build_family(
+    weights: InfiniteTalkWeights | None = None,
+    precision: Precision = Precision.AUTO,
+    quantize: QuantMode | None = None,
+) -> ModelSet:
+    """The five modules over `weights` (default: the environment's); they load when a Pipeline starts, the DiT's
+    block linears stored as `quantize` says (default: `MONOLOGUE_INFINITETALK_QUANTIZE`, none)."""
     weights = weights or default_weights()
+    quantize = QuantMode.from_env(QUANTIZE_ENV) if quantize is None else quantize
     models = ModelSet(
         name=Family.INFINITETALK,
         reference=InfiniteTalkReference(weights),
@@ -105,4 +115,5 @@ def build_family(weights: InfiniteTalkWeights | None = None, precision: Precisio
     for module in models.modules():
         if isinstance(module, TorchModule):
             module.precision = precision
+            module.quantize = quantize
     return models

@@ -126,6 +126,7 @@ class InfiniteTalkAudioToVideo(WanModule, AudioToVideo):
     """A chunk's latents by InfiniteTalk's sampler; the anchors it leaves (see the module docstring)."""
 
     model_names = ("dit", "vae")
+    quantized_models = ("dit",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -74,6 +74,7 @@ def test_settings_keep_their_environment_names() -> None:
         "MONOLOGUE_INFINITETALK_PRESET",
         "MONOLOGUE_INFINITETALK_LORA",
         "MONOLOGUE_INFINITETALK_LORA_STRENGTH",
+        "MONOLOGUE_INFINITETALK_QUANTIZE",
     ]
     with pytest.raises(ValueError, match="no setting 'weights'"):
         FAMILIES[Family.WARP].env("weights")
