@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cli.benches.webrtc import answered
-from cli.benches.webrtc_sync import av_offsets, grid_cells, onsets
+from cli.benches.webrtc_sync import av_offsets, grid_cells, heard_onsets_s, onsets
 
 
 def test_an_onset_is_a_rise_after_a_quiet_spell_in_the_unit_of_the_times() -> None:
@@ -40,3 +40,14 @@ def test_an_onset_is_answered_by_the_first_opening_before_the_next_onset_or_miss
     assert answered(onsets_ms, openings_ms) == [500.0, 480.0, 520.0]
     assert answered(onsets_ms, []) == []
     assert answered([1000.0], [900.0]) == []  # an opening before the onset answers nothing
+
+
+def test_the_speech_sent_is_read_the_way_the_page_hears_it_not_from_where_a_burst_starts() -> None:
+    # A burst whose level ramps up over 50 ms from sample 16000: its onset is where a window's level passes a quarter
+    # of the loudest (about 12.5 ms in), not the burst's first sample.
+    rate = 16_000
+    pcm = np.zeros(3 * rate)
+    ramp = np.minimum(np.arange(rate) / (0.05 * rate), 1.0)
+    pcm[rate : 2 * rate] = 10_000 * ramp * np.sign(np.sin(2 * np.pi * 200 * np.arange(rate) / rate))
+    (onset,) = heard_onsets_s(pcm, rate, gap_s=1.0)
+    assert 1.0 + 0.010 <= onset <= 1.0 + 0.016
