@@ -6,13 +6,14 @@ Chromium's fake microphone (a WAV with known onsets) over WHIP."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from urllib.parse import urljoin
 
 import numpy as np
 import pytest
 
-from cli.benches.webrtc import BURST_S, GAP_S, LEAD_S, local_store, measure
+from cli.benches.webrtc import BURST_S, GAP_S, LEAD_S, local_store, measure, speech_with_onsets
 from cli.chromium import CHROMIUM_ARGS
 from cli.stack import Stack, free_port
 from monologue import SAMPLES, repo
@@ -25,9 +26,12 @@ from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSett
 from monologue.storage import LocalStore
 from tests.browser import chromium_path
 from tests.helpers import api_key, register_api
+from tests.test_webrtc import _node_stats
 from tests.test_webrtc_whip import _stored_wav
 
 pytestmark = pytest.mark.timeout(300)
+CONNECTED = "window.monologuePlayer.pc && window.monologuePlayer.pc.connectionState === 'connected'"
+REFUSED = "document.getElementById('state').textContent.startsWith('refused')"
 
 
 def test_chromium_plays_a_live_session_over_whep_and_the_mouth_follows_the_speech(stack: Stack, api_url: str) -> None:
@@ -143,3 +147,34 @@ def test_the_player_reconnects_through_the_same_url_after_the_node_is_killed(two
     # Every onset is accounted for: seen, or spoken while no node sent frames (how many fall in the stall depends on
     # the machine's speed, so the test does not count them); the frames after the stall are the new node's.
     assert len(figures.glass_ms) + figures.missed == 4 and figures.glass_ms, figures.lines()
+
+
+def test_a_page_whose_frames_stop_offers_again_and_leaves_no_viewer_behind(stack: Stack, api_url: str) -> None:
+    """Its client stops sending audio (not realtime), so the session makes no more frames: the page offers again after
+    a second without frames and twice as long each time (api/player/player.html), each time giving its old place up
+    (DELETE), so the node never holds more than this one viewer; once the session has ended (its idle timeout) the
+    page stops."""
+    from playwright.sync_api import sync_playwright
+
+    speech, _ = speech_with_onsets(SAMPLES / "speech.wav", bursts=1)
+    pcm = speech[: 3 * AUDIO_RATE].tobytes()  # 2 s of silence and 1 s of speech
+    with Client(api_url, api_key=api_key(api_url)) as client:
+        session = client.create_live(portrait=SAMPLES / "portrait.jpg", options={"delivery": "webrtc"})
+        assert session.links.playback is not None and session.links.playback.player is not None
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(urljoin(api_url, session.links.playback.player))
+                sender = threading.Thread(target=client.stream_audio, args=(session, pcm), kwargs={"end": False})
+                sender.start()  # 3 s in real time, then nothing
+                # Two offers in a row with no frames flowing between them (a new connection brings one frame).
+                page.wait_for_function("window.monologuePlayer.quietReoffers >= 2", timeout=60_000)
+                page.wait_for_function(CONNECTED, timeout=30_000)
+                assert _node_stats(stack)["peer_connections"] == 1  # the old places were given up
+                sender.join(timeout=120)
+                assert client.wait(session.id, timeout_s=120).status == "completed"
+                page.wait_for_function(REFUSED, timeout=60_000)
+                assert _node_stats(stack)["peer_connections"] == 0
+            finally:
+                browser.close()
