@@ -266,23 +266,12 @@ def figures(
     if starts is None:  # the mouth never moved
         out.missed = len(onsets_ms)
         return out
-    out.glass_ms = answered(onsets_ms, starts)
+    out.glass_ms = sync.answered(onsets_ms, starts)
     out.missed = len(onsets_ms) - len(out.glass_ms)
     if killed_at_ms is not None:
         later = times[times > killed_at_ms]
         gaps = np.diff(np.concatenate([[killed_at_ms], later]))
         out.stalls_ms.append(float(gaps.max()) if len(gaps) else float("nan"))
-    return out
-
-
-def answered(onsets_ms: list[float], openings_ms: list[float]) -> list[float]:
-    """Each onset's latency: the first mouth opening after it and before the next onset (none there: the onset was
-    missed, e.g. spoken while no node sent frames, its frames skipped when the viewer caught up)."""
-    out = []
-    for onset, upto in zip(onsets_ms, [*onsets_ms[1:], float("inf")], strict=True):
-        first = next((start for start in openings_ms if onset <= start < upto), None)
-        if first is not None:
-            out.append(float(first - onset))
     return out
 
 

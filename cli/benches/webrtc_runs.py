@@ -44,6 +44,8 @@ class LiveBench:
 
 def run_live_bench(bench: LiveBench, echo: Callable[[str], None]) -> WebrtcFigures:
     """Run `bench.runs` live sessions one after another, echo each run's figures and then all of them together."""
+    if bench.kill and bench.api_url is not None:
+        raise click.UsageError("--kill starts a stack of its own (two nodes to kill one of): leave out --api")
     total, dumps = WebrtcFigures(), []
     with contextlib.ExitStack() as running:
         ice = None

@@ -139,6 +139,17 @@ def mouth_openings(times: np.ndarray, mouth: np.ndarray, *, quiet: float) -> lis
     return onsets(times, mouth, threshold=closed + 0.4 * (opened - closed), quiet=quiet)
 
 
+def answered(onsets_ms: list[float], openings_ms: list[float]) -> list[float]:
+    """Each onset's latency: the first mouth opening after it and before the next onset (none there: the onset was
+    missed, e.g. spoken while no node sent frames, its frames skipped when the viewer caught up)."""
+    out = []
+    for onset, upto in zip(onsets_ms, [*onsets_ms[1:], float("inf")], strict=True):
+        first = next((start for start in openings_ms if onset <= start < upto), None)
+        if first is not None:
+            out.append(float(first - onset))
+    return out
+
+
 @dataclass(frozen=True)
 class Timeline:
     """The session's stored output: the mouth per frame, the frame rate, the onsets' times (s) in its speech."""

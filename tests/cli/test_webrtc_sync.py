@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cli.benches.webrtc import answered
-from cli.benches.webrtc_sync import av_offsets, grid_cells, heard_onsets_s, onsets
+from cli.benches.webrtc_sync import answered, av_offsets, grid_cells, heard_onsets_s, onsets
 
 
 def test_an_onset_is_a_rise_after_a_quiet_spell_in_the_unit_of_the_times() -> None:
