@@ -6,8 +6,10 @@ Chromium's fake microphone (a WAV with known onsets) over WHIP."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urljoin
 
 import numpy as np
@@ -22,6 +24,7 @@ from monologue.db import make_engine, make_sessionmaker
 from monologue.live_audio import stored_live_audio
 from monologue.media import decode_wav
 from monologue.plan import AUDIO_RATE
+from monologue.schemas import RenderPublic
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
 from tests.browser import chromium_path
@@ -84,6 +87,15 @@ def test_the_player_talks_over_whip_with_a_ticket_and_the_mouth_follows_the_micr
 
 
 def test_the_player_has_no_talk_button_without_a_ticket(stack: Stack, api_url: str) -> None:
+    with _player_page(api_url) as (client, session, page):
+        assert not page.is_visible("#talk")
+        assert page.evaluate("window.monologuePlayer.talkState") == "none"
+        client.cancel(session.id)
+
+
+@contextlib.contextmanager
+def _player_page(api_url: str) -> Iterator[tuple[Client, RenderPublic, Any]]:
+    """A new live WebRTC session (no ticket in the URL) and its player page open in headless Chromium."""
     from playwright.sync_api import sync_playwright
 
     with Client(api_url, api_key=api_key(api_url)) as client:
@@ -94,11 +106,9 @@ def test_the_player_has_no_talk_button_without_a_ticket(stack: Stack, api_url: s
             try:
                 page = browser.new_page()
                 page.goto(urljoin(api_url, session.links.playback.player))
-                assert not page.is_visible("#talk")
-                assert page.evaluate("window.monologuePlayer.talkState") == "none"
+                yield client, session, page
             finally:
                 browser.close()
-        client.cancel(session.id)
 
 
 @pytest.fixture(scope="module")
@@ -154,27 +164,16 @@ def test_a_page_whose_frames_stop_offers_again_and_leaves_no_viewer_behind(stack
     a second without frames and twice as long each time (api/player/player.html), each time giving its old place up
     (DELETE), so the node never holds more than this one viewer; once the session has ended (its idle timeout) the
     page stops."""
-    from playwright.sync_api import sync_playwright
-
     speech, _ = speech_with_onsets(SAMPLES / "speech.wav", bursts=1)
     pcm = speech[: 3 * AUDIO_RATE].tobytes()  # 2 s of silence and 1 s of speech
-    with Client(api_url, api_key=api_key(api_url)) as client:
-        session = client.create_live(portrait=SAMPLES / "portrait.jpg", options={"delivery": "webrtc"})
-        assert session.links.playback is not None and session.links.playback.player is not None
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
-            try:
-                page = browser.new_page()
-                page.goto(urljoin(api_url, session.links.playback.player))
-                sender = threading.Thread(target=client.stream_audio, args=(session, pcm), kwargs={"end": False})
-                sender.start()  # 3 s in real time, then nothing
-                # Two offers in a row with no frames flowing between them (a new connection brings one frame).
-                page.wait_for_function("window.monologuePlayer.quietReoffers >= 2", timeout=60_000)
-                page.wait_for_function(CONNECTED, timeout=30_000)
-                assert _node_stats(stack)["peer_connections"] == 1  # the old places were given up
-                sender.join(timeout=120)
-                assert client.wait(session.id, timeout_s=120).status == "completed"
-                page.wait_for_function(REFUSED, timeout=60_000)
-                assert _node_stats(stack)["peer_connections"] == 0
-            finally:
-                browser.close()
+    with _player_page(api_url) as (client, session, page):
+        sender = threading.Thread(target=client.stream_audio, args=(session, pcm), kwargs={"end": False})
+        sender.start()  # 3 s in real time, then nothing
+        # Two offers in a row with no frames flowing between them (a new connection brings one frame).
+        page.wait_for_function("window.monologuePlayer.quietReoffers >= 2", timeout=60_000)
+        page.wait_for_function(CONNECTED, timeout=30_000)
+        assert _node_stats(stack)["peer_connections"] == 1  # the old places were given up
+        sender.join(timeout=120)
+        assert client.wait(session.id, timeout_s=120).status == "completed"
+        page.wait_for_function(REFUSED, timeout=60_000)
+        assert _node_stats(stack)["peer_connections"] == 0

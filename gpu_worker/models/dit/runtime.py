@@ -108,11 +108,16 @@ class TorchModule(Module):
             model = self.weights.build(name)
             for parameter in model.parameters():
                 parameter.data = parameter.data.to(self.dtype)
-            if name in self.quantized_models:
-                quantize_linears(model.get_submodule("blocks"), self.quantize, device)
-            self.models[name] = model
+            self.models[name] = self.quantized(name, model, device)
         self.loaded = True
         self.to(device)
+
+    def quantized(self, name: str, model: nn.Module, device: str) -> nn.Module:
+        """`model` (the module's model `name`) with its blocks' linears stored as `self.quantize` says, if it is one
+        of `quantized_models` (in place; the caller checked the mode on `device` before reading any weight)."""
+        if name in self.quantized_models:
+            quantize_linears(model.get_submodule("blocks"), self.quantize, device)
+        return model
 
     def to(self, device: str) -> None:
         for model in self.models.values():

@@ -12,7 +12,6 @@ from gpu_worker.models.dit.runtime import Precision, TorchModule, default_device
 from gpu_worker.models.infinitetalk.checkpoint import InfiniteTalkWeights
 from gpu_worker.models.infinitetalk.config import EncoderPrecision, InfiniteTalkConfig
 from gpu_worker.models.infinitetalk.dit import no_autocast
-from gpu_worker.quantize import quantize_linears
 
 
 class WanModule(TorchModule):
@@ -33,9 +32,7 @@ class WanModule(TorchModule):
         self.quantize.check(device)  # before any weight is read: fp8 on a CPU node fails at once
         for name in self.model_names:
             model = self.family_weights.build(name, self.model_dtype(name))  # a LoRA is merged here, in float
-            if name in self.quantized_models:
-                quantize_linears(model.get_submodule("blocks"), self.quantize, device)
-            self.models[name] = model
+            self.models[name] = self.quantized(name, model, device)
         self.loaded = True
         self.to(device)
 
