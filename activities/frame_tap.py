@@ -12,6 +12,9 @@ from gpu_worker.pipeline.types import AudioSource, FrameSink
 
 
 class FrameTap(Protocol):
+    def session_started(self, session_id: str, fps: int) -> None:
+        """The session is on this node now (its init ran): what serves its viewers may get ready before its frames."""
+
     def chunk_made(self, session_id: str, first_frame: int, frames: np.ndarray, audio: np.ndarray, fps: int) -> None:
         """A chunk's frames (T, H, W, 3) uint8 and its speech (16 kHz float32 from `first_frame`'s first sample)."""
 

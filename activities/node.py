@@ -114,6 +114,8 @@ class NodeActivities:
             )
             if previous is not None and previous != self._node_id:
                 metrics.NODE_CHANGES.inc()
+            if self.frame_tap is not None and _webrtc_live(request.session_kind, request.options):
+                self.frame_tap.session_started(request.session_id, request.options.fps)
             log.info(
                 "session initialised",
                 family=request.options.family,
@@ -248,11 +250,7 @@ class NodeActivities:
 
     def _tapped(self, request: c.GenerateChunkInput) -> bool:
         """Whether this chunk's frames also go to the session's WebRTC viewers."""
-        return (
-            self.frame_tap is not None
-            and request.session_kind == c.SessionKind.LIVE
-            and request.options.delivery == c.Delivery.WEBRTC
-        )
+        return self.frame_tap is not None and _webrtc_live(request.session_kind, request.options)
 
     def _checkpoint(
         self, request: c.GenerateChunkInput, session: Session, heartbeat: ChunkHeartbeat
@@ -310,3 +308,8 @@ def _observe_chunk(request: c.GenerateChunkInput, made: MadeChunk) -> None:
         metrics.CHECKPOINT_WRITE.observe(made.stage_ms["checkpoint"] / 1000)
     if activity.info().attempt > 1:
         metrics.CHUNK_RETRIES.labels(family=family).inc()
+
+
+def _webrtc_live(kind: c.SessionKind, options: c.RenderOptions) -> bool:
+    """A live session delivered over WebRTC: its frames go to the node's media hub as well."""
+    return kind == c.SessionKind.LIVE and options.delivery == c.Delivery.WEBRTC

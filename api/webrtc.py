@@ -47,37 +47,43 @@ _CODECS: dict[MediaNeed, dict[str, tuple[str, ...]]] = {
 }
 
 
-async def read_offer(request: Request, need: MediaNeed) -> str:
-    """The request's SDP offer, checked (415, 413, 400); the body is read no further than the limit."""
+async def read_offer(request: Request, need: MediaNeed, what: str = "offer") -> str:
+    """The request's SDP offer (or `what`: an answer), checked (415, 413, 400); the body is read no further than the
+    limit."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != SDP_TYPE:
-        raise HTTPException(415, f"Content-Type must be {SDP_TYPE} (an SDP offer), got {content_type or 'none'}")
+        raise HTTPException(415, f"Content-Type must be {SDP_TYPE} (an SDP {what}), got {content_type or 'none'}")
     body = bytearray()
     async for piece in request.stream():
         body += piece
         if len(body) > MAX_OFFER_BYTES:
-            raise HTTPException(413, f"the SDP offer is over {MAX_OFFER_BYTES} bytes")
+            raise HTTPException(413, f"the SDP {what} is over {MAX_OFFER_BYTES} bytes")
     try:
-        offer = body.decode("utf-8")
+        sdp = body.decode("utf-8")
     except UnicodeDecodeError:
-        raise HTTPException(400, "the SDP offer is not UTF-8 text") from None
-    check_offer(offer, need)
-    return offer
+        raise HTTPException(400, f"the SDP {what} is not UTF-8 text") from None
+    check_offer(sdp, need, what)
+    return sdp
 
 
-def check_offer(offer: str, need: MediaNeed) -> None:
-    """400 naming what an offer lacks: the `v=0` line, a media section, a codec the route needs."""
+def empty_body(request: Request) -> bool:
+    """A POST with nothing in it (no SDP): a viewer asking the SFU for its offer (api/sfu.py)."""
+    return request.headers.get("content-length", "0") == "0" and "content-type" not in request.headers
+
+
+def check_offer(offer: str, need: MediaNeed, what: str = "offer") -> None:
+    """400 naming what an offer (or answer) lacks: the `v=0` line, a media section, a codec the route needs."""
     if not offer.lstrip().startswith("v=0"):
-        raise HTTPException(400, "the body is not an SDP offer (it must start with v=0)")
+        raise HTTPException(400, f"the body is not an SDP {what} (it must start with v=0)")
     sections = _sections(offer)
     for kind, codecs in _CODECS[need].items():
         if kind not in sections:
-            raise HTTPException(400, f"the SDP offer has no {kind} section (m={kind}); {need.upper()} needs one")
+            raise HTTPException(400, f"the SDP {what} has no {kind} section (m={kind}); {need.upper()} needs one")
         offered = {codec.lower() for codec in sections[kind]}
         if not offered & {codec.lower() for codec in codecs}:
             raise HTTPException(
                 400,
-                f"the SDP offer's {kind} codecs ({', '.join(sorted(sections[kind])) or 'none'}) include none of"
+                f"the SDP {what}'s {kind} codecs ({', '.join(sorted(sections[kind])) or 'none'}) include none of"
                 f" {' or '.join(codecs)}",
             )
 
@@ -147,6 +153,22 @@ async def node_route(services: Services, session_id: str, *, webrtc_only: bool) 
 
 
 def _route(db: Session, session_id: str, webrtc_only: bool) -> Route:
+    options = _live_options(db, session_id, webrtc_only)
+    row = repo.get_session(db, session_id=session_id)
+    node = None if row is None or row.node_id is None else repo_nodes.get_node(db, node_id=row.node_id)
+    if node is None or node.media_url is None or node.status != NodeStatus.UP:
+        raise HTTPException(
+            503, f"session {session_id} has no node yet (starting or moving); try again", {"Retry-After": "1"}
+        )
+    return Route(node.media_url, options.fps)
+
+
+async def live_session(services: Services, session_id: str) -> None:
+    """404 no such session, 409 not a running WebRTC live session (the SFU's viewers need no node: api/sfu.py)."""
+    await with_db(services, _live_options, session_id, True)
+
+
+def _live_options(db: Session, session_id: str, webrtc_only: bool) -> c.RenderOptions:
     row = repo.get_session(db, session_id=session_id)
     if row is None or row.deleted_at is not None:
         raise HTTPException(404, f"no session {session_id}")
@@ -157,12 +179,7 @@ def _route(db: Session, session_id: str, webrtc_only: bool) -> Route:
         raise HTTPException(
             409, f"session {session_id} delivers over {options.delivery}; create it with delivery=webrtc for WHEP"
         )
-    node = None if row.node_id is None else repo_nodes.get_node(db, node_id=row.node_id)
-    if node is None or node.media_url is None or node.status != NodeStatus.UP:
-        raise HTTPException(
-            503, f"session {session_id} has no node yet (starting or moving); try again", {"Retry-After": "1"}
-        )
-    return Route(node.media_url, options.fps)
+    return options
 
 
 async def forward(method: str, url: str, *, body: str | None = None) -> httpx.Response:

@@ -162,6 +162,11 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
     help="Through a TURN server: coturn on loopback, the nodes relay-only (starts a stack of its own, cli/turn.py).",
 )
 @click.option(
+    "--sfu",
+    is_flag=True,
+    help="Through an SFU: Janus on loopback, the node publishing each session once (a stack of its own, cli/janus.py).",
+)
+@click.option(
     "--kill",
     is_flag=True,
     help="SIGKILL the session's node halfway through each run; the stall is printed (a stack of its own, two nodes).",

@@ -18,7 +18,7 @@ from monologue.captions import PUBLISHED_CAPTIONS
 from monologue.client import Client, ClientError, Layout
 from monologue.contracts import SessionStatus
 from monologue.schemas import RenderPublic
-from monologue.settings import IceSettings, get_settings
+from monologue.settings import get_settings
 
 Input = Path | str  # a render's input: a file to upload, or a URL for the API to fetch
 
@@ -35,20 +35,21 @@ def api_target(api_url: str | None) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def api_or_stack(api_url: str | None, *, ice: IceSettings | None = None) -> Iterator[tuple[str, str | None]]:
+def api_or_stack(api_url: str | None, *, changes: dict[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
     """(url, key) of the API given, or of the embedded stack: the one running, else one started for a benchmark and
-    stopped after it (with `ice`: always one started, its API and node using those STUN/TURN settings)."""
+    stopped after it (with `changes`, e.g. {"ice": IceSettings} or {"sfu": SfuSettings}: always one started, its API
+    and node using those settings)."""
     from cli.stack import Stack, http_ok
 
     url, key = api_target(api_url)
     running = api_url is not None or http_ok(f"{url}/healthz")
-    if running and ice is not None:
-        raise click.UsageError("--turn starts a stack of its own: stop the running one (or leave out --api)")
+    if running and changes:
+        raise click.UsageError("--turn and --sfu start a stack of their own: stop the running one (or leave out --api)")
     if running:
         yield url, key
         return
     click.echo("starting Temporal, the API and a node…", err=True)
-    settings = get_settings() if ice is None else get_settings().model_copy(update={"ice": ice})
+    settings = get_settings().model_copy(update=changes or {})
     with Stack(settings) as stack:
         yield url, stack.api_key
 

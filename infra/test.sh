@@ -7,7 +7,7 @@ bash infra/postgres.sh
 # Debian packages the tests need; a test whose tool is missing fails rather than skips. Browser tests drive
 # Debian's Chromium (Playwright's own browser download needs the internet); the warp seam, blink and sway
 # tests synthesise 25 s of speech with espeak-ng; the metrics tests run Debian's Prometheus server and the WebRTC tests
-# coturn themselves, on loopback (never their system services: policy-rc.d keeps the packages from starting them).
+# coturn and Janus themselves, on loopback (never their system services: policy-rc.d keeps the packages from starting them).
 sudo_=""; [ "$(id -u)" -eq 0 ] || sudo_="sudo"
 missing=()
 for tool in chromium espeak-ng; do command -v "$tool" >/dev/null || missing+=("$tool"); done
@@ -18,6 +18,7 @@ fi
 services=()  # packages that bring a system service: the tests run them on loopback themselves
 command -v prometheus >/dev/null || services+=(prometheus)
 command -v turnserver >/dev/null || services+=(coturn)  # the WebRTC tests' TURN server (cli/turn.py)
+command -v janus >/dev/null || services+=(janus)  # the SFU tests' Janus (cli/janus.py)
 if [ ${#services[@]} -gt 0 ]; then
   made_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then

@@ -17,9 +17,12 @@ from monologue.options import defaults_model
 from monologue.settings_services import (
     IceSettings as IceSettings,
     InputSettings as InputSettings,
+    LimitSettings as LimitSettings,
     LinkSettings as LinkSettings,
     OutboundSettings as OutboundSettings,
     RetentionSettings as RetentionSettings,
+    SchedSettings as SchedSettings,
+    SfuSettings as SfuSettings,
     SinkSettings as SinkSettings,
     TtsSettings as TtsSettings,
     WebhookSettings as WebhookSettings,
@@ -228,52 +231,6 @@ class NodeSettings(BaseModel):
     )
 
 
-class LimitSettings(BaseModel):
-    """What one caller may cost the service. Every limit has a default: an unlimited one is a way to run the
-    API out of memory, disk or node slots."""
-
-    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="one uploaded file")
-    max_portrait_side: int = Field(default=4096, ge=64)
-    max_audio_seconds: float = Field(default=1200.0, gt=0, description="a render's audio (decoding stops past it)")
-    max_sessions_per_tenant: int = Field(default=10, ge=1, description="queued or running sessions per tenant")
-    max_live_seconds: float = Field(
-        default=4 * 3600.0, gt=0, description="a live session's lifetime from its creation, and its audio"
-    )
-    max_streams_per_key: int = Field(default=8, ge=1, description="open event streams and audio sockets per API key")
-
-    @property
-    def max_body_bytes(self) -> int:
-        """A whole request: two uploads (portrait and audio) and the form's other fields."""
-        return 2 * self.max_upload_bytes + 64 * 1024
-
-
-class SchedSettings(BaseModel):
-    """Who runs first when nodes are busy (docs/scheduling.md): Temporal orders the lease queue by class and, within a
-    class, shares it between tenants by weight; a live session that waits asks a render to yield its slot."""
-
-    tenant_weights: dict[str, float] = Field(
-        default_factory=dict,
-        description='fairness weights by tenant, JSON (e.g. {"acme": 3}): a tenant of weight 3 gets 3 slots to '
-        "another's 1 when both wait; unlisted tenants weigh default_weight",
-    )
-    default_weight: float = Field(default=1.0, gt=0, description="the weight of a tenant not in tenant_weights")
-    live_start_timeout_s: float = Field(
-        default=5.0, gt=0, description="a live session that has no node this long after its creation is refused (503)"
-    )
-    preempt_after_s: float = Field(
-        default=1.0, ge=0, description="a live session waiting this long for a node asks a render to yield (0: never)"
-    )
-    max_preemptions: int = Field(
-        default=2, ge=1, description="a render that has yielded this often is asked to yield only when no other can"
-    )
-    yield_grace_s: float = Field(
-        default=30.0, gt=0, description="a render asked to yield that has not within this long is asked no more"
-    )
-
-    def weight(self, tenant: str) -> float:
-        return self.tenant_weights.get(tenant, self.default_weight)
-
-
 class DatabasePoolSettings(BaseModel):
     """Each process's connections to the database (SQLAlchemy's pool). The API holds one only for the length of a
     query or a short transaction, never while a stream is open or across an await, so a small pool serves many
@@ -323,6 +280,7 @@ class Settings(BaseSettings):
     retention: RetentionSettings = RetentionSettings()
     tts: TtsSettings = TtsSettings()
     ice: IceSettings = IceSettings()
+    sfu: SfuSettings = SfuSettings()
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> Settings:

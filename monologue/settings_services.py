@@ -1,5 +1,6 @@
-"""The settings of what Monologue talks to and keeps beside sessions: sinks, playback links, webhooks, requests to
-caller-chosen URLs, URL inputs, data retention, speech synthesis and WebRTC's STUN/TURN servers. Sections of
+"""The settings of what Monologue talks to, keeps beside sessions and allows: sinks, playback links, webhooks, requests
+to caller-chosen URLs, URL inputs, data retention, speech synthesis, WebRTC's STUN/TURN servers and SFU, a caller's
+limits and the scheduler's weights. Sections of
 `monologue.settings.Settings` (which re-exports them); nothing here reads the environment."""
 
 from __future__ import annotations
@@ -174,3 +175,79 @@ class IceSettings(BaseModel):
         if self.transport_policy is IceTransportPolicy.RELAY and not self.turn_urls:
             raise ValueError("transport_policy relay needs turn_urls (a TURN server to relay through)")
         return self
+
+
+class SfuSettings(BaseModel):
+    """The SFU a WebRTC live session's viewers watch through (Janus's Streaming plug-in, monologue/janus.py): the
+    node publishes the session once, as RTP to a mountpoint, and Janus fans it out. Unset: viewers connect to the
+    node itself. The API and the nodes read the same values; Janus's HTTP API stays on a private network."""
+
+    janus_url: str | None = Field(default=None, description="Janus's HTTP API, e.g. http://janus:8088/janus")
+    api_secret: SecretStr | None = Field(default=None, description="Janus's API secret (its `-a` / api_secret)")
+    rtp_host: str | None = Field(
+        default=None, description="where the nodes send RTP (default: janus_url's host; a mountpoint listens on all)"
+    )
+    keyframe_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="a keyframe this often: a viewer joining the SFU shows its first frame at the next one",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SfuSettings:
+        if self.janus_url is not None and not self.janus_url.startswith(("http://", "https://")):
+            raise ValueError(f"janus_url is an http(s) URL of Janus's HTTP API, got {self.janus_url!r}")
+        return self
+
+    def rtp_address(self) -> str:
+        """The host the nodes send RTP to."""
+        from urllib.parse import urlsplit
+
+        return self.rtp_host or urlsplit(self.janus_url or "").hostname or "127.0.0.1"
+
+
+class LimitSettings(BaseModel):
+    """What one caller may cost the service. Every limit has a default: an unlimited one is a way to run the
+    API out of memory, disk or node slots."""
+
+    max_upload_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="one uploaded file")
+    max_portrait_side: int = Field(default=4096, ge=64)
+    max_audio_seconds: float = Field(default=1200.0, gt=0, description="a render's audio (decoding stops past it)")
+    max_sessions_per_tenant: int = Field(default=10, ge=1, description="queued or running sessions per tenant")
+    max_live_seconds: float = Field(
+        default=4 * 3600.0, gt=0, description="a live session's lifetime from its creation, and its audio"
+    )
+    max_streams_per_key: int = Field(default=8, ge=1, description="open event streams and audio sockets per API key")
+
+    @property
+    def max_body_bytes(self) -> int:
+        """A whole request: two uploads (portrait and audio) and the form's other fields."""
+        return 2 * self.max_upload_bytes + 64 * 1024
+
+
+class SchedSettings(BaseModel):
+    """Who runs first when nodes are busy (docs/scheduling.md): Temporal orders the lease queue by class and, within a
+    class, shares it between tenants by weight; a live session that waits asks a render to yield its slot."""
+
+    tenant_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='fairness weights by tenant, JSON (e.g. {"acme": 3}): a tenant of weight 3 gets 3 slots to '
+        "another's 1 when both wait; unlisted tenants weigh default_weight",
+    )
+    default_weight: float = Field(default=1.0, gt=0, description="the weight of a tenant not in tenant_weights")
+    live_start_timeout_s: float = Field(
+        default=5.0, gt=0, description="a live session that has no node this long after its creation is refused (503)"
+    )
+    preempt_after_s: float = Field(
+        default=1.0, ge=0, description="a live session waiting this long for a node asks a render to yield (0: never)"
+    )
+    max_preemptions: int = Field(
+        default=2, ge=1, description="a render that has yielded this often is asked to yield only when no other can"
+    )
+    yield_grace_s: float = Field(
+        default=30.0, gt=0, description="a render asked to yield that has not within this long is asked no more"
+    )
+
+    def weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_weight)

@@ -122,7 +122,7 @@ def _start_media(
         log.warning("WebRTC off: aiortc is not installed", error=str(err))
         return None
     whip = WhipIngress(store=open_store(settings.storage), sessions=sessions, temporal=client, ice=settings.ice)
-    media, hub = webrtc.start(settings.node, asyncio.get_running_loop(), whip, settings.ice)
+    media, hub = webrtc.start(settings.node, asyncio.get_running_loop(), whip, settings.ice, settings.sfu)
     parts.pinned.frame_tap = hub
     reporter.media_url = settings.node.media_url or media.url(settings.node.http_host)
     return media

@@ -270,3 +270,39 @@ def stored_session(sessions: Any, store: Any, session_id: str = "s") -> None:
         )
     store.put(keys.portrait(session_id), portrait.png)
     store.put(keys.audio(session_id), normalise_audio((SAMPLES / "speech.wav").read_bytes()).wav)
+
+
+@contextmanager
+def own_stack(home: Path, node_id: str, **sections: Any) -> Iterator[Stack]:
+    """A stack of the test's own on free loopback ports (`sections`: Settings fields, e.g. ice=…, sfu=…), its API key
+    registered; stopped when the block ends."""
+    from cli.stack import Stack, free_port
+    from monologue.settings import ApiSettings, NodeSettings, TemporalSettings
+
+    settings = Settings(
+        home=home,
+        log_format="json",
+        temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
+        api=ApiSettings(port=free_port()),
+        node=NodeSettings(id=node_id),
+        **sections,
+    )
+    stack = Stack(settings)
+    stack.start()
+    try:
+        register_api(stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+def node_media_stats(stack: Stack) -> dict[str, int]:
+    """The stack's node's WebRTC port's `/webrtc/stats`: open peer connections, loop tasks, SFU publishers."""
+    from monologue.db import make_engine, make_sessionmaker
+    from monologue.repo import nodes as repo_nodes
+
+    with make_sessionmaker(make_engine(stack.settings.db_url))() as db:
+        node = repo_nodes.get_node(db, node_id=stack.settings.node.id)
+    assert node is not None and node.media_url is not None
+    stats: dict[str, int] = httpx.get(f"{node.media_url}/webrtc/stats", timeout=10).json()
+    return stats

@@ -33,7 +33,7 @@ K8S = ROOT / "infra" / "k8s"
 IMAGES = ROOT / "infra" / "images"
 KUBERNETES = "1.37.0"
 OVERLAYS = sorted(path.parent.name for path in (K8S / "overlays").glob("*/kustomization.yaml"))
-DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
+DOCKERFILES = [IMAGES / f"{extra}.Dockerfile" for extra in ("api", "gpu", "node")]  # Monologue's own (Python) images
 KEDA_SCHEMA = ROOT / "tests" / "schemas" / "keda-scaledobject.json"
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 # Strategic-merge patches: partial resources by design, validated once merged (in the rendered overlays).
@@ -369,3 +369,40 @@ def test_the_turn_extra_shares_the_secret_the_settings_read_and_the_nodes_may_re
     port = int(next(a for a in coturn["args"] if a.startswith("--listening-port=")).split("=")[1])
     (rule,) = resources[("NetworkPolicy", "monologue-egress-turn")]["spec"]["egress"]
     assert rule["ports"] == [{"protocol": "UDP", "port": port}]
+
+
+def test_the_janus_extra_runs_the_configuration_the_tests_run_and_shares_the_settings_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """infra/k8s/extras/janus.yaml: its ConfigMap is cli/janus.py's configuration (the one the SFU tests run on
+    loopback) for its folders; Janus's API secret is the key MONOLOGUE_SFU__API_SECRET names; the Service serves the
+    HTTP transport's port, and the egress policy opens it and the mountpoints' RTP range to the API and the nodes."""
+    from cli.janus import RTP_PORTS, config_files
+
+    resources = {(r["kind"], r["metadata"]["name"]): r for r in load_documents(K8S / "extras" / "janus.yaml")}
+    config = resources[("ConfigMap", "monologue-janus")]["data"]
+    assert config == config_files("/etc/monologue-janus", port=8088, ip="0.0.0.0", libraries="/opt/janus")
+    janus = _container(resources[("Deployment", "monologue-janus")])
+    secret = next(e for e in janus["env"] if e["name"] == "MONOLOGUE_SFU__API_SECRET")
+    assert secret["valueFrom"]["secretKeyRef"]["name"] == "monologue-secrets"
+    monkeypatch.setenv(secret["name"], "s3cret")  # the name is the setting's
+    monkeypatch.setenv("MONOLOGUE_SFU__JANUS_URL", "http://monologue-janus:8088/janus")
+    sfu = Settings().sfu
+    assert sfu.api_secret is not None and sfu.api_secret.get_secret_value() == "s3cret"
+    assert f"--apisecret=$({secret['name']})" in janus["args"]
+    (port,) = resources[("Service", "monologue-janus")]["spec"]["ports"]
+    assert port["port"] == 8088 and f"port = {port['targetPort']}" in config["janus.transport.http.jcfg"]
+    (rule,) = resources[("NetworkPolicy", "monologue-egress-janus")]["spec"]["egress"]
+    low, high = (int(p) for p in RTP_PORTS.split("-"))
+    assert {"protocol": "TCP", "port": 8088} in rule["ports"]
+    assert {"protocol": "UDP", "port": low, "endPort": high} in rule["ports"]
+
+
+def test_the_janus_image_runs_debians_package_as_a_user_with_only_the_two_libraries_it_needs() -> None:
+    """infra/images/janus.Dockerfile: the folders it links match cli/janus.py's (what the tests load on loopback)."""
+    from cli.janus import PARTS
+
+    text = (IMAGES / "janus.Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends janus" in text and re.search(r"^USER 10002", text, re.M)
+    for folder, library in PARTS.items():
+        assert f"janus/{folder}/{library} /opt/janus/{folder}/" in text

@@ -16,9 +16,7 @@ from cli.benches.webrtc import AudioSender, speech_with_onsets
 from cli.stack import Stack
 from monologue import SAMPLES
 from monologue.client import Client
-from monologue.db import make_engine, make_sessionmaker
-from monologue.repo import nodes as repo_nodes
-from tests.helpers import api_key
+from tests.helpers import api_key, node_media_stats
 
 pytestmark = pytest.mark.timeout(240)
 SDP = {"Content-Type": "application/sdp"}
@@ -40,14 +38,6 @@ async def _offer() -> tuple[RTCPeerConnection, str]:
     pc.addTransceiver("audio", direction="recvonly")
     await pc.setLocalDescription(await pc.createOffer())
     return pc, pc.localDescription.sdp
-
-
-def _node_stats(stack: Stack) -> dict[str, int]:
-    with make_sessionmaker(make_engine(stack.settings.db_url))() as db:
-        node = repo_nodes.get_node(db, node_id=stack.settings.node.id)
-    assert node is not None and node.media_url is not None
-    stats: dict[str, int] = httpx.get(f"{node.media_url}/webrtc/stats", timeout=10).json()
-    return stats
 
 
 def test_whep_viewer_receives_video_and_speech_while_the_audio_streams(stack: Stack, api_url: str) -> None:
@@ -83,7 +73,7 @@ def test_whep_viewer_receives_video_and_speech_while_the_audio_streams(stack: St
             await pc.setRemoteDescription(RTCSessionDescription(sdp=answer.text, type="answer"))
             video = await asyncio.wait_for(tracks["video"], 60)
             audio = await asyncio.wait_for(tracks["audio"], 60)
-            assert _node_stats(stack)["peer_connections"] >= 1
+            assert node_media_stats(stack)["peer_connections"] >= 1
             stopped = await http.delete(f"{api_url}{location}", headers={"Authorization": f"Bearer {token}"})
             assert stopped.status_code == 204
         await pc.close()
@@ -93,7 +83,7 @@ def test_whep_viewer_receives_video_and_speech_while_the_audio_streams(stack: St
     assert (video.width, video.height) == (512, 512)
     assert video.to_ndarray(format="rgb24").mean() > 10  # the portrait, not a black frame
     assert audio.sample_rate == 48_000
-    assert _node_stats(stack)["peer_connections"] == 0
+    assert node_media_stats(stack)["peer_connections"] == 0
     sender.join(timeout=60)
 
 

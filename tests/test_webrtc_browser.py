@@ -28,8 +28,7 @@ from monologue.schemas import RenderPublic
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
 from tests.browser import chromium_path
-from tests.helpers import api_key, register_api
-from tests.test_webrtc import _node_stats
+from tests.helpers import api_key, node_media_stats, register_api
 from tests.test_webrtc_whip import _stored_wav
 
 pytestmark = pytest.mark.timeout(300)
@@ -172,8 +171,8 @@ def test_a_page_whose_frames_stop_offers_again_and_leaves_no_viewer_behind(stack
         # Two offers in a row with no frames flowing between them (a new connection brings one frame).
         page.wait_for_function("window.monologuePlayer.quietReoffers >= 2", timeout=60_000)
         page.wait_for_function(CONNECTED, timeout=30_000)
-        assert _node_stats(stack)["peer_connections"] == 1  # the old places were given up
+        assert node_media_stats(stack)["peer_connections"] == 1  # the old places were given up
         sender.join(timeout=120)
         assert client.wait(session.id, timeout_s=120).status == "completed"
         page.wait_for_function(REFUSED, timeout=60_000)
-        assert _node_stats(stack)["peer_connections"] == 0
+        assert node_media_stats(stack)["peer_connections"] == 0

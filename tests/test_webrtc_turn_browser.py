@@ -16,14 +16,13 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from cli.benches.webrtc import local_store, measure
-from cli.stack import Stack, free_port
+from cli.stack import Stack
 from cli.turn import Turn, turn_server
 from monologue import SAMPLES
 from monologue.client import Client
-from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from monologue.settings_services import IceTransportPolicy
 from tests.browser import chromium_path
-from tests.helpers import api_key, register_api
+from tests.helpers import api_key, own_stack
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,19 +35,9 @@ def turn() -> Iterator[Turn]:
 
 @pytest.fixture(scope="module")
 def relayed(tmp_path_factory: pytest.TempPathFactory, turn: Turn) -> Iterator[Stack]:
-    settings = Settings(
-        home=tmp_path_factory.mktemp("webrtc-turn"),
-        log_format="json",
-        temporal=TemporalSettings(address=f"127.0.0.1:{free_port()}", ui_port=free_port()),
-        api=ApiSettings(port=free_port()),
-        node=NodeSettings(id="webrtc-turn"),
-        ice=turn.ice(IceTransportPolicy.RELAY),
-    )
-    stack = Stack(settings)
-    stack.start()
-    register_api(stack)
-    yield stack
-    stack.stop()
+    home = tmp_path_factory.mktemp("webrtc-turn")
+    with own_stack(home, "webrtc-turn", ice=turn.ice(IceTransportPolicy.RELAY)) as stack:
+        yield stack
 
 
 def _allocated_by(turn: Turn) -> set[str]:

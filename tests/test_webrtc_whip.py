@@ -25,9 +25,9 @@ from monologue.live_audio import stored_live_audio
 from monologue.media import decode_wav, normalise_audio
 from monologue.plan import AUDIO_RATE, frame_count
 from monologue.storage import LocalStore
-from tests.helpers import api_key, eventually, submit, wait_done
+from tests.helpers import api_key, eventually, node_media_stats, submit, wait_done
 from tests.test_live import _frame_hashes
-from tests.test_webrtc import SDP, _node_stats
+from tests.test_webrtc import SDP
 
 pytestmark = pytest.mark.timeout(240)
 SECONDS = 2
@@ -113,7 +113,7 @@ def test_a_microphone_over_whip_feeds_a_live_session_that_renders_what_was_store
     assert done.status == "completed", done.error
     frames = frame_count(total, rate=AUDIO_RATE, fps=done.options.fps)
     assert done.progress.frames_total == frames
-    assert _node_stats(stack)["peer_connections"] == 0
+    assert node_media_stats(stack)["peer_connections"] == 0
 
     # A render of the very samples stored, with the same options, makes the same frames.
     same = {name: getattr(done.options, name) for name in ("chunk_frames", "i_frames", "first_chunk_frames")}

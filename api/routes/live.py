@@ -14,7 +14,10 @@
 - `GET /v1/live/{id}/player?link=<token>[&ticket=<audio ticket>]`: a page that plays the session (WHEP) and re-offers
   through the same URL when the connection drops (the session moved to another node); with `ticket` it shows a
   "Talk" button that sends the browser's microphone over WHIP (the page reads `ticket` itself).
-Checks and forwarding are api/webrtc.py's; the peer connections live on the session's node (node/webrtc/)."""
+- With an SFU (`MONOLOGUE_SFU__JANUS_URL`): an empty `POST …/whep` gets the SFU's offer, `PATCH <Location>` takes the
+  viewer's answer, `POST <Location>/alive` keeps the viewer's seat (api/sfu.py).
+Checks and forwarding are api/webrtc.py's; the peer connections live on the session's node (node/webrtc/) or, through
+an SFU, on Janus, where the node publishes the session once."""
 
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from monologue.ice import IceServer, ice_servers
+from monologue.janus import Handle
 
-from .. import webrtc
+from .. import sfu, webrtc
 from ..deps import Services, ServicesDep
 from .renders import operation_id
 
@@ -39,8 +43,14 @@ _LINK = "the token of the session's playback link (links.playback: /play/<token>
 
 @router.post("/{session_id}/whep", status_code=201, response_class=Response)
 async def whep_offer(session_id: str, request: Request, services: ServicesDep) -> Response:
-    """Start watching a live session: an SDP offer in, the SDP answer out (WHEP)."""
+    """Start watching a live session: an SDP offer in, the SDP answer out (WHEP). Where the deployment has an SFU, an
+    empty POST gets the SFU's offer instead (answer it with PATCH: api/sfu.py)."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    janus = sfu.janus_of(services)
+    if janus is not None and webrtc.empty_body(request):
+        await webrtc.live_session(services, session_id)
+        resource, offer_sdp = await sfu.offer(services, janus, session_id)
+        return _created(offer_sdp, f"/v1/live/{session_id}/whep/{resource}", _servers(services, session_id))
     offer = await webrtc.read_offer(request, webrtc.MediaNeed.WHEP)
     route = await webrtc.node_route(services, session_id, webrtc_only=True)
     return await _offer_to_node(
@@ -52,7 +62,35 @@ async def whep_offer(session_id: str, request: Request, services: ServicesDep) -
 async def whep_stop(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
     """Stop watching (the resource from the offer's `Location`)."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    if sfu.is_sfu_resource(resource):
+        await sfu.close(_viewer(services, session_id, resource), resource)
+        return Response(status_code=204)
     return await _stop_on_node(services, session_id, f"whep/{session_id}/{resource}")
+
+
+@router.patch("/{session_id}/whep/{resource}", status_code=204, response_class=Response)
+async def whep_answer(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
+    """A viewer's SDP answer to the SFU's offer (from an empty POST): its media starts."""
+    webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    viewer = _viewer(services, session_id, resource)
+    await sfu.answer(viewer, resource, await webrtc.read_offer(request, webrtc.MediaNeed.WHEP, "answer"))
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/whep/{resource}/alive", status_code=204, response_class=Response)
+async def whep_alive(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
+    """An SFU viewer is still there (its page says so every 20 s; Janus ends a silent viewer after 60 s)."""
+    webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
+    await sfu.alive(_viewer(services, session_id, resource), resource)
+    return Response(status_code=204)
+
+
+def _viewer(services: Services, session_id: str, resource: str) -> Handle:
+    """The SFU viewer `resource` names (404 without an SFU, or for a resource not of this session)."""
+    janus = sfu.janus_of(services)
+    if janus is None:
+        raise HTTPException(404, "this deployment has no SFU (MONOLOGUE_SFU__JANUS_URL): viewers offer to the node")
+    return sfu.viewer(services, janus, session_id, resource)
 
 
 _TICKET = "an audio ticket of the session (POST /v1/sessions/{id}/ticket) or an API key"
@@ -97,8 +135,13 @@ async def _offer_to_node(
     answer = await webrtc.forward("POST", f"{media_url}/{kind}/{session_id}{query}", body=offer)
     if answer.status_code != 201:
         raise webrtc.node_refusal(answer)
-    response = Response(answer.text, status_code=201, media_type=webrtc.SDP_TYPE)
-    response.headers["Location"] = f"/v1/live/{session_id}/{kind}/{answer.headers['X-Resource']}"
+    return _created(answer.text, f"/v1/live/{session_id}/{kind}/{answer.headers['X-Resource']}", servers)
+
+
+def _created(sdp: str, location: str, servers: list[IceServer]) -> Response:
+    """201 with an SDP, the connection's URL on this API and the ICE servers as `Link` headers."""
+    response = Response(sdp, status_code=201, media_type=webrtc.SDP_TYPE)
+    response.headers["Location"] = location
     for server in servers:
         for link in server.link_headers():
             response.headers.append("Link", link)
@@ -118,6 +161,7 @@ async def _stop_on_node(services: Services, session_id: str, path: str) -> Respo
 def player(session_id: str, services: ServicesDep, link: Annotated[str, Query(max_length=200)]) -> HTMLResponse:
     """A page that plays the live session over WebRTC (`link`: the playback link's token)."""
     webrtc.playback_grant(services, link, session_id)
-    return HTMLResponse(
-        PLAYER_PAGE.read_text(), headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
-    )
+    page = PLAYER_PAGE.read_text()
+    if sfu.janus_of(services) is not None:  # the page asks the SFU for its offer and answers it
+        page = page.replace("<body>", '<body data-sfu="1">', 1)
+    return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})

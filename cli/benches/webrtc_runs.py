@@ -2,7 +2,8 @@
 cli/benches/webrtc.py).
 
 The stack: a running API (`--api`, or the embedded stack when it answers), else the embedded stack started for the
-bench; `--turn` and `--kill` start one of their own: `--turn` with coturn on loopback and the node relay-only;
+bench; `--turn`, `--sfu` and `--kill` start one of their own: `--turn` with coturn on loopback and the node
+relay-only; `--sfu` with Janus on loopback, the page watching through it (the node publishes the session once);
 `--kill` with two nodes of one slot each, so the node holding a run's session is SIGKILLed halfway through its speech
 and the session moves to the other (the stall is printed). The killed node is started again after the run, and the
 next run begins once it is ready."""
@@ -15,6 +16,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -23,7 +25,7 @@ from cli.renders import api_or_stack, api_target
 from cli.stack import Stack, free_port, http_ok
 from monologue import SAMPLES, repo
 from monologue.db import make_engine, make_sessionmaker
-from monologue.settings import IceSettings, Settings, get_settings
+from monologue.settings import Settings, get_settings
 
 READY_TIMEOUT_S = 120.0  # a restarted node warms up (one throwaway session) before /readyz answers
 
@@ -37,6 +39,7 @@ class LiveBench:
     lip_sync: str | None = None
     whip: bool = False
     turn: bool = False
+    sfu: bool = False
     kill: bool = False
     api_url: str | None = None
     dump: str | None = None
@@ -48,18 +51,13 @@ def run_live_bench(bench: LiveBench, echo: Callable[[str], None]) -> WebrtcFigur
         raise click.UsageError("--kill starts a stack of its own (two nodes to kill one of): leave out --api")
     total, dumps = WebrtcFigures(), []
     with contextlib.ExitStack() as running:
-        ice = None
-        if bench.turn:
-            from cli.turn import turn_server
-            from monologue.settings_services import IceTransportPolicy
-
-            ice = running.enter_context(turn_server()).ice(IceTransportPolicy.RELAY)
+        changes = _servers(bench, running)
         killer: NodeKiller | None = None
         key: str | None
         if bench.kill:
-            url, key, killer = running.enter_context(_two_nodes(ice, echo))
+            url, key, killer = running.enter_context(_two_nodes(changes, echo))
         else:
-            url, key = running.enter_context(api_or_stack(bench.api_url, ice=ice))
+            url, key = running.enter_context(api_or_stack(bench.api_url, changes=changes))
         for run in range(bench.runs):
             figures = measure(
                 url,
@@ -84,6 +82,21 @@ def run_live_bench(bench: LiveBench, echo: Callable[[str], None]) -> WebrtcFigur
         with open(bench.dump, "w") as out:
             json.dump(dumps, out)
     return total
+
+
+def _servers(bench: LiveBench, running: contextlib.ExitStack) -> dict[str, Any]:
+    """The servers the bench starts on loopback (coturn, Janus), as the settings that point the stack at them."""
+    changes: dict[str, Any] = {}
+    if bench.turn:
+        from cli.turn import turn_server
+        from monologue.settings_services import IceTransportPolicy
+
+        changes["ice"] = running.enter_context(turn_server()).ice(IceTransportPolicy.RELAY)
+    if bench.sfu:
+        from cli.janus import janus_server
+
+        changes["sfu"] = running.enter_context(janus_server()).sfu()
+    return changes
 
 
 class NodeKiller:
@@ -123,15 +136,13 @@ class NodeKiller:
 
 
 @contextlib.contextmanager
-def _two_nodes(ice: IceSettings | None, echo: Callable[[str], None]) -> Iterator[tuple[str, str, NodeKiller]]:
+def _two_nodes(changes: dict[str, Any], echo: Callable[[str], None]) -> Iterator[tuple[str, str, NodeKiller]]:
     """A stack of its own (the settings' home and ports: the embedded stack must be down) with two one-slot nodes."""
     url, _ = api_target(None)
     if http_ok(f"{url}/healthz"):
         raise click.UsageError("--kill starts a stack of its own: stop the running one (`monologue down`)")
     base: Settings = get_settings()
-    settings = base.model_copy(
-        update={"node": base.node.model_copy(update={"capacity": 1}), **({} if ice is None else {"ice": ice})}
-    )
+    settings = base.model_copy(update={"node": base.node.model_copy(update={"capacity": 1}), **changes})
     echo(
         f"starting Temporal, the API and two nodes (live lease timeout "
         f"{min(settings.node.live_lease_timeout_s, settings.node.lease_timeout_s):g} s)…"

@@ -30,6 +30,7 @@ class SessionMedia:
     largest_chunk: int = 1  # frames of the largest chunk handed over: how far a viewer on time may trail the edge
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     touched: int = 0  # the hub's count when a chunk last came: the session that moved away stops coming
+    announced: bool = False  # the hub's on_start listeners were told of it (at its init, or else its first chunk)
 
     def add(self, first_frame: int, frames: np.ndarray, audio: np.ndarray) -> None:
         if self.first is None:
@@ -76,14 +77,17 @@ class MediaHub:
         self._max_sessions = max(1, max_sessions)
         self._chunks = 0
         self._sessions: dict[str, SessionMedia] = {}
-        self.on_end: list[Callable[[str], None]] = []  # told on the loop when a session's media ends
+        # Told on the loop: a session is here (its init ran, or else its first chunk came); its media ended (True: the
+        # session finished, False: it stopped coming here, e.g. it moved to another node).
+        self.on_start: list[Callable[[str, SessionMedia], None]] = []
+        self.on_end: list[Callable[[str, bool], None]] = []
 
     def session(self, session_id: str, *, fps: int, rate: int) -> SessionMedia:
         """The session's buffer (made empty if the node has none yet: a viewer may come before the first chunk)."""
         media = self._sessions.get(session_id)
         if media is None or media.fps != fps:
             if media is None and len(self._sessions) >= self._max_sessions:
-                self._end(min(self._sessions, key=lambda other: self._sessions[other].touched))
+                self._end(min(self._sessions, key=lambda other: self._sessions[other].touched), False)
             media = self._sessions[session_id] = SessionMedia(fps=fps, rate=rate, touched=self._chunks)
         return media
 
@@ -93,20 +97,35 @@ class MediaHub:
         copied = np.array(frames, copy=True)
         self._loop.call_soon_threadsafe(self._add, session_id, first_frame, copied, pcm, fps)
 
+    def session_started(self, session_id: str, fps: int) -> None:
+        """The session's init ran on this node: its buffer is made and the on_start listeners told (an SFU mountpoint
+        is ready before the first chunk, as a direct viewer's connection may be)."""
+        self._loop.call_soon_threadsafe(self._begin, session_id, fps)
+
     def session_ended(self, session_id: str) -> None:
         """The session completed or moved away: its viewers' tracks end."""
-        self._loop.call_soon_threadsafe(self._end, session_id)
+        self._loop.call_soon_threadsafe(self._end, session_id, True)
 
     def _add(self, session_id: str, first_frame: int, frames: np.ndarray, pcm: np.ndarray, fps: int) -> None:
         self._chunks += 1
         media = self.session(session_id, fps=fps, rate=16_000)
         media.touched = self._chunks
         media.add(first_frame, frames, pcm)
+        self._announce(session_id, media)
 
-    def _end(self, session_id: str) -> None:
+    def _begin(self, session_id: str, fps: int) -> None:
+        self._announce(session_id, self.session(session_id, fps=fps, rate=16_000))
+
+    def _announce(self, session_id: str, media: SessionMedia) -> None:
+        if not media.announced:
+            media.announced = True
+            for listener in self.on_start:
+                listener(session_id, media)
+
+    def _end(self, session_id: str, finished: bool) -> None:
         media = self._sessions.pop(session_id, None)
         if media is not None:
             media.ended = True
             media.changed.set()
         for listener in self.on_end:
-            listener(session_id)
+            listener(session_id, finished)

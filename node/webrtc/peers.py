@@ -103,8 +103,9 @@ class WhepPeers:
         viewer = self._viewers.get(resource)
         return None if viewer is None else viewer.session_id
 
-    def _session_ended(self, session_id: str) -> None:
-        """The session completed on this node: its viewers' connections close (their tracks have ended)."""
+    def _session_ended(self, session_id: str, finished: bool) -> None:
+        """The session completed on this node or went elsewhere: its viewers' connections close (their tracks have
+        ended; a moved session's viewers offer again, to its new node)."""
         for resource in [r for r, v in self._viewers.items() if v.session_id == session_id]:
             task = asyncio.ensure_future(self.close(resource))
             self._closing.add(task)

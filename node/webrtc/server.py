@@ -2,7 +2,8 @@
 viewer's link and the offer first: api/webrtc.py):
 - `POST /whep/<session id>?fps=<n>` (body: SDP offer) → 201, the SDP answer, `X-Resource: <id>`;
 - `DELETE /whep/<session id>/<resource>` → 204 (404 if gone);
-- `GET /webrtc/stats` → open peer connections and the loop's tasks (tests: nothing left behind).
+- `GET /webrtc/stats` → open peer connections, the loop's tasks (tests: nothing left behind) and the sessions it
+  publishes to an SFU.
 A stdlib server on its own threads; each request hops onto the node's event loop, where the peer connections live."""
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from monologue.settings import IceSettings, NodeSettings
+from monologue.settings import IceSettings, NodeSettings, SfuSettings
 from node.webrtc.hub import MediaHub
 from node.webrtc.peers import OfferRefused, WhepPeers
+from node.webrtc.sfu import SfuPublisher
 from node.webrtc.whip import WhipIngress
 
 MAX_OFFER_BYTES = 64 * 1024
@@ -33,6 +35,7 @@ class MediaServer:
     ) -> None:
         self.peers = peers
         self.whip = whip  # WHIP senders (node/webrtc/whip.py); None: the port answers WHEP only
+        self.sfu: SfuPublisher | None = None  # the sessions published to an SFU (node/webrtc/sfu.py)
         self._loop = loop
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
@@ -93,7 +96,11 @@ def _handler(media: MediaServer) -> type[BaseHTTPRequestHandler]:
 
             async def stats() -> dict[str, int]:
                 senders = 0 if media.whip is None else media.whip.count()
-                return {"peer_connections": media.peers.count() + senders, "tasks": len(asyncio.all_tasks())}
+                return {
+                    "peer_connections": media.peers.count() + senders,
+                    "tasks": len(asyncio.all_tasks()),
+                    "sfu_publishing": 0 if media.sfu is None else media.sfu.publishing(),
+                }
 
             self._send(200, json.dumps(media.call(stats())).encode(), "application/json")
 
@@ -117,8 +124,13 @@ def start(
     loop: asyncio.AbstractEventLoop,
     whip: WhipIngress | None = None,
     ice: IceSettings | None = None,
+    sfu: SfuSettings | None = None,
 ) -> tuple[MediaServer, MediaHub]:
-    """The node's media hub and its signalling port, listening (with `whip`, WHIP audio too; `ice`: STUN/TURN)."""
+    """The node's media hub and its signalling port, listening (with `whip`, WHIP audio too; `ice`: STUN/TURN;
+    `sfu` with a Janus URL: each live session published to it as well, node/webrtc/sfu.py)."""
     hub = MediaHub(loop, max_sessions=2 * settings.capacity + 2)
     peers = WhepPeers(hub, max_viewers=settings.max_viewers_per_session, ice_timeout_s=settings.ice_timeout_s, ice=ice)
-    return MediaServer(peers, loop, settings.http_host, settings.media_port, whip), hub
+    server = MediaServer(peers, loop, settings.http_host, settings.media_port, whip)
+    if sfu is not None and sfu.janus_url is not None:
+        server.sfu = SfuPublisher(hub, sfu)
+    return server, hub

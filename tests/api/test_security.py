@@ -83,11 +83,14 @@ OTHER_ROUTES = {
 # WebRTC's routes take no key: a viewer holds the session's signed playback link, a microphone its audio ticket (or a
 # key), and a connection's DELETE its unguessable resource id from `Location`. Each names the test of its refusals.
 WHEP_LINKS = "tests.test_webrtc:test_offers_without_a_valid_link_are_refused"
+WHEP_SFU = "tests.test_webrtc_sfu:test_sfu_viewers_answer_with_patch_and_bad_answers_are_refused"
 WHIP_TICKETS = "tests.test_webrtc_whip:test_whip_without_a_ticket_or_opus_is_refused"
 KEYLESS_ROUTES = {
     ("POST", "/v1/live/{session_id}/whep"): WHEP_LINKS,
     ("DELETE", "/v1/live/{session_id}/whep/{resource}"): WHEP_LINKS,
     ("GET", "/v1/live/{session_id}/player"): WHEP_LINKS,
+    ("PATCH", "/v1/live/{session_id}/whep/{resource}"): WHEP_SFU,
+    ("POST", "/v1/live/{session_id}/whep/{resource}/alive"): WHEP_SFU,
     (
         "GET",
         "/v1/live/{session_id}/ice-servers",

@@ -130,15 +130,15 @@ def test_a_session_that_moved_away_gives_its_buffer_up_when_a_new_one_needs_room
 
     async def main() -> None:
         hub = MediaHub(asyncio.get_running_loop(), max_sessions=2)
-        ended: list[str] = []
-        hub.on_end.append(ended.append)
+        ended: list[tuple[str, bool]] = []
+        hub.on_end.append(lambda session, finished: ended.append((session, finished)))
         frames, speech = np.zeros((8, 16, 16, 3), np.uint8), np.zeros(640 * 8, np.float32)
         for session in ("moved", "stays"):
             hub.chunk_made(session, 0, frames, speech, 25)
         hub.chunk_made("stays", 8, frames, speech, 25)  # "moved" makes no more chunks here
         await eventually(lambda: hub.session("stays", fps=25, rate=16_000).ready_until == 16, what="stays' chunks")
         hub.chunk_made("new", 0, frames, speech, 25)
-        await eventually(lambda: ended == ["moved"], what="the moved session's buffer ended")
+        await eventually(lambda: ended == [("moved", False)], what="the moved session's buffer ended")
         assert hub.session("stays", fps=25, rate=16_000).ready_until == 16  # still served
 
     asyncio.run(main())

@@ -1,0 +1,158 @@
+"""A live session published once to a real SFU (Debian's Janus on loopback, cli/janus.py) and watched through it: two
+aiortc viewers receive the session's frames, in the order made, while the node holds no peer connection; when the
+session moves (one node's publisher stops, another's starts on the same mountpoint) the viewers' connections stay up
+and show the new node's frames; once the session finishes its mountpoint is gone. Janus's own refusals (no such
+mountpoint) come back as JanusError with the plug-in's code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
+
+from cli.janus import JanusServer, janus_server
+from monologue.janus import NO_SUCH_MOUNTPOINT, Handle, Janus, JanusError, Mountpoints
+from node.webrtc.hub import MediaHub
+from node.webrtc.sfu import SfuPublisher, mountpoint_secret
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.timeout(120)
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def janus() -> Iterator[JanusServer]:
+    with janus_server() as running:
+        yield running
+
+
+class Viewer:
+    """An aiortc client watching a mountpoint through Janus (Janus offers, the viewer answers), keeping each
+    frame's mean brightness."""
+
+    def __init__(self) -> None:
+        self.pc = RTCPeerConnection()
+        self.levels: list[float] = []
+        self.audio_frames = 0
+        self._readers: list[asyncio.Task[None]] = []
+        self.pc.on("track", self._track)
+
+    async def watch(self, janus: Janus, session_id: str) -> Handle:
+        handle = await janus.open()
+        offer = await handle.request({"request": "watch", "id": session_id})
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer["jsep"]["sdp"], type="offer"))
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        started = await handle.request({"request": "start"}, {"type": "answer", "sdp": self.pc.localDescription.sdp})
+        assert started["result"]["status"] == "starting"
+        return handle
+
+    def _track(self, track: object) -> None:
+        async def read() -> None:
+            while True:
+                frame = await track.recv()  # type: ignore[attr-defined]
+                if track.kind == "video":  # type: ignore[attr-defined]
+                    self.levels.append(float(frame.to_ndarray(format="gray").mean()))
+                else:
+                    self.audio_frames += 1
+
+        self._readers.append(asyncio.ensure_future(read()))
+
+    async def close(self) -> None:
+        for reader in self._readers:
+            reader.cancel()
+        await self.pc.close()
+
+
+async def _feed(hub: MediaHub, session_id: str, level: int, stop: asyncio.Event, first: int = 0) -> int:
+    """Chunks of flat frames at `level` (and a tone), at the session's pace, until `stop`; the next frame number."""
+    speech = (np.sin(np.arange(640 * CHUNK) / 7) * 0.3).astype(np.float32)
+    frame = first
+    while not stop.is_set():
+        hub.chunk_made(session_id, frame, np.full((CHUNK, 64, 64, 3), level, np.uint8), speech, 25)
+        frame += CHUNK
+        await asyncio.sleep(CHUNK / 25)
+    return frame
+
+
+def test_viewers_watch_through_janus_and_stay_connected_when_the_session_moves(janus: JanusServer) -> None:
+    async def main() -> None:
+        # Keyframes only when asked: a viewer's first frame then shows that Janus relayed its keyframe request.
+        settings, sid = janus.sfu().model_copy(update={"keyframe_interval_s": 10.0}), "live-sfu-1"
+        client = Janus(janus.url, janus.api_secret)
+        first_node = MediaHub(asyncio.get_running_loop())
+        publisher = SfuPublisher(first_node, settings)
+        stop_first = asyncio.Event()
+        feeding = asyncio.ensure_future(_feed(first_node, sid, 60, stop_first))
+        await eventually(lambda: publisher.publishing() == 1, what="the node publishing")
+        mounts = Mountpoints(await client.open(), mountpoint_secret(settings, sid))
+        await eventually_async(lambda: _exists(mounts, sid), what="the session's mountpoint")
+        viewers = [Viewer(), Viewer()]
+        handles = [await viewer.watch(client, sid) for viewer in viewers]
+        assert await mounts.viewers(sid) == 2
+        await eventually(lambda: all(len(v.levels) >= 10 and v.audio_frames >= 10 for v in viewers), what="frames")
+        assert all(abs(level - 60) < 8 for viewer in viewers for level in viewer.levels)
+        assert publisher.keyframe_requests >= 1
+
+        # The session moves: the first node is lost, another node publishes to the same mountpoint.
+        stop_first.set()
+        next_frame = await feeding
+        await publisher.close()
+        second_node = MediaHub(asyncio.get_running_loop())
+        second = SfuPublisher(second_node, settings)
+        stop_second = asyncio.Event()
+        feeding = asyncio.ensure_future(_feed(second_node, sid, 200, stop_second, first=next_frame))
+        await eventually(
+            lambda: all(sum(abs(level - 200) < 8 for level in v.levels) >= 10 for v in viewers),
+            what="the second node's frames on the same connections",
+        )
+        assert all(viewer.pc.connectionState == "connected" for viewer in viewers)
+        assert await mounts.viewers(sid) == 2
+
+        stop_second.set()
+        await feeding
+        second_node.session_ended(sid)  # the session finished: the mountpoint goes once its frames are sent
+        await eventually_async(lambda: _gone(mounts, sid), what="the mountpoint destroyed")
+        await eventually(lambda: second.publishing() == 0, what="the publisher done")
+        for viewer, handle in zip(viewers, handles, strict=True):
+            await viewer.close()
+            await handle.close()
+
+    asyncio.run(main())
+
+
+def test_janus_refusals_carry_the_plugin_error_code(janus: JanusServer) -> None:
+    async def main() -> None:
+        handle = await Janus(janus.url, janus.api_secret).open()
+        with pytest.raises(JanusError) as refused:
+            await handle.request({"request": "watch", "id": "no-such-session"})
+        assert refused.value.code == NO_SUCH_MOUNTPOINT
+        await handle.close()
+        with pytest.raises(JanusError, match="Unauthorized"):
+            await Janus(janus.url, "wrong secret").open()
+
+    asyncio.run(main())
+
+
+async def _exists(mounts: Mountpoints, session_id: str) -> bool:
+    try:
+        await mounts.viewers(session_id)
+    except JanusError as err:
+        if err.code == NO_SUCH_MOUNTPOINT:
+            return False
+        raise
+    return True
+
+
+async def _gone(mounts: Mountpoints, session_id: str) -> bool:
+    return not await _exists(mounts, session_id)
+
+
+async def eventually_async(check, *, timeout_s: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await check():
+        assert loop.time() < deadline, f"not within {timeout_s:g} s: {what}"
+        await asyncio.sleep(0.05)
