@@ -143,11 +143,19 @@ class Mountpoints:
     async def ensure(self, session_id: str) -> Ports:
         """The session's mountpoint's ports, made now unless it exists (a moved session keeps its viewers)."""
         try:
+            return await self._ports_of(session_id)
+        except JanusError as err:
+            if err.code != NO_SUCH_MOUNTPOINT:
+                raise
+        try:
             created = await self._handle.request(self._create(session_id))
             return _ports(created["stream"]["ports"])
         except JanusError as err:
-            if err.code != MOUNTPOINT_EXISTS:
+            if err.code != MOUNTPOINT_EXISTS:  # made meanwhile by another node
                 raise
+        return await self._ports_of(session_id)
+
+    async def _ports_of(self, session_id: str) -> Ports:
         info = await self._handle.request({"request": "info", "id": session_id, "secret": self._secret})
         return _ports(info["info"]["media"])
 

@@ -36,6 +36,7 @@ log = structlog.get_logger()
 _SEQUENCE = 1 << 16
 _TIMESTAMP = 1 << 32
 T = TypeVar("T")
+CHECK_EVERY_S = 5.0
 
 
 def mountpoint_secret(sfu: SfuSettings, session_id: str) -> str:
@@ -47,12 +48,13 @@ def mountpoint_secret(sfu: SfuSettings, session_id: str) -> str:
 class SfuPublisher:
     """Publishes each live session the hub receives to the SFU, while its media lasts."""
 
-    def __init__(self, hub: MediaHub, sfu: SfuSettings) -> None:
+    def __init__(self, hub: MediaHub, sfu: SfuSettings, *, check_every_s: float = CHECK_EVERY_S) -> None:
+        """`check_every_s`: how often a session's mountpoint is looked for (made again, e.g. after Janus restarted)."""
         if sfu.janus_url is None:
             raise ValueError("SfuPublisher needs MONOLOGUE_SFU__JANUS_URL")
         api_secret = sfu.api_secret.get_secret_value() if sfu.api_secret else None
         self._janus = Janus(sfu.janus_url, api_secret)
-        self._sfu = sfu
+        self._sfu, self._check_every_s = sfu, check_every_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: set[str] = set()
         self.keyframe_requests = 0  # viewers' keyframe requests Janus relayed
@@ -85,11 +87,17 @@ class SfuPublisher:
 
     async def _publish(self, session_id: str, media: SessionMedia) -> None:
         try:
-            ports = await self._mountpoints(session_id, lambda mounts: mounts.ensure(session_id))
+            ports = await self._ensure(session_id, media)
+            if ports is None:
+                return
             log.info("publishing to the SFU", session_id=session_id, video_port=ports.video, audio_port=ports.audio)
             address, interval = self._sfu.rtp_address(), self._sfu.keyframe_interval_s
             stream = RtpStream(media, address, ports, interval, self._heard)
-            await stream.run()
+            watching = asyncio.ensure_future(self._watch(session_id, media, stream))
+            try:
+                await stream.run()
+            finally:
+                watching.cancel()
             if session_id in self._finished:
                 await self._mountpoints(session_id, lambda mounts: mounts.destroy(session_id))
         except JanusError as err:
@@ -98,6 +106,29 @@ class SfuPublisher:
             if self._tasks.get(session_id) is asyncio.current_task():
                 del self._tasks[session_id]
             self._finished.discard(session_id)
+
+    async def _ensure(self, session_id: str, media: SessionMedia) -> Ports | None:
+        """The session's mountpoint's ports, trying again every `check_every_s` while Janus does not answer; None
+        once the session's media has ended."""
+        while not media.ended:
+            try:
+                return await self._mountpoints(session_id, lambda mounts: mounts.ensure(session_id))
+            except JanusError as err:
+                log.warning("the SFU did not make the session's mountpoint", session_id=session_id, error=str(err))
+            await asyncio.sleep(self._check_every_s)
+        return None
+
+    async def _watch(self, session_id: str, media: SessionMedia, stream: RtpStream) -> None:
+        """Look for the mountpoint now and then: one that is gone (Janus restarted) is made again, and the stream
+        sent to its new ports."""
+        while True:
+            await asyncio.sleep(self._check_every_s)
+            ports = await self._ensure(session_id, media)
+            if ports is None:
+                return
+            if ports != stream.ports:
+                log.info("the session's mountpoint was made again", session_id=session_id, video_port=ports.video)
+                stream.retarget(ports)
 
     async def _mountpoints(self, session_id: str, act: Callable[[Mountpoints], Awaitable[T]]) -> T:
         handle = await self._janus.open()
@@ -116,40 +147,47 @@ class RtpStream:
         self._heard = heard  # told of each keyframe request
         self._clock = ViewerClock(media)
         self._video, self._audio = SessionVideoTrack(self._clock), SessionAudioTrack(self._clock)
-        self._host, self._ports = host, ports
+        self._host, self.ports = host, ports
         self._keyframe_every = max(1, round(keyframe_interval_s * media.fps))
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._socket.setblocking(False)
+        self._video_packets = _Packets(VIDEO_PT, (host, ports.video), self._socket)
+        self._audio_packets = _Packets(AUDIO_PT, (host, ports.audio), self._socket)
+        self._feedback = _KeyframeRequests(self._socket, (host, ports.video_rtcp), self._video_packets.ssrc, heard)
+
+    def retarget(self, ports: Ports) -> None:
+        """Send to a mountpoint's new ports (made again): its viewers start from a keyframe."""
+        self.ports = ports
+        self._video_packets.to = (self._host, ports.video)
+        self._audio_packets.to = (self._host, ports.audio)
+        self._feedback.port = ports.video_rtcp
+        self._feedback.ask()
 
     async def run(self) -> None:
         try:
             await asyncio.gather(self._send_video(), self._send_audio())
         finally:
+            self._feedback.close()
             self._video.stop()
             self._audio.stop()
             self._socket.close()
 
     async def _send_video(self) -> None:
-        encoder = H264Encoder()
-        packets = _Packets(VIDEO_PT, (self._host, self._ports.video), self._socket)
+        encoder, packets, feedback = H264Encoder(), self._video_packets, self._feedback
         loop, since_keyframe = asyncio.get_running_loop(), self._keyframe_every
-        feedback = _KeyframeRequests(self._socket, (self._host, self._ports.video_rtcp), packets.ssrc, self._heard)
-        try:
-            while True:
-                try:
-                    frame = await self._video.recv()
-                except MediaStreamError:
-                    return
-                keyframe = since_keyframe >= self._keyframe_every or feedback.wanted()
-                payloads, timestamp = await loop.run_in_executor(None, encoder.encode, frame, keyframe)
-                packets.send(payloads, timestamp, marks=True)
-                since_keyframe = 1 if keyframe else since_keyframe + 1
-                feedback.report()
-        finally:
-            feedback.close()
+        while True:
+            try:
+                frame = await self._video.recv()
+            except MediaStreamError:
+                return
+            keyframe = since_keyframe >= self._keyframe_every or feedback.wanted()
+            payloads, timestamp = await loop.run_in_executor(None, encoder.encode, frame, keyframe)
+            packets.send(payloads, timestamp, marks=True)
+            since_keyframe = 1 if keyframe else since_keyframe + 1
+            feedback.report()
 
     async def _send_audio(self) -> None:
-        encoder, packets = OpusEncoder(), _Packets(AUDIO_PT, (self._host, self._ports.audio), self._socket)
+        encoder, packets = OpusEncoder(), self._audio_packets
         while True:
             try:
                 frame = await self._audio.recv()
@@ -165,7 +203,7 @@ class _Packets:
     node that takes a moved session over starts streams of its own: Janus stitches them onto its viewers' streams."""
 
     def __init__(self, payload_type: int, to: tuple[str, int], udp: socket.socket) -> None:
-        self._type, self._to, self._socket = payload_type, to, udp
+        self._type, self.to, self._socket = payload_type, to, udp
         self.ssrc = secrets.randbits(32)
         self._sequence = secrets.randbits(16)
         self._origin = secrets.randbits(32)
@@ -184,7 +222,7 @@ class _Packets:
             )
             self._sequence = (self._sequence + 1) % _SEQUENCE
             try:
-                self._socket.sendto(packet.serialize(), self._to)
+                self._socket.sendto(packet.serialize(), self.to)
             except (BlockingIOError, OSError) as err:  # a full send buffer or an unreachable SFU: RTP is lossy
                 log.debug("RTP packet not sent", error=str(err))
 
@@ -195,13 +233,15 @@ class _KeyframeRequests:
     back on the same socket. Without an RTCP port nothing is asked and the interval's keyframes serve alone."""
 
     def __init__(self, udp: socket.socket, to: tuple[str, int | None], ssrc: int, heard: Callable[[], None]) -> None:
-        self._socket, self._host, self._port, self._ssrc = udp, to[0], to[1], ssrc
+        self._socket, self._host, self.port, self._ssrc = udp, to[0], to[1], ssrc
         self._asked = False
         self._heard = heard
         self._reported = 0.0
         self._loop = asyncio.get_running_loop()
-        if self._port is not None:
-            self._loop.add_reader(udp.fileno(), self._read)
+        self._loop.add_reader(udp.fileno(), self._read)
+
+    def ask(self) -> None:
+        self._asked = True
 
     def wanted(self) -> bool:
         asked, self._asked = self._asked, False
@@ -209,15 +249,14 @@ class _KeyframeRequests:
 
     def report(self) -> None:
         now = self._loop.time()
-        if self._port is None or now - self._reported < 1.0:
+        if self.port is None or now - self._reported < 1.0:
             return
         self._reported = now
         with contextlib.suppress(OSError):
-            self._socket.sendto(bytes(RtcpRrPacket(ssrc=self._ssrc)), (self._host, self._port))
+            self._socket.sendto(bytes(RtcpRrPacket(ssrc=self._ssrc)), (self._host, self.port))
 
     def close(self) -> None:
-        if self._port is not None:
-            self._loop.remove_reader(self._socket.fileno())
+        self._loop.remove_reader(self._socket.fileno())
 
     def _read(self) -> None:
         try:

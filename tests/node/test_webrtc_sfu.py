@@ -2,7 +2,8 @@
 aiortc viewers receive the session's frames, in the order made, while the node holds no peer connection; when the
 session moves (one node's publisher stops, another's starts on the same mountpoint) the viewers' connections stay up
 and show the new node's frames; once the session finishes its mountpoint is gone. Janus's own refusals (no such
-mountpoint) come back as JanusError with the plug-in's code."""
+mountpoint) come back as JanusError with the plug-in's code; a mountpoint lost behind the node's back (Janus
+restarted) is made again and watched."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
 
 from cli.janus import JanusServer, janus_server
 from monologue.janus import NO_SUCH_MOUNTPOINT, Handle, Janus, JanusError, Mountpoints
@@ -52,7 +54,10 @@ class Viewer:
     def _track(self, track: object) -> None:
         async def read() -> None:
             while True:
-                frame = await track.recv()  # type: ignore[attr-defined]
+                try:
+                    frame = await track.recv()  # type: ignore[attr-defined]
+                except MediaStreamError:  # the connection closed
+                    return
                 if track.kind == "video":  # type: ignore[attr-defined]
                     self.levels.append(float(frame.to_ndarray(format="gray").mean()))
                 else:
@@ -119,6 +124,36 @@ def test_viewers_watch_through_janus_and_stay_connected_when_the_session_moves(j
         for viewer, handle in zip(viewers, handles, strict=True):
             await viewer.close()
             await handle.close()
+
+    asyncio.run(main())
+
+
+def test_a_mountpoint_that_is_gone_is_made_again_and_watched(janus: JanusServer) -> None:
+    """Janus restarted (here: the mountpoint destroyed behind the node's back): the publisher makes it again within
+    its check interval and sends there; a new viewer watches and gets frames."""
+
+    async def main() -> None:
+        settings, sid = janus.sfu(), "live-sfu-again"
+        client = Janus(janus.url, janus.api_secret)
+        hub = MediaHub(asyncio.get_running_loop())
+        publisher = SfuPublisher(hub, settings, check_every_s=0.2)
+        stop = asyncio.Event()
+        feeding = asyncio.ensure_future(_feed(hub, sid, 120, stop))
+        mounts = Mountpoints(await client.open(), mountpoint_secret(settings, sid))
+        await eventually_async(lambda: _exists(mounts, sid), what="the session's mountpoint")
+        await mounts.destroy(sid)
+        await eventually_async(lambda: _exists(mounts, sid), what="the mountpoint made again")
+        viewer = Viewer()
+        handle = await viewer.watch(client, sid)
+        await eventually(lambda: len(viewer.levels) >= 5, what="frames from the mountpoint made again")
+        assert all(abs(level - 120) < 8 for level in viewer.levels)
+        stop.set()
+        await feeding
+        hub.session_ended(sid)
+        await eventually_async(lambda: _gone(mounts, sid), what="the mountpoint destroyed")
+        await eventually(lambda: publisher.publishing() == 0, what="the publisher done")
+        await viewer.close()
+        await handle.close()
 
     asyncio.run(main())
 
