@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from cli.chromium import CHROMIUM_ARGS
+
+if TYPE_CHECKING:
+    from cli.benches.webrtc import WebrtcFigures
+    from cli.stack import Stack
 
 
 def chromium_path() -> str:
@@ -40,3 +44,25 @@ def play_video(url: str, *, seconds: float = 1.5, headers: dict[str, str] | None
         finally:
             browser.close()
     return result
+
+
+def watch_live(stack: Stack, *, bursts: int, **given: Any) -> WebrtcFigures:
+    """A live WebRTC session of `stack` watched in headless Chromium while `bursts` onsets of the bundled speech go in
+    (cli/benches/webrtc.py's `measure`; `given`: its other options, e.g. whip=True, kill=…); its figures printed."""
+    from cli.benches.webrtc import local_store, measure
+    from monologue import SAMPLES
+    from tests.helpers import api_key
+
+    url = str(stack.settings.api.public_url)
+    figures = measure(
+        url,
+        api_key(url),
+        SAMPLES / "portrait.jpg",
+        SAMPLES / "speech.wav",
+        bursts=bursts,
+        chromium=chromium_path(),
+        store=local_store(stack.settings),
+        **given,
+    )
+    print("\n".join(figures.lines()))
+    return figures

@@ -27,7 +27,7 @@ from monologue.plan import AUDIO_RATE
 from monologue.schemas import RenderPublic
 from monologue.settings import ApiSettings, NodeSettings, Settings, TemporalSettings
 from monologue.storage import LocalStore
-from tests.browser import chromium_path
+from tests.browser import chromium_path, watch_live
 from tests.helpers import api_key, node_media_stats, register_api
 from tests.test_webrtc_whip import _stored_wav
 
@@ -37,16 +37,7 @@ REFUSED = "document.getElementById('state').textContent.startsWith('refused')"
 
 
 def test_chromium_plays_a_live_session_over_whep_and_the_mouth_follows_the_speech(stack: Stack, api_url: str) -> None:
-    figures = measure(
-        api_url,
-        api_key(api_url),
-        SAMPLES / "portrait.jpg",
-        SAMPLES / "speech.wav",
-        bursts=3,
-        chromium=chromium_path(),
-        store=local_store(stack.settings),
-    )
-    print("\n".join(figures.lines()))
+    figures = watch_live(stack, bursts=3)
     assert figures.frames > 25 and figures.ttff_ms is not None
     assert len(figures.glass_ms) == 3 and min(figures.glass_ms) > 0, figures.lines()  # the mouth opens after each onset
     assert len(figures.sync_ms) > 10  # the browser played both tracks in one sync group (its stats say where)

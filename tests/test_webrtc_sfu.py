@@ -16,14 +16,14 @@ import httpx
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from cli.benches.webrtc import AudioSender, local_store, measure, speech_with_onsets
+from cli.benches.webrtc import AudioSender, speech_with_onsets
 from cli.janus import JanusServer, janus_server
 from cli.stack import Stack
 from monologue import SAMPLES
 from monologue.client import Client
 from monologue.janus import NO_SUCH_MOUNTPOINT, Janus, JanusError, Mountpoints
 from node.webrtc.sfu import mountpoint_secret
-from tests.browser import chromium_path
+from tests.browser import watch_live
 from tests.helpers import api_key, node_media_stats, own_stack
 
 pytestmark = pytest.mark.timeout(300)
@@ -67,17 +67,7 @@ def _wait(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None
 
 
 def test_chromium_watches_a_live_session_through_janus(sfu_stack: Stack, janus: JanusServer) -> None:
-    url = str(sfu_stack.settings.api.public_url)
-    figures = measure(
-        url,
-        api_key(url),
-        SAMPLES / "portrait.jpg",
-        SAMPLES / "speech.wav",
-        bursts=2,
-        chromium=chromium_path(),
-        store=local_store(sfu_stack.settings),
-    )
-    print("\n".join(figures.lines()))
+    figures = watch_live(sfu_stack, bursts=2)
     assert figures.frames > 25 and len(figures.glass_ms) == 2 and min(figures.glass_ms) > 0, figures.lines()
     assert node_media_stats(sfu_stack)["peer_connections"] == 0  # every frame went through Janus
     _wait(lambda: node_media_stats(sfu_stack)["sfu_publishing"] == 0, "the publisher done")

@@ -15,13 +15,12 @@ import httpx
 import pytest
 from aiortc import RTCPeerConnection
 
-from cli.benches.webrtc import local_store, measure
 from cli.stack import Stack
 from cli.turn import Turn, turn_server
 from monologue import SAMPLES
 from monologue.client import Client
 from monologue.settings_services import IceTransportPolicy
-from tests.browser import chromium_path
+from tests.browser import watch_live
 from tests.helpers import api_key, own_stack
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,17 +46,7 @@ def _allocated_by(turn: Turn) -> set[str]:
 
 
 def test_chromium_watches_a_live_session_through_the_turn_server(relayed: Stack, turn: Turn) -> None:
-    url = str(relayed.settings.api.public_url)
-    figures = measure(
-        url,
-        api_key(url),
-        SAMPLES / "portrait.jpg",
-        SAMPLES / "speech.wav",
-        bursts=2,
-        chromium=chromium_path(),
-        store=local_store(relayed.settings),
-    )
-    print("\n".join(figures.lines()))
+    figures = watch_live(relayed, bursts=2)
     assert figures.frames > 25 and len(figures.glass_ms) == 2 and min(figures.glass_ms) > 0, figures.lines()
     assert {f"whep-{figures.session_id}", f"viewer-{figures.session_id}"} <= _allocated_by(turn)
 

@@ -144,7 +144,6 @@ class RtpStream:
     def __init__(
         self, media: SessionMedia, host: str, ports: Ports, keyframe_interval_s: float, heard: Callable[[], None]
     ) -> None:
-        self._heard = heard  # told of each keyframe request
         self._clock = ViewerClock(media)
         self._video, self._audio = SessionVideoTrack(self._clock), SessionAudioTrack(self._clock)
         self._host, self.ports = host, ports
