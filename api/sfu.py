@@ -6,6 +6,9 @@ so this is the server-offer flow of the first WHEP drafts (draft-murillo-whep-00
 - `POST <Location>/alive` → 204: the viewer is still there (Janus ends a viewer's session after its
   session_timeout, 60 s, without one: a page that closed without a DELETE leaves nothing behind); 404 once gone;
 - `DELETE <Location>` → 204.
+A viewer takes a seat on the mountpoint with the offer; past `max_viewers_per_session` seats the POST answers 429.
+Seats are not left behind: Janus hangs up a viewer whose ICE fails (5-15 s after it does) and ends the Janus session,
+seat and all, of a viewer that stops saying it is there (never answered, page closed) after its session_timeout.
 The resource names the viewer's Janus session and handle, signed with the links' key over the live session's id: a
 playback link of one session cannot touch another session's viewers."""
 
@@ -18,7 +21,7 @@ from collections.abc import Awaitable
 
 from fastapi import HTTPException
 
-from monologue.janus import NO_SUCH_MOUNTPOINT, Handle, Janus, JanusError
+from monologue.janus import NO_SUCH_MOUNTPOINT, Handle, Janus, JanusError, Mountpoints
 
 from .deps import Services
 from .links import link_key
@@ -42,7 +45,8 @@ def is_sfu_resource(resource: str) -> bool:
 
 async def offer(services: Services, janus: Janus, session_id: str) -> tuple[str, str]:
     """A new viewer's seat on the session's mountpoint: (resource, Janus's SDP offer). 503 while the mountpoint is
-    not there yet (the session's first chunk is still being made)."""
+    not there yet (the session's init has not run on a node); 429 past the session's seats (counted after taking
+    one: of two viewers racing for the last seat, neither keeps more than the limit)."""
     try:
         handle = await janus.open()
     except JanusError as err:
@@ -56,7 +60,20 @@ async def offer(services: Services, janus: Janus, session_id: str) -> tuple[str,
                 503, f"session {session_id} is not on the SFU yet (its first frames are coming); try again", _RETRY
             ) from None
         raise HTTPException(503, f"the SFU refused the viewer ({err}); try again", _RETRY) from None
+    await _within_seats(services, handle, session_id)
     return _sign(services, session_id, handle), watched["jsep"]["sdp"]
+
+
+async def _within_seats(services: Services, handle: Handle, session_id: str) -> None:
+    limit = services.settings.sfu.max_viewers_per_session
+    try:
+        seats = await Mountpoints(handle, services.settings.sfu.mountpoint_secret(session_id)).viewers(session_id)
+    except JanusError as err:
+        await _quietly_close(handle)
+        raise HTTPException(503, f"the SFU did not answer ({err}); try again", _RETRY) from None
+    if seats > limit:
+        await _quietly_close(handle)
+        raise HTTPException(429, f"session {session_id} has {limit} viewers on the SFU, the most it may have")
 
 
 async def answer(handle: Handle, resource: str, sdp: str) -> None:

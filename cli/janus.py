@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -34,9 +35,9 @@ class JanusServer:
     api_secret: str
     log: Path
 
-    def sfu(self) -> SfuSettings:
-        """The settings that point the API and the nodes at this server."""
-        return SfuSettings(janus_url=self.url, api_secret=SecretStr(self.api_secret))
+    def sfu(self, **changes: Any) -> SfuSettings:
+        """The settings that point the API and the nodes at this server (`changes`: other SfuSettings fields)."""
+        return SfuSettings(janus_url=self.url, api_secret=SecretStr(self.api_secret), **changes)
 
 
 def binary() -> str:
@@ -50,11 +51,18 @@ def binary() -> str:
 
 
 def config_files(
-    folder: str, *, port: int, ip: str = "127.0.0.1", libraries: str | None = None, rtp_ports: str = RTP_PORTS
+    folder: str,
+    *,
+    port: int,
+    ip: str = "127.0.0.1",
+    libraries: str | None = None,
+    rtp_ports: str = RTP_PORTS,
+    viewer_timeout_s: int = VIEWER_TIMEOUT_S,
 ) -> dict[str, str]:
     """Janus's configuration for Monologue, by file name: the core's (`folder` holds it; `libraries`, if given, holds
     the `plugins` and `transports` folders), the HTTP transport's (on `ip`:`port`, path /janus) and the Streaming
-    plug-in's (string ids; mountpoints' RTP ports from `rtp_ports`). infra/k8s/extras/janus.yaml holds the same."""
+    plug-in's (string ids; mountpoints' RTP ports from `rtp_ports`). infra/k8s/extras/janus.yaml holds the same.
+    `viewer_timeout_s`: Janus's session_timeout (a viewer that stops saying it is there loses its seat)."""
     parts = libraries or folder
     return {
         "janus.jcfg": (
@@ -62,7 +70,7 @@ def config_files(
             f'  configs_folder = "{folder}"\n  plugins_folder = "{parts}/plugins"\n'
             f'  transports_folder = "{parts}/transports"\n  events_folder = "{parts}/events"\n'
             f'  loggers_folder = "{parts}/loggers"\n  server_name = "monologue-sfu"\n'
-            f"  session_timeout = {VIEWER_TIMEOUT_S}\n  debug_level = 4\n}}\n"
+            f"  session_timeout = {viewer_timeout_s}\n  debug_level = 4\n}}\n"
             'media: {\n  rtp_port_range = "20000-40000"\n}\n'
         ),
         "janus.transport.http.jcfg": (
@@ -74,7 +82,7 @@ def config_files(
     }
 
 
-def write_config(root: Path, port: int) -> Path:
+def write_config(root: Path, port: int, viewer_timeout_s: int = VIEWER_TIMEOUT_S) -> Path:
     """The configuration folder (config_files), with folders holding links to just the two libraries it loads.
     Returns janus.jcfg."""
     for folder, library in PARTS.items():
@@ -82,17 +90,17 @@ def write_config(root: Path, port: int) -> Path:
         (root / folder / library).symlink_to(LIBRARIES / folder / library)
     for folder in ("events", "loggers"):
         (root / folder).mkdir()
-    for name, text in config_files(str(root), port=port).items():
+    for name, text in config_files(str(root), port=port, viewer_timeout_s=viewer_timeout_s).items():
         (root / name).write_text(text)
     return root / "janus.jcfg"
 
 
 @contextmanager
-def janus_server() -> Iterator[JanusServer]:
+def janus_server(viewer_timeout_s: int = VIEWER_TIMEOUT_S) -> Iterator[JanusServer]:
     """Run Janus on a free loopback port until the block ends."""
     with tempfile.TemporaryDirectory(prefix="monologue-janus-") as folder:
         root, port, secret = Path(folder), free_port(), secrets.token_hex(16)
-        config, log = write_config(root, port), root / "janus.log"
+        config, log = write_config(root, port, viewer_timeout_s), root / "janus.log"
         command = [binary(), "-C", str(config), "-F", str(root), "-a", secret, "-N", "-L", str(log), "-o"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}/janus"

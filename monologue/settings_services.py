@@ -5,6 +5,8 @@ limits and the scheduler's weights. Sections of
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from enum import StrEnum
 from pathlib import Path
 
@@ -193,6 +195,11 @@ class SfuSettings(BaseModel):
         le=10,
         description="a keyframe this often: a viewer joining the SFU shows its first frame at the next one",
     )
+    max_viewers_per_session: int = Field(
+        default=100,
+        ge=1,
+        description="viewers one live session may have on the SFU at once (more: 429); a seat is taken with the offer",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SfuSettings:
@@ -205,6 +212,11 @@ class SfuSettings(BaseModel):
         from urllib.parse import urlsplit
 
         return self.rtp_host or urlsplit(self.janus_url or "").hostname or "127.0.0.1"
+
+    def mountpoint_secret(self, session_id: str) -> str:
+        """The session's mountpoint secret, the same on every node and API replica (from the shared API secret)."""
+        key = (self.api_secret.get_secret_value() if self.api_secret else "monologue").encode()
+        return hmac.new(key, session_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 class LimitSettings(BaseModel):

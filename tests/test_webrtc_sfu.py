@@ -2,8 +2,8 @@
 publishes each WebRTC session once to its own mountpoint, headless Chromium plays the session's player page through
 Janus (the page answers Janus's offer) and the mouth follows the speech, while the node holds no viewer's peer
 connection; an aiortc viewer through the API's server-offer flow gets frames, holds one seat on the mountpoint and
-gives it back on DELETE; bad answers and forged viewer resources get a 4xx naming the problem; once the session
-ends, its mountpoint and the node's publisher are gone."""
+gives it back on DELETE, a viewer past the session's seats gets 429; bad answers and forged viewer resources get a
+4xx naming the problem; once the session ends, its mountpoint and the node's publisher are gone."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from cli.stack import Stack
 from monologue import SAMPLES
 from monologue.client import Client
 from monologue.janus import NO_SUCH_MOUNTPOINT, Janus, JanusError, Mountpoints
-from node.webrtc.sfu import mountpoint_secret
 from tests.browser import watch_live
 from tests.helpers import api_key, node_media_stats, own_stack
 
@@ -38,7 +37,9 @@ def janus() -> Iterator[JanusServer]:
 
 @pytest.fixture(scope="module")
 def sfu_stack(tmp_path_factory: pytest.TempPathFactory, janus: JanusServer) -> Iterator[Stack]:
-    with own_stack(tmp_path_factory.mktemp("webrtc-sfu"), "webrtc-sfu", sfu=janus.sfu()) as stack:
+    with own_stack(
+        tmp_path_factory.mktemp("webrtc-sfu"), "webrtc-sfu", sfu=janus.sfu(max_viewers_per_session=2)
+    ) as stack:
         yield stack
 
 
@@ -48,7 +49,7 @@ def _mountpoint_viewers(stack: Stack, janus: JanusServer, session_id: str) -> in
     async def ask() -> int | None:
         handle = await Janus(janus.url, janus.api_secret).open()
         try:
-            return await Mountpoints(handle, mountpoint_secret(stack.settings.sfu, session_id)).viewers(session_id)
+            return await Mountpoints(handle, stack.settings.sfu.mountpoint_secret(session_id)).viewers(session_id)
         except JanusError as err:
             if err.code == NO_SUCH_MOUNTPOINT:
                 return None
@@ -98,6 +99,11 @@ def test_sfu_viewers_answer_with_patch_and_bad_answers_are_refused(sfu_stack: St
             assert offer.status_code == 201 and offer.headers["content-type"] == "application/sdp", offer.text
             assert "m=video" in offer.text and "H264" in offer.text and "opus" in offer.text
             viewer = f"{url}{offer.headers['location']}"
+            second = await http.post(whep, headers=auth)  # the last seat (2 here), its offer never answered
+            assert second.status_code == 201, second.text
+            refused = await http.post(whep, headers=auth)
+            assert refused.status_code == 429 and "2 viewers on the SFU" in refused.text, refused.text
+            assert (await http.delete(f"{url}{second.headers['location']}", headers=auth)).status_code == 204
             forged = viewer[:-2] + ("00" if not viewer.endswith("00") else "11")
             for method, target in (("PATCH", forged), ("POST", f"{forged}/alive"), ("DELETE", forged)):
                 refused = await http.request(method, target, headers={**auth, **SDP}, content="v=0\r\n")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
@@ -37,12 +35,6 @@ _SEQUENCE = 1 << 16
 _TIMESTAMP = 1 << 32
 T = TypeVar("T")
 CHECK_EVERY_S = 5.0
-
-
-def mountpoint_secret(sfu: SfuSettings, session_id: str) -> str:
-    """The session's mountpoint secret, the same on every node (derived from the shared API secret)."""
-    key = (sfu.api_secret.get_secret_value() if sfu.api_secret else "monologue").encode()
-    return hmac.new(key, session_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 class SfuPublisher:
@@ -133,7 +125,7 @@ class SfuPublisher:
     async def _mountpoints(self, session_id: str, act: Callable[[Mountpoints], Awaitable[T]]) -> T:
         handle = await self._janus.open()
         try:
-            return await act(Mountpoints(handle, mountpoint_secret(self._sfu, session_id)))
+            return await act(Mountpoints(handle, self._sfu.mountpoint_secret(session_id)))
         finally:
             await handle.close()
 

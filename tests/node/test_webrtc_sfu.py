@@ -8,7 +8,7 @@ restarted) is made again and watched."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from aiortc.mediastreams import MediaStreamError
 from cli.janus import JanusServer, janus_server
 from monologue.janus import NO_SUCH_MOUNTPOINT, Handle, Janus, JanusError, Mountpoints
 from node.webrtc.hub import MediaHub
-from node.webrtc.sfu import SfuPublisher, mountpoint_secret
+from node.webrtc.sfu import SfuPublisher
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,7 +92,7 @@ def test_viewers_watch_through_janus_and_stay_connected_when_the_session_moves(j
         stop_first = asyncio.Event()
         feeding = asyncio.ensure_future(_feed(first_node, sid, 60, stop_first))
         await eventually(lambda: publisher.publishing() == 1, what="the node publishing")
-        mounts = Mountpoints(await client.open(), mountpoint_secret(settings, sid))
+        mounts = Mountpoints(await client.open(), settings.mountpoint_secret(sid))
         await eventually_async(lambda: _exists(mounts, sid), what="the session's mountpoint")
         viewers = [Viewer(), Viewer()]
         handles = [await viewer.watch(client, sid) for viewer in viewers]
@@ -139,7 +139,7 @@ def test_a_mountpoint_that_is_gone_is_made_again_and_watched(janus: JanusServer)
         publisher = SfuPublisher(hub, settings, check_every_s=0.2)
         stop = asyncio.Event()
         feeding = asyncio.ensure_future(_feed(hub, sid, 120, stop))
-        mounts = Mountpoints(await client.open(), mountpoint_secret(settings, sid))
+        mounts = Mountpoints(await client.open(), settings.mountpoint_secret(sid))
         await eventually_async(lambda: _exists(mounts, sid), what="the session's mountpoint")
         await mounts.destroy(sid)
         await eventually_async(lambda: _exists(mounts, sid), what="the mountpoint made again")
@@ -156,6 +156,41 @@ def test_a_mountpoint_that_is_gone_is_made_again_and_watched(janus: JanusServer)
         await handle.close()
 
     asyncio.run(main())
+
+
+def test_viewers_that_go_silent_leave_no_seat_behind() -> None:
+    """A viewer takes a seat on the mountpoint with Janus's offer. One that never answers and one whose connection
+    never comes up (its peer closed before ICE) both lose it once they stop saying they are there: Janus ends their
+    sessions after its session_timeout (here 2 s), seat, handle and all."""
+
+    async def main(janus: JanusServer) -> None:
+        settings, sid = janus.sfu(), "live-sfu-seats"
+        client = Janus(janus.url, janus.api_secret)
+
+        async def seats() -> int:
+            handle = await client.open()  # a session of its own each time: the test's would time out as well
+            try:
+                return await Mountpoints(handle, settings.mountpoint_secret(sid)).viewers(sid)
+            finally:
+                await handle.close()
+
+        owner = await client.open()
+        await Mountpoints(owner, settings.mountpoint_secret(sid)).ensure(sid)
+        await owner.close()
+        silent = await client.open()
+        await silent.request({"request": "watch", "id": sid})  # Janus's offer, never answered
+        never_up = Viewer()
+        await never_up.watch(client, sid)  # answered, then the peer goes before ICE completes
+        assert await seats() == 2
+        await never_up.close()
+        await eventually_async(lambda: _zero(seats), timeout_s=30, what="both seats given back")
+
+    with janus_server(viewer_timeout_s=2) as janus:
+        asyncio.run(main(janus))
+
+
+async def _zero(count: Callable[[], Awaitable[int]]) -> bool:
+    return await count() == 0
 
 
 def test_janus_refusals_carry_the_plugin_error_code(janus: JanusServer) -> None:
