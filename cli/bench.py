@@ -4,6 +4,7 @@ torch for other commands."""
 
 from __future__ import annotations
 
+import shutil
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,11 @@ def bench_avatar_command(runs: int, api_url: str | None) -> None:
     is_flag=True,
     help="SIGKILL the session's node halfway through each run; the stall is printed (a stack of its own, two nodes).",
 )
+@click.option(
+    "--calibrate",
+    is_flag=True,
+    help="First read the A/V measure on a stream Chromium keeps in sync itself (cli/benches/webrtc_calibrate.py).",
+)
 @click.option("--runs", type=int, default=3, show_default=True, help="Live sessions, one after another.")
 @click.option("--bursts", type=int, default=5, show_default=True, help="Speech onsets per session.")
 @click.option("--lip-sync", type=click.Choice([v.value for v in LipSync]), default=None, help="The sessions' lip_sync.")
@@ -183,6 +189,10 @@ def bench_live_command(webrtc: bool, **given: Any) -> None:
 
     if not webrtc:
         raise click.UsageError("only --webrtc is measured here (HLS: `monologue bench avatar`, `monologue live`)")
+    if given.pop("calibrate"):
+        from cli.benches.webrtc_calibrate import calibrate
+
+        click.echo(calibrate(chromium=shutil.which("chromium") or "chromium").line())
     run_live_bench(LiveBench(**given), click.echo)
 
 

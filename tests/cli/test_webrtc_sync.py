@@ -1,10 +1,11 @@
 """The content-based A/V offset's parts (cli/benches/webrtc_sync.py): onsets after quiet spells, the page's grid of
-dark cells computed the same way from frames, and the offset net of the model's own lag."""
+dark cells computed the same way from frames, the offset net of the model's own lag, and the calibration's pairing."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from cli.benches.webrtc_calibrate import read_offsets
 from cli.benches.webrtc_sync import answered, av_offsets, grid_cells, heard_onsets_s, onsets
 
 
@@ -50,3 +51,13 @@ def test_the_speech_sent_is_read_the_way_the_page_hears_it_not_from_where_a_burs
     pcm[rate : 2 * rate] = 10_000 * ramp * np.sign(np.sin(2 * np.pi * 200 * np.arange(rate) / rate))
     (onset,) = heard_onsets_s(pcm, rate, gap_s=1.0)
     assert 1.0 + 0.010 <= onset <= 1.0 + 0.016
+
+
+def test_the_calibration_pairs_each_flash_with_the_tone_nearest_it_and_drops_the_unpaired() -> None:
+    """cli/benches/webrtc_calibrate.py: flashes every 1.5 s seen 40 ms before their tones are heard read −40 each; a
+    flash with no tone within the event's length is not paired."""
+    frames = [[t, [1.0 if (t - 1000) % 1500 < 300 else 0.0] * 4] for t in np.arange(0.0, 7000.0, 10.0)]
+    heard = [[t, 0.5 if (t - 1040) % 1500 < 300 and t < 4000 else 0.01] for t in np.arange(0.0, 7000.0, 2.0)]
+    offsets = read_offsets(frames, heard)
+    assert len(offsets) == 2 and all(abs(value + 40) < 1 for value in offsets), offsets
+    assert read_offsets(frames, []) == []
