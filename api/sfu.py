@@ -1,6 +1,7 @@
 """Viewers through the SFU (`MONOLOGUE_SFU__JANUS_URL`): the API signals a viewer to Janus's Streaming plug-in,
-where the session's node publishes it (node/webrtc/sfu.py). Janus 1.1.2 (Debian 12) offers to its viewers itself,
-so this is the server-offer flow of the first WHEP drafts (draft-murillo-whep-00), not a viewer's offer:
+where the session's node publishes it (node/webrtc/sfu.py; with several Janus servers, the session's own). Janus
+1.1.2 (Debian 12) offers to its viewers itself, so this is the server-offer flow of the first WHEP drafts
+(draft-murillo-whep-00), not a viewer's offer:
 - `POST /v1/live/{id}/whep` with an empty body → 201, Janus's SDP offer, `Location: …/whep/sfu-<id>`;
 - `PATCH <Location>` with the viewer's SDP answer (`application/sdp`) → 204;
 - `POST <Location>/alive` → 204: the viewer is still there (Janus ends a viewer's session after its
@@ -31,12 +32,13 @@ VIEWER_GONE = 458  # Janus's JANUS_ERROR_SESSION_NOT_FOUND
 _RETRY = {"Retry-After": "1"}
 
 
-def janus_of(services: Services) -> Janus | None:
-    """The SFU viewers watch through, or None (viewers connect to the session's node)."""
+def janus_of(services: Services, session_id: str) -> Janus | None:
+    """The SFU the session's viewers watch through (its Janus: `SfuSettings.janus_for`), or None (viewers connect
+    to the session's node)."""
     sfu = services.settings.sfu
-    if sfu.janus_url is None:
+    if not sfu.servers():
         return None
-    return Janus(sfu.janus_url, sfu.api_secret.get_secret_value() if sfu.api_secret else None)
+    return Janus(sfu.janus_for(session_id), sfu.api_secret.get_secret_value() if sfu.api_secret else None)
 
 
 def is_sfu_resource(resource: str) -> bool:

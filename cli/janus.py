@@ -37,7 +37,7 @@ class JanusServer:
 
     def sfu(self, **changes: Any) -> SfuSettings:
         """The settings that point the API and the nodes at this server (`changes`: other SfuSettings fields)."""
-        return SfuSettings(janus_url=self.url, api_secret=SecretStr(self.api_secret), **changes)
+        return SfuSettings(**{"janus_url": self.url, "api_secret": SecretStr(self.api_secret), **changes})
 
 
 def binary() -> str:
@@ -96,10 +96,10 @@ def write_config(root: Path, port: int, viewer_timeout_s: int = VIEWER_TIMEOUT_S
 
 
 @contextmanager
-def janus_server(viewer_timeout_s: int = VIEWER_TIMEOUT_S) -> Iterator[JanusServer]:
-    """Run Janus on a free loopback port until the block ends."""
+def janus_server(viewer_timeout_s: int = VIEWER_TIMEOUT_S, api_secret: str | None = None) -> Iterator[JanusServer]:
+    """Run Janus on a free loopback port until the block ends (`api_secret`: a random one unless given)."""
     with tempfile.TemporaryDirectory(prefix="monologue-janus-") as folder:
-        root, port, secret = Path(folder), free_port(), secrets.token_hex(16)
+        root, port, secret = Path(folder), free_port(), api_secret or secrets.token_hex(16)
         config, log = write_config(root, port, viewer_timeout_s), root / "janus.log"
         command = [binary(), "-C", str(config), "-F", str(root), "-a", secret, "-N", "-L", str(log), "-o"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -184,10 +184,16 @@ class SfuSettings(BaseModel):
     node publishes the session once, as RTP to a mountpoint, and Janus fans it out. Unset: viewers connect to the
     node itself. The API and the nodes read the same values; Janus's HTTP API stays on a private network."""
 
-    janus_url: str | None = Field(default=None, description="Janus's HTTP API, e.g. http://janus:8088/janus")
-    api_secret: SecretStr | None = Field(default=None, description="Janus's API secret (its `-a` / api_secret)")
+    janus_url: str | None = Field(
+        default=None,
+        description="Janus's HTTP API, e.g. http://janus:8088/janus; several, comma-separated: each live session is "
+        "on one of them, chosen by its id (`janus_for`)",
+    )
+    api_secret: SecretStr | None = Field(default=None, description="Janus's API secret (its `-a`; the same on each)")
     rtp_host: str | None = Field(
-        default=None, description="where the nodes send RTP (default: janus_url's host; a mountpoint listens on all)"
+        default=None,
+        description="where the nodes send RTP (default: the session's Janus URL's host; a mountpoint listens on all); "
+        "with one Janus only",
     )
     keyframe_interval_s: float = Field(
         default=1.0,
@@ -203,15 +209,33 @@ class SfuSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SfuSettings:
-        if self.janus_url is not None and not self.janus_url.startswith(("http://", "https://")):
-            raise ValueError(f"janus_url is an http(s) URL of Janus's HTTP API, got {self.janus_url!r}")
+        if self.janus_url is not None and not self.servers():
+            raise ValueError("janus_url names no server: give Janus's HTTP API URL (several: comma-separated)")
+        for url in self.servers():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"janus_url holds http(s) URLs of Janus's HTTP API, got {url!r}")
+        if self.rtp_host is not None and len(self.servers()) > 1:
+            raise ValueError("rtp_host names one Janus: with several, the nodes send to each session's own")
         return self
 
-    def rtp_address(self) -> str:
-        """The host the nodes send RTP to."""
+    def servers(self) -> list[str]:
+        """The Janus servers' HTTP API URLs (none: no SFU)."""
+        return [url.strip() for url in (self.janus_url or "").split(",") if url.strip()]
+
+    def janus_for(self, session_id: str) -> str:
+        """The Janus server of a session: the API and every node choose the same one (rendezvous hashing: each
+        server scores the session, the highest wins), so a session that moves between nodes keeps its mountpoint,
+        and a server added to the list takes only the sessions it now wins (change the list between sessions)."""
+        servers = self.servers()
+        if not servers:
+            raise ValueError("no SFU: MONOLOGUE_SFU__JANUS_URL is not set")
+        return max(servers, key=lambda url: hashlib.sha256(f"{url}\n{session_id}".encode()).digest())
+
+    def rtp_address(self, session_id: str) -> str:
+        """The host the nodes send the session's RTP to."""
         from urllib.parse import urlsplit
 
-        return self.rtp_host or urlsplit(self.janus_url or "").hostname or "127.0.0.1"
+        return self.rtp_host or urlsplit(self.janus_for(session_id)).hostname or "127.0.0.1"
 
     def mountpoint_secret(self, session_id: str) -> str:
         """The session's mountpoint secret, the same on every node and API replica (from the shared API secret)."""

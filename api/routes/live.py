@@ -46,7 +46,7 @@ async def whep_offer(session_id: str, request: Request, services: ServicesDep) -
     """Start watching a live session: an SDP offer in, the SDP answer out (WHEP). Where the deployment has an SFU, an
     empty POST gets the SFU's offer instead (answer it with PATCH: api/sfu.py)."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
-    janus = sfu.janus_of(services)
+    janus = sfu.janus_of(services, session_id)
     if janus is not None and webrtc.empty_body(request):
         await webrtc.live_session(services, session_id)
         resource, offer_sdp = await sfu.offer(services, janus, session_id)
@@ -87,7 +87,7 @@ async def whep_alive(session_id: str, resource: str, request: Request, services:
 
 def _viewer(services: Services, session_id: str, resource: str) -> Handle:
     """The SFU viewer `resource` names (404 without an SFU, or for a resource not of this session)."""
-    janus = sfu.janus_of(services)
+    janus = sfu.janus_of(services, session_id)
     if janus is None:
         raise HTTPException(404, "this deployment has no SFU (MONOLOGUE_SFU__JANUS_URL): viewers offer to the node")
     return sfu.viewer(services, janus, session_id, resource)
@@ -162,6 +162,6 @@ def player(session_id: str, services: ServicesDep, link: Annotated[str, Query(ma
     """A page that plays the live session over WebRTC (`link`: the playback link's token)."""
     webrtc.playback_grant(services, link, session_id)
     page = PLAYER_PAGE.read_text()
-    if sfu.janus_of(services) is not None:  # the page asks the SFU for its offer and answers it
+    if services.settings.sfu.servers():  # the page asks the SFU for its offer and answers it
         page = page.replace("<body>", '<body data-sfu="1">', 1)
     return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})

@@ -131,6 +131,6 @@ def start(
     hub = MediaHub(loop, max_sessions=2 * settings.capacity + 2)
     peers = WhepPeers(hub, max_viewers=settings.max_viewers_per_session, ice_timeout_s=settings.ice_timeout_s, ice=ice)
     server = MediaServer(peers, loop, settings.http_host, settings.media_port, whip)
-    if sfu is not None and sfu.janus_url is not None:
+    if sfu is not None and sfu.servers():
         server.sfu = SfuPublisher(hub, sfu)
     return server, hub

@@ -42,10 +42,10 @@ class SfuPublisher:
 
     def __init__(self, hub: MediaHub, sfu: SfuSettings, *, check_every_s: float = CHECK_EVERY_S) -> None:
         """`check_every_s`: how often a session's mountpoint is looked for (made again, e.g. after Janus restarted)."""
-        if sfu.janus_url is None:
+        if not sfu.servers():
             raise ValueError("SfuPublisher needs MONOLOGUE_SFU__JANUS_URL")
         api_secret = sfu.api_secret.get_secret_value() if sfu.api_secret else None
-        self._janus = Janus(sfu.janus_url, api_secret)
+        self._janus = {url: Janus(url, api_secret) for url in sfu.servers()}  # each session on one (janus_for)
         self._sfu, self._check_every_s = sfu, check_every_s
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished: set[str] = set()
@@ -83,7 +83,7 @@ class SfuPublisher:
             if ports is None:
                 return
             log.info("publishing to the SFU", session_id=session_id, video_port=ports.video, audio_port=ports.audio)
-            address, interval = self._sfu.rtp_address(), self._sfu.keyframe_interval_s
+            address, interval = self._sfu.rtp_address(session_id), self._sfu.keyframe_interval_s
             stream = RtpStream(media, address, ports, interval, self._heard)
             watching = asyncio.ensure_future(self._watch(session_id, media, stream))
             try:
@@ -123,7 +123,7 @@ class SfuPublisher:
                 stream.retarget(ports)
 
     async def _mountpoints(self, session_id: str, act: Callable[[Mountpoints], Awaitable[T]]) -> T:
-        handle = await self._janus.open()
+        handle = await self._janus[self._sfu.janus_for(session_id)].open()
         try:
             return await act(Mountpoints(handle, self._sfu.mountpoint_secret(session_id)))
         finally:

@@ -158,6 +158,35 @@ def test_a_mountpoint_that_is_gone_is_made_again_and_watched(janus: JanusServer)
     asyncio.run(main())
 
 
+def test_with_two_janus_servers_each_session_is_published_to_its_own(janus: JanusServer) -> None:
+    """Sessions spread over the servers listed (`SfuSettings.janus_for`): each one's mountpoint is made on its own
+    server only, and a viewer there gets its frames."""
+
+    async def main(other: JanusServer) -> None:
+        settings = janus.sfu(janus_url=f"{janus.url},{other.url}")
+        by_server = {settings.janus_for(f"live-spread-{n}"): f"live-spread-{n}" for n in range(20)}
+        assert set(by_server) == {janus.url, other.url}  # 20 sessions land on both
+        hub = MediaHub(asyncio.get_running_loop())
+        publisher = SfuPublisher(hub, settings, check_every_s=0.2)
+        stop = asyncio.Event()
+        feeding = [
+            asyncio.ensure_future(_feed(hub, sid, 60 + 100 * n, stop)) for n, sid in enumerate(by_server.values())
+        ]
+        for n, (url, sid) in enumerate(by_server.items()):
+            elsewhere = other.url if url == janus.url else janus.url
+            secret = settings.mountpoint_secret(sid)
+            levels = await _published_on_only(
+                Janus(url, janus.api_secret), Janus(elsewhere, janus.api_secret), sid, secret
+            )
+            assert all(abs(value - (60 + 100 * n)) < 8 for value in levels)
+        stop.set()
+        await asyncio.gather(*feeding)
+        await publisher.close()
+
+    with janus_server(api_secret=janus.api_secret) as other:  # one API secret for all a deployment's servers
+        asyncio.run(main(other))
+
+
 def test_viewers_that_go_silent_leave_no_seat_behind() -> None:
     """A viewer takes a seat on the mountpoint with Janus's offer. One that never answers and one whose connection
     never comes up (its peer closed before ICE) both lose it once they stop saying they are there: Janus ends their
@@ -187,6 +216,22 @@ def test_viewers_that_go_silent_leave_no_seat_behind() -> None:
 
     with janus_server(viewer_timeout_s=2) as janus:
         asyncio.run(main(janus))
+
+
+async def _published_on_only(owner: Janus, stranger: Janus, sid: str, secret: str) -> list[float]:
+    """The session's mountpoint is on `owner` and not on `stranger`; a viewer through `owner` gets its frames (their
+    levels are returned)."""
+    ours, theirs = await owner.open(), await stranger.open()
+    mounts = Mountpoints(ours, secret)
+    await eventually_async(lambda: _exists(mounts, sid), what=f"{sid}'s mountpoint on its server")
+    assert await _gone(Mountpoints(theirs, secret), sid)
+    viewer = Viewer()
+    handle = await viewer.watch(owner, sid)
+    await eventually(lambda: len(viewer.levels) >= 3, what=f"{sid}'s frames through its server")
+    await viewer.close()
+    for opened in (handle, ours, theirs):
+        await opened.close()
+    return viewer.levels
 
 
 async def _zero(count: Callable[[], Awaitable[int]]) -> bool:
