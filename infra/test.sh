@@ -34,4 +34,6 @@ fi
 export MONOLOGUE_TEST_POSTGRES_URL=${MONOLOGUE_TEST_POSTGRES_URL:-postgresql+psycopg://postgres:postgres@127.0.0.1:5432/postgres}
 ruff check .
 mypy
-python -m pytest "$@"
+# Two workers (pytest-xdist), a test file each at a time (its module fixtures started once): most of the suite's time
+# is spent waiting on real time (live speech, leases, restarts), not on the CPU. MONOLOGUE_TEST_WORKERS=0: one process.
+python -m pytest -n "${MONOLOGUE_TEST_WORKERS:-2}" --dist loadfile "$@"
