@@ -35,6 +35,7 @@ _SEQUENCE = 1 << 16
 _TIMESTAMP = 1 << 32
 T = TypeVar("T")
 CHECK_EVERY_S = 5.0
+STOP_GRACE_S = 12.0  # past a request's own timeout (monologue/janus.py: 10 s)
 
 
 class SfuPublisher:
@@ -85,11 +86,12 @@ class SfuPublisher:
             log.info("publishing to the SFU", session_id=session_id, video_port=ports.video, audio_port=ports.audio)
             address, interval = self._sfu.rtp_address(session_id), self._sfu.keyframe_interval_s
             stream = RtpStream(media, address, ports, interval, self._heard)
-            watching = asyncio.ensure_future(self._watch(session_id, media, stream))
+            done = asyncio.Event()
+            watching = asyncio.ensure_future(self._watch(session_id, media, stream, done))
             try:
                 await stream.run()
             finally:
-                watching.cancel()
+                await _stop_between_requests(watching, done)
             if session_id in self._finished:
                 await self._mountpoints(session_id, lambda mounts: mounts.destroy(session_id))
         except JanusError as err:
@@ -110,11 +112,13 @@ class SfuPublisher:
             await asyncio.sleep(self._check_every_s)
         return None
 
-    async def _watch(self, session_id: str, media: SessionMedia, stream: RtpStream) -> None:
+    async def _watch(self, session_id: str, media: SessionMedia, stream: RtpStream, done: asyncio.Event) -> None:
         """Look for the mountpoint now and then: one that is gone (Janus restarted) is made again, and the stream
-        sent to its new ports."""
+        sent to its new ports. Ends at the next check once `done` is set."""
         while True:
-            await asyncio.sleep(self._check_every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self._check_every_s)
+                return
             ports = await self._ensure(session_id, media)
             if ports is None:
                 return
@@ -128,6 +132,15 @@ class SfuPublisher:
             return await act(Mountpoints(handle, self._sfu.mountpoint_secret(session_id)))
         finally:
             await handle.close()
+
+
+async def _stop_between_requests(task: asyncio.Task[None], done: asyncio.Event) -> None:
+    """Let `task` end at its next check rather than cancel it inside a request to Janus (a request cancelled while
+    it connects leaves a coroutine never awaited behind); cancelled after all when Janus keeps it waiting."""
+    done.set()
+    _, pending = await asyncio.wait([task], timeout=STOP_GRACE_S)
+    for still in pending:
+        still.cancel()
 
 
 class RtpStream:

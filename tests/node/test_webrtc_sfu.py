@@ -181,7 +181,9 @@ def test_with_two_janus_servers_each_session_is_published_to_its_own(janus: Janu
             assert all(abs(value - (60 + 100 * n)) < 8 for value in levels)
         stop.set()
         await asyncio.gather(*feeding)
-        await publisher.close()
+        for sid in by_server.values():  # the sessions end: their publishers stop between checks, not mid-request
+            hub.session_ended(sid)
+        await eventually(lambda: publisher.publishing() == 0, what="the publishers done")
 
     with janus_server(api_secret=janus.api_secret) as other:  # one API secret for all a deployment's servers
         asyncio.run(main(other))
