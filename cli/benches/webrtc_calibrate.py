@@ -6,10 +6,10 @@ dark for 300 ms and, at the same instants, a 440-Hz tone (WebAudio), both captur
 sender (the capture clock the receiver's A/V sync relies on). The receiving side is set up as the player page's (the
 `<video id="video">`, the smallest jitter buffer asked for) and read by the same probes: each presented frame's dark
 share (FRAME_PROBE: the frame callback's time), the audio output's loudness (AUDIO_PROBE), the receiver's stats
-(STATS_PROBE). Per event, seen − heard
-is what the measure reads for a stream Chromium itself keeps in sync; a live session's offset by content is to be
-read against it. The flash is drawn at the first animation frame after the tone's audio clock passed its start (up
-to a frame at 60 Hz late: the figure printed carries that, ≤ +17 ms, on the video's side). Nothing here asserts."""
+(STATS_PROBE). Per event, seen − heard is what the measure reads for a stream Chromium itself keeps in sync; a live
+session's offset by content is to be read against it. The flash is drawn at the first animation frame after the
+tone's audio clock passed its start (up to a frame at 60 Hz late: the figure printed carries that, ≤ +17 ms, on the
+video's side). Nothing here asserts."""
 
 from __future__ import annotations
 
