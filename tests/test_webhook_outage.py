@@ -126,6 +126,8 @@ class Recorded:
 async def _recorded(stack: Stack, delivery_id: str) -> Recorded:
     client = await temporal_client.connect(stack.settings.temporal)
     handle = client.get_workflow_handle(c.webhook_workflow_id(delivery_id))
+    # The delivery reads as ended once `webhook_given_up` has recorded it; the workflow closes just after.
+    await asyncio.wait_for(handle.result(), timeout=60)
     status = (await handle.describe()).status
     events = (await handle.fetch_history()).events
     # The first activity is the delivery (the second, `webhook_given_up`, records the end).
