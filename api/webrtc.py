@@ -29,6 +29,9 @@ from .submit import TERMINAL
 MAX_OFFER_BYTES = 64 * 1024
 SDP_TYPE = "application/sdp"
 NODE_TIMEOUT_S = 30.0
+# A node that was just lost may not refuse the connection but never answer it (its address gone): 503 soon, the
+# page offers again (it reaches the session's new node once that holds it).
+NODE_CONNECT_TIMEOUT_S = 2.0
 _RETRY = {"Retry-After": "1"}  # a session between nodes has one again within a lease timeout
 _MEDIA = re.compile(r"^m=(?P<kind>\w+) ", re.MULTILINE)
 _RTPMAP = re.compile(r"^a=rtpmap:\d+ (?P<codec>[A-Za-z0-9-]+)/", re.MULTILINE)
@@ -185,7 +188,7 @@ def _live_options(db: Session, session_id: str, webrtc_only: bool) -> c.RenderOp
 async def forward(method: str, url: str, *, body: str | None = None) -> httpx.Response:
     """One request to a node's signalling port; 503 when the node does not answer (it may have just been lost)."""
     try:
-        async with httpx.AsyncClient(timeout=NODE_TIMEOUT_S) as client:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(NODE_TIMEOUT_S, connect=NODE_CONNECT_TIMEOUT_S)) as client:
             return await client.request(
                 method, url, content=body, headers={"Content-Type": SDP_TYPE} if body is not None else None
             )

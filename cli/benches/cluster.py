@@ -135,13 +135,14 @@ def run(cluster: Cluster, scenario: Scenario, folder: Path) -> Report:
         for i in range(scenario.renders)
     }
     live = [LiveRun(cluster.api_urls[i % len(cluster.api_urls)]) for i in range(scenario.live)]
-    for run_ in live:
-        # As a client does: a create refused with 503 (no node free in time while nodes die) is asked again.
-        start_live_session(cluster, run_, portrait, retry_for_s=LIVE_RETRY_S)
     audio = speech(folder, scenario.live_seconds)
-    streams = [threading.Thread(target=stream_live_session, args=(cluster, run_, audio)) for run_ in live]
-    for thread in streams:
-        thread.start()
+    streams = []
+    for run_ in live:
+        # As a client does: a create refused with 503 (no node free in time while nodes die) is asked again; its
+        # audio starts at once (the next create may take longer than the live idle timeout under load).
+        start_live_session(cluster, run_, portrait, retry_for_s=LIVE_RETRY_S)
+        streams.append(threading.Thread(target=stream_live_session, args=(cluster, run_, audio)))
+        streams[-1].start()
     # Kills and restarts from this thread, which outlives every process it starts (see Cluster.restart).
     chaos(cluster, scenario, list(renders), deadline=time.monotonic() + scenario.timeout_s)
     for thread in streams:

@@ -27,6 +27,10 @@ from tests.helpers import api_headers
 
 pytestmark = pytest.mark.slow
 EXAMPLES = 25  # per operation and mode (valid, invalid); the whole file stays under a minute on two cores
+# How a request's body is framed is the HTTP server's to read, before the API sees anything: uvicorn answers a
+# malformed one 400 and closes the connection with the request unread, which a client may see as a reset. The fuzz
+# leaves these headers to the client (negative mode draws invalid ones among its extra headers).
+FRAMING = {"transfer-encoding", "content-length"}
 # Server errors found and not fixed yet, by operation: each with the fix it needs. Remove the entry with the fix.
 
 
@@ -64,6 +68,8 @@ def test_no_request_gets_a_server_error_and_responses_match_the_schema(
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
                 )
                 def fuzz(case: Case[Any]) -> None:
+                    for name in [name for name in case.headers or {} if name.lower() in FRAMING]:
+                        del case.headers[name]
                     case.call_and_validate(
                         headers=headers, timeout=30, checks=[not_a_server_error, response_schema_conformance]
                     )
