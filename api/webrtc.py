@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from monologue import audio_tickets, contracts as c, repo
 from monologue.db import NodeStatus
 from monologue.repo import nodes as repo_nodes
+from monologue.tls import tls_context
 
 from . import links
 from .deps import Services, principal_from_headers, with_db
@@ -188,7 +189,8 @@ def _live_options(db: Session, session_id: str, webrtc_only: bool) -> c.RenderOp
 async def forward(method: str, url: str, *, body: str | None = None) -> httpx.Response:
     """One request to a node's signalling port; 503 when the node does not answer (it may have just been lost)."""
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(NODE_TIMEOUT_S, connect=NODE_CONNECT_TIMEOUT_S)) as client:
+        timeout = httpx.Timeout(NODE_TIMEOUT_S, connect=NODE_CONNECT_TIMEOUT_S)
+        async with httpx.AsyncClient(timeout=timeout, verify=tls_context()) as client:
             return await client.request(
                 method, url, content=body, headers={"Content-Type": SDP_TYPE} if body is not None else None
             )

@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from monologue.tls import tls_context
+
 STREAMING = "janus.plugin.streaming"
 VIDEO_PT, AUDIO_PT = 96, 111
 H264_FMTP = "profile-level-id=42e01f;packetization-mode=1"  # constrained baseline, what aiortc's encoder makes
@@ -46,7 +48,7 @@ class Janus:
         if self.api_secret:
             message["apisecret"] = self.api_secret
         try:
-            async with httpx.AsyncClient(timeout=_TIMEOUT_S) as client:
+            async with httpx.AsyncClient(timeout=_TIMEOUT_S, verify=tls_context()) as client:
                 answer = (await client.post(f"{self.url}{path}", json=message)).json()
         except (httpx.HTTPError, ValueError) as err:
             raise JanusError(f"Janus at {self.url} did not answer: {err}") from None
@@ -58,7 +60,7 @@ class Janus:
         if self.api_secret:
             query += f"&apisecret={self.api_secret}"
         try:
-            async with httpx.AsyncClient(timeout=_EVENT_WAIT_S + 5) as client:
+            async with httpx.AsyncClient(timeout=_EVENT_WAIT_S + 5, verify=tls_context()) as client:
                 answer = (await client.get(f"{self.url}/{session}{query}")).json()
         except (httpx.HTTPError, ValueError) as err:
             raise JanusError(f"Janus at {self.url} sent no event: {err}") from None

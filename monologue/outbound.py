@@ -36,6 +36,7 @@ import httpx
 
 from monologue.errors import AddressRefused, InputError, InputTooLarge
 from monologue.settings import OutboundSettings
+from monologue.tls import tls_context
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -251,7 +252,7 @@ class _GuardedTransport(httpx.AsyncHTTPTransport):
     def __init__(self, backend: GuardedBackend) -> None:
         super().__init__(trust_env=False)
         # httpx builds its pool without a way to pass a network backend: the same pool, with ours.
-        self._pool = httpcore.AsyncConnectionPool(ssl_context=httpx.create_ssl_context(), network_backend=backend)
+        self._pool = httpcore.AsyncConnectionPool(ssl_context=tls_context(), network_backend=backend)
 
 
 def guarded_client(

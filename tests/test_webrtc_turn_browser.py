@@ -7,6 +7,8 @@ speech as without TURN. coturn's log names who allocated: the node (`whep-<sessi
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import re
 from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
@@ -64,6 +66,13 @@ def test_the_ice_servers_need_the_sessions_playback_link(relayed: Stack, turn: T
         assert answer.status_code == 200, answer.text
         (server,) = answer.json()["ice_servers"]
         assert server["urls"] == [turn.url] and server["username"].endswith(f":viewer-{session.id}")
+        # The player page carries the servers for its first connection (credentials minted with the page).
+        page = httpx.get(f"{url}/v1/live/{session.id}/player", params={"link": token})
+        assert page.status_code == 200, page.text
+        found = re.search(r'<body data-ice-servers="([^"]*)"', page.text)
+        assert found is not None, page.text[:500]
+        (inline,) = json.loads(html.unescape(found[1]))
+        assert inline["urls"] == [turn.url] and inline["username"].endswith(f":viewer-{session.id}")
         offered = httpx.post(
             f"{url}/v1/live/{session.id}/whep",
             content=asyncio.run(_offer()),

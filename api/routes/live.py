@@ -21,6 +21,8 @@ an SFU, on Janus, where the node publishes the session once."""
 
 from __future__ import annotations
 
+import html
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -161,7 +163,11 @@ async def _stop_on_node(services: Services, session_id: str, path: str) -> Respo
 def player(session_id: str, services: ServicesDep, link: Annotated[str, Query(max_length=200)]) -> HTMLResponse:
     """A page that plays the live session over WebRTC (`link`: the playback link's token)."""
     webrtc.playback_grant(services, link, session_id)
-    page = PLAYER_PAGE.read_text()
+    # The page's first connection needs no request before its offer: the ICE servers come with it (as
+    # /ice-servers gives them, TURN credentials minted now; later connections ask again, credentials expire).
+    servers = json.dumps([server.as_json() for server in _servers(services, session_id)])
+    attributes = f' data-ice-servers="{html.escape(servers)}"'
     if services.settings.sfu.servers():  # the page asks the SFU for its offer and answers it
-        page = page.replace("<body>", '<body data-sfu="1">', 1)
+        attributes += ' data-sfu="1"'
+    page = PLAYER_PAGE.read_text().replace("<body>", f"<body{attributes}>", 1)
     return HTMLResponse(page, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
