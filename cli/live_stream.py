@@ -32,10 +32,17 @@ class LiveReport:
 
 
 def start_session(
-    api_url: str, portrait: Path, *, options: dict[str, Any] | None = None, api_key: str | None = None
+    api_url: str,
+    portrait: Path,
+    *,
+    options: dict[str, Any] | None = None,
+    api_key: str | None = None,
+    probe: bool = False,
 ) -> dict[str, Any]:
-    """POST the portrait; returns the live session (JSON) with its audio WebSocket, ticket and stream links."""
-    with Client(api_url, api_key=api_key) as client:
+    """POST the portrait; returns the live session (JSON) with its audio WebSocket, ticket and stream links.
+    `probe`: one attempt (a refusal is raised at once, for a caller that counts them; else the client's retries)."""
+    client = Client(api_url, api_key=api_key, create_attempts=1) if probe else Client(api_url, api_key=api_key)
+    with client:
         return client.create_live(portrait=portrait, options=options).model_dump(mode="json")
 
 

@@ -56,7 +56,8 @@ def start_live_session(cluster: Cluster, run: LiveRun, portrait: Path, *, retry_
     deadline = time.monotonic() + retry_for_s
     while True:
         try:
-            session = start_session(run.api_url, portrait, options=OPTIONS, api_key=run.key(cluster))
+            # One attempt per call: the client's own retries would hide the refusals counted here.
+            session = start_session(run.api_url, portrait, options=OPTIONS, api_key=run.key(cluster), probe=True)
             break
         except ApiError as err:
             if err.status == HTTPStatus.SERVICE_UNAVAILABLE and time.monotonic() < deadline:
