@@ -112,13 +112,19 @@ async def whip_offer(session_id: str, request: Request, services: ServicesDep) -
 @router.get("/{session_id}/ice-servers")
 def ice_servers_of(session_id: str, request: Request, services: ServicesDep) -> dict[str, Any]:
     """The STUN/TURN servers for a peer connection to this live session (TURN credentials minted now; the player
-    asks before each offer). `ice_servers` is what a browser's `RTCPeerConnection({iceServers})` takes."""
+    page comes with its first ones and asks before each later offer). `ice_servers` is what a browser's
+    `RTCPeerConnection({iceServers})` takes."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
-    return {"ice_servers": [server.as_json() for server in _servers(services, session_id)]}
+    return {"ice_servers": _viewer_servers(services, session_id)}
 
 
 def _servers(services: Services, session_id: str) -> list[IceServer]:
     return ice_servers(services.settings.ice, f"viewer-{session_id}", now=time.time())
+
+
+def _viewer_servers(services: Services, session_id: str) -> list[dict[str, Any]]:
+    """A viewer's servers as a browser takes them (the /ice-servers answer, and what the player page comes with)."""
+    return [server.as_json() for server in _servers(services, session_id)]
 
 
 @router.delete("/{session_id}/whip/{resource}", status_code=204, response_class=Response)
@@ -165,8 +171,7 @@ def player(session_id: str, services: ServicesDep, link: Annotated[str, Query(ma
     webrtc.playback_grant(services, link, session_id)
     # The page's first connection needs no request before its offer: the ICE servers come with it (as
     # /ice-servers gives them, TURN credentials minted now; later connections ask again, credentials expire).
-    servers = json.dumps([server.as_json() for server in _servers(services, session_id)])
-    attributes = f' data-ice-servers="{html.escape(servers)}"'
+    attributes = f' data-ice-servers="{html.escape(json.dumps(_viewer_servers(services, session_id)))}"'
     if services.settings.sfu.servers():  # the page asks the SFU for its offer and answers it
         attributes += ' data-sfu="1"'
     page = PLAYER_PAGE.read_text().replace("<body>", f"<body{attributes}>", 1)
