@@ -240,6 +240,8 @@ class NodeActivities:
                 first, fps = request.chunk.first_frame, session.output.fps
                 speech = chunk_speech(session.audio, first, request.chunk.n_frames, fps)
                 self.frame_tap.chunk_made(request.session_id, first, np.concatenate(tee.frames), speech, fps)
+                tee.release()  # the segment's frames, now that the viewers have them
+                result.stage_ms["decode_publish"] += tee.release_ms  # the writer takes its writes out of it
             checkpoint_key, checkpoint_ms = self._checkpoint(request, session, heartbeat)
         heartbeat("encoding")
         segment = writer.finish()

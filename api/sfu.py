@@ -3,22 +3,29 @@ where the session's node publishes it (node/webrtc/sfu.py; with several Janus se
 1.1.2 (Debian 12) offers to its viewers itself, so this is the server-offer flow of the first WHEP drafts
 (draft-murillo-whep-00), not a viewer's offer:
 - `POST /v1/live/{id}/whep` with an empty body → 201, Janus's SDP offer, `Location: …/whep/sfu-<id>`;
-- `PATCH <Location>` with the viewer's SDP answer (`application/sdp`) → 204;
+- `PATCH <Location>` with the viewer's SDP answer (`application/sdp`) → 204 with the answered viewer's
+  `Location`, which the viewer uses from then on;
 - `POST <Location>/alive` → 204: the viewer is still there (Janus ends a viewer's session after its
-  session_timeout, 60 s, without one: a page that closed without a DELETE leaves nothing behind); 404 once gone;
+  session_timeout, 60 s, without one: a page that closed without a DELETE leaves nothing behind); 404 once gone.
+  A viewer that says so without ever answering holds its seat for `SfuSettings.answer_timeout_s` at most: past it,
+  its `/alive` ends it (404);
 - `DELETE <Location>` → 204.
 A viewer takes a seat on the mountpoint with the offer; past `max_viewers_per_session` seats the POST answers 429.
 Seats are not left behind: Janus hangs up a viewer whose ICE fails (5-15 s after it does) and ends the Janus session,
 seat and all, of a viewer that stops saying it is there (never answered, page closed) after its session_timeout.
-The resource names the viewer's Janus session and handle, signed with the links' key over the live session's id: a
-playback link of one session cannot touch another session's viewers."""
+The resource names the viewer's Janus session and handle and its state (offered at a time, or answered), signed with
+the links' key over the live session's id: a playback link of one session cannot touch another session's viewers, and
+a viewer cannot pass an offered resource off as answered. The API keeps no state of its own (any replica serves any
+request)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import hmac
+import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 
 from fastapi import HTTPException
 
@@ -28,6 +35,7 @@ from .deps import Services
 from .links import link_key
 
 PREFIX = "sfu-"
+ANSWERED = "a"  # the state of a viewer whose answer Janus took; an offered one's is "o<unix time of the offer>"
 VIEWER_GONE = 458  # Janus's JANUS_ERROR_SESSION_NOT_FOUND
 _RETRY = {"Retry-After": "1"}
 
@@ -63,7 +71,7 @@ async def offer(services: Services, janus: Janus, session_id: str) -> tuple[str,
             ) from None
         raise HTTPException(503, f"the SFU refused the viewer ({err}); try again", _RETRY) from None
     await _within_seats(services, handle, session_id)
-    return _sign(services, session_id, handle), watched["jsep"]["sdp"]
+    return _sign(services, session_id, handle, f"o{int(time.time())}"), watched["jsep"]["sdp"]
 
 
 async def _within_seats(services: Services, handle: Handle, session_id: str) -> None:
@@ -78,22 +86,30 @@ async def _within_seats(services: Services, handle: Handle, session_id: str) -> 
         raise HTTPException(429, f"session {session_id} has {limit} viewers on the SFU, the most it may have")
 
 
-async def answer(handle: Handle, resource: str, sdp: str) -> None:
-    """The viewer's SDP answer to Janus's offer: media starts flowing. 400 when Janus cannot use it."""
+async def answer(services: Services, session_id: str, viewer: Viewer, sdp: str) -> str:
+    """The viewer's SDP answer to Janus's offer: media starts flowing. Returns the answered viewer's resource. 400
+    when Janus cannot use the answer."""
     try:
-        await handle.request({"request": "start"}, {"type": "answer", "sdp": sdp})
+        await viewer.handle.request({"request": "start"}, {"type": "answer", "sdp": sdp})
     except JanusError as err:
         if err.code == VIEWER_GONE:
-            raise HTTPException(404, f"no viewer {resource} (it ended; offer again)") from None
+            raise HTTPException(404, f"no viewer {viewer.resource} (it ended; offer again)") from None
         raise HTTPException(400, f"the SFU refused the SDP answer: {err}") from None
+    return _sign(services, session_id, viewer.handle, ANSWERED)
 
 
-async def alive(handle: Handle, resource: str) -> None:
-    await _on_janus(handle.keepalive(), resource)
+async def alive(services: Services, viewer: Viewer) -> None:
+    """Keep the viewer's Janus session; a viewer that has not answered within `answer_timeout_s` of its offer is ended
+    instead (404): saying it is there must not keep a seat that carries no media."""
+    window = services.settings.sfu.answer_timeout_s
+    if viewer.state != ANSWERED and time.time() - int(viewer.state[1:]) > window:
+        await _quietly_close(viewer.handle)
+        raise HTTPException(404, f"viewer {viewer.resource} did not answer the SFU's offer within {window:g} s: ended")
+    await _on_janus(viewer.handle.keepalive(), viewer.resource)
 
 
-async def close(handle: Handle, resource: str) -> None:
-    await _on_janus(handle.close(), resource)
+async def close(viewer: Viewer) -> None:
+    await _on_janus(viewer.handle.close(), viewer.resource)
 
 
 async def _on_janus(call: Awaitable[None], resource: str) -> None:
@@ -105,18 +121,27 @@ async def _on_janus(call: Awaitable[None], resource: str) -> None:
         raise HTTPException(503, f"the SFU did not answer ({err}); try again", _RETRY) from None
 
 
-def _sign(services: Services, session_id: str, handle: Handle) -> str:
-    ids = handle.resource
-    return f"{PREFIX}{ids}-{_mac(services, session_id, ids)}"
+@dataclass(frozen=True)
+class Viewer:
+    handle: Handle
+    state: str  # ANSWERED, or "o<unix time of the offer>"
+    resource: str
 
 
-def viewer(services: Services, janus: Janus, session_id: str, resource: str) -> Handle:
+def _sign(services: Services, session_id: str, handle: Handle, state: str) -> str:
+    named = f"{handle.resource}-{state}"
+    return f"{PREFIX}{named}-{_mac(services, session_id, named)}"
+
+
+def viewer(services: Services, janus: Janus, session_id: str, resource: str) -> Viewer:
     """The viewer a resource names; 404 for one that is not this session's (or not signed by this deployment)."""
-    ids, _, mac = resource.removeprefix(PREFIX).rpartition("-")
+    named, _, mac = resource.removeprefix(PREFIX).rpartition("-")
+    ids, _, state = named.rpartition("-")
     handle = Handle.of(janus, ids)
-    if handle is None or not hmac.compare_digest(mac, _mac(services, session_id, ids)):
+    well_formed = state == ANSWERED or (state[:1] == "o" and state[1:].isdigit())
+    if handle is None or not well_formed or not hmac.compare_digest(mac, _mac(services, session_id, named)):
         raise HTTPException(404, f"no viewer {resource} of session {session_id}")
-    return handle
+    return Viewer(handle, state, resource)
 
 
 def _mac(services: Services, session_id: str, ids: str) -> str:

@@ -206,6 +206,13 @@ class SfuSettings(BaseModel):
         ge=1,
         description="viewers one live session may have on the SFU at once (more: 429); a seat is taken with the offer",
     )
+    answer_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=60,
+        description="a viewer that has not answered the SFU's offer this long after it is ended at its next `/alive` "
+        "(a page answers within ~2 s; one that never does would otherwise hold a seat while it says it is there)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SfuSettings:

@@ -2,8 +2,9 @@
 publishes each WebRTC session once to its own mountpoint, headless Chromium plays the session's player page through
 Janus (the page answers Janus's offer) and the mouth follows the speech, while the node holds no viewer's peer
 connection; an aiortc viewer through the API's server-offer flow gets frames, holds one seat on the mountpoint and
-gives it back on DELETE, a viewer past the session's seats gets 429; bad answers and forged viewer resources get a
-4xx naming the problem; once the session ends, its mountpoint and the node's publisher are gone."""
+gives it back on DELETE, a viewer past the session's seats gets 429, one that never answers loses its seat at its
+next `/alive` past the answer timeout; bad answers and forged viewer resources get a 4xx naming the problem; once the
+session ends, its mountpoint and the node's publisher are gone."""
 
 from __future__ import annotations
 
@@ -37,9 +38,8 @@ def janus() -> Iterator[JanusServer]:
 
 @pytest.fixture(scope="module")
 def sfu_stack(tmp_path_factory: pytest.TempPathFactory, janus: JanusServer) -> Iterator[Stack]:
-    with own_stack(
-        tmp_path_factory.mktemp("webrtc-sfu"), "webrtc-sfu", sfu=janus.sfu(max_viewers_per_session=2)
-    ) as stack:
+    sfu = janus.sfu(max_viewers_per_session=2, answer_timeout_s=2)
+    with own_stack(tmp_path_factory.mktemp("webrtc-sfu"), "webrtc-sfu", sfu=sfu) as stack:
         yield stack
 
 
@@ -103,7 +103,14 @@ def test_sfu_viewers_answer_with_patch_and_bad_answers_are_refused(sfu_stack: St
             assert second.status_code == 201, second.text
             refused = await http.post(whep, headers=auth)
             assert refused.status_code == 429 and "2 viewers on the SFU" in refused.text, refused.text
-            assert (await http.delete(f"{url}{second.headers['location']}", headers=auth)).status_code == 204
+            # The unanswered viewer says it is there, but past the answer timeout that ends it and frees its seat
+            unanswered = f"{url}{second.headers['location']}/alive"
+            deadline = time.monotonic() + 60
+            while (ended := await http.post(unanswered, headers=auth)).status_code == 204:
+                assert time.monotonic() < deadline, "an unanswered viewer kept its seat past the answer timeout"
+                await asyncio.sleep(0.2)
+            assert ended.status_code == 404 and "did not answer the SFU's offer within 2 s" in ended.text, ended.text
+            assert await asyncio.to_thread(_mountpoint_viewers, sfu_stack, janus, session.id) == 1
             forged = viewer[:-2] + ("00" if not viewer.endswith("00") else "11")
             for method, target in (("PATCH", forged), ("POST", f"{forged}/alive"), ("DELETE", forged)):
                 refused = await http.request(method, target, headers={**auth, **SDP}, content="v=0\r\n")
@@ -136,8 +143,10 @@ def test_sfu_viewers_answer_with_patch_and_bad_answers_are_refused(sfu_stack: St
             await pc.setLocalDescription(await pc.createAnswer())
             answered = await http.patch(viewer, headers={**auth, **SDP}, content=pc.localDescription.sdp)
             assert answered.status_code == 204, answered.text
+            offered, viewer = viewer, f"{url}{answered.headers['location']}"  # the answered viewer's resource
+            assert viewer != offered and viewer.startswith(f"{whep}/sfu-")
             await asyncio.wait_for(frame, 60)
-            assert (await http.post(f"{viewer}/alive", headers=auth)).status_code == 204
+            assert (await http.post(f"{viewer}/alive", headers=auth)).status_code == 204  # answered: past the 2 s
             assert await asyncio.to_thread(_mountpoint_viewers, sfu_stack, janus, session.id) == 1
             assert (await http.delete(viewer, headers=auth)).status_code == 204
             assert await asyncio.to_thread(_mountpoint_viewers, sfu_stack, janus, session.id) == 0

@@ -15,7 +15,8 @@
   through the same URL when the connection drops (the session moved to another node); with `ticket` it shows a
   "Talk" button that sends the browser's microphone over WHIP (the page reads `ticket` itself).
 - With an SFU (`MONOLOGUE_SFU__JANUS_URL`): an empty `POST …/whep` gets the SFU's offer, `PATCH <Location>` takes the
-  viewer's answer, `POST <Location>/alive` keeps the viewer's seat (api/sfu.py).
+  viewer's answer and gives the answered viewer's `Location`, `POST <Location>/alive` keeps the viewer's seat (one
+  that never answered loses it: api/sfu.py).
 Checks and forwarding are api/webrtc.py's; the peer connections live on the session's node (node/webrtc/) or, through
 an SFU, on Janus, where the node publishes the session once."""
 
@@ -32,7 +33,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from monologue.ice import IceServer, ice_servers
-from monologue.janus import Handle
 
 from .. import sfu, webrtc
 from ..deps import Services, ServicesDep
@@ -65,29 +65,33 @@ async def whep_stop(session_id: str, resource: str, request: Request, services: 
     """Stop watching (the resource from the offer's `Location`)."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
     if sfu.is_sfu_resource(resource):
-        await sfu.close(_viewer(services, session_id, resource), resource)
+        await sfu.close(_viewer(services, session_id, resource))
         return Response(status_code=204)
     return await _stop_on_node(services, session_id, f"whep/{session_id}/{resource}")
 
 
 @router.patch("/{session_id}/whep/{resource}", status_code=204, response_class=Response)
 async def whep_answer(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
-    """A viewer's SDP answer to the SFU's offer (from an empty POST): its media starts."""
+    """A viewer's SDP answer to the SFU's offer (from an empty POST): its media starts. `Location` names the answered
+    viewer: its resource from then on."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
     viewer = _viewer(services, session_id, resource)
-    await sfu.answer(viewer, resource, await webrtc.read_offer(request, webrtc.MediaNeed.WHEP, "answer"))
-    return Response(status_code=204)
+    answered = await sfu.answer(
+        services, session_id, viewer, await webrtc.read_offer(request, webrtc.MediaNeed.WHEP, "answer")
+    )
+    return Response(status_code=204, headers={"Location": f"/v1/live/{session_id}/whep/{answered}"})
 
 
 @router.post("/{session_id}/whep/{resource}/alive", status_code=204, response_class=Response)
 async def whep_alive(session_id: str, resource: str, request: Request, services: ServicesDep) -> Response:
-    """An SFU viewer is still there (its page says so every 20 s; Janus ends a silent viewer after 60 s)."""
+    """An SFU viewer is still there (its page says so every 20 s; Janus ends a silent viewer after 60 s). 404 once it
+    has ended, also for one that did not answer the offer within `MONOLOGUE_SFU__ANSWER_TIMEOUT_S`."""
     webrtc.playback_grant(services, webrtc.bearer(request, _LINK), session_id)
-    await sfu.alive(_viewer(services, session_id, resource), resource)
+    await sfu.alive(services, _viewer(services, session_id, resource))
     return Response(status_code=204)
 
 
-def _viewer(services: Services, session_id: str, resource: str) -> Handle:
+def _viewer(services: Services, session_id: str, resource: str) -> sfu.Viewer:
     """The SFU viewer `resource` names (404 without an SFU, or for a resource not of this session)."""
     janus = sfu.janus_of(services, session_id)
     if janus is None:
