@@ -26,6 +26,7 @@ import av
 import numpy as np
 import structlog
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from sqlalchemy.orm import sessionmaker
 from temporalio.client import Client
@@ -40,6 +41,11 @@ from node.webrtc.ice import rtc_configuration
 from node.webrtc.peers import OfferRefused
 
 log = structlog.get_logger("webrtc")
+# aiortc's audio receiver releases an Opus packet only once 4 more have come (its jitter buffer's prefetch): 80 ms of
+# speech held back, a cushion against reordering that a conversation pays in latency. One is enough here (a packet is
+# known complete when the next one comes); a packet that comes after its successor is dropped, as a lost one is.
+AUDIO_PREFETCH = 1
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # aiortc's own (tests/node/test_webrtc_whip.py checks it is there)
 CLAIM_REFRESH_S = 1.0
 STOP_WAIT_S = 10.0  # a closing sender's last write (a storage retry) may take this long before the end is stored
 
@@ -66,6 +72,13 @@ class _Sender:
     receiving = False  # its task waits for the next packet (nothing half done: it may be cancelled)
     marks: list[list[float]] = field(default_factory=list)
     claimed_at: float = 0.0
+
+
+def prompt_audio(pc: RTCPeerConnection) -> None:
+    """Let the connection's audio receivers release each packet once the next has come (AUDIO_PREFETCH)."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind == "audio" and hasattr(transceiver.receiver, _JITTER_BUFFER):
+            setattr(transceiver.receiver, _JITTER_BUFFER, JitterBuffer(capacity=16, prefetch=AUDIO_PREFETCH))
 
 
 class WhipIngress:
@@ -111,6 +124,7 @@ class WhipIngress:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             if {t.kind for t in pc.getTransceivers()} != {"audio"}:
                 raise OfferRefused(400, "a WHIP offer sends audio (Opus) and nothing else")
+            prompt_audio(pc)
             await pc.setLocalDescription(await pc.createAnswer())
         except OfferRefused:
             await self.close(resource, end=False)

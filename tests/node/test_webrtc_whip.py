@@ -1,7 +1,7 @@
 """The node's WHIP ingress on loopback: an aiortc client (the browser's stand-in) sends a WAV as Opus; the node stores
 it as 16 kHz mono s16 pieces exactly as the audio socket does, signals the workflow (AUDIO_AVAILABLE, about once a
-chunk, and the end on DELETE), and leaves no connection or claim behind. Offers it cannot take are refused with what is
-wrong, and leave nothing behind either."""
+chunk, and the end on DELETE), holds back no more than a packet of speech, and leaves no connection or claim behind.
+Offers it cannot take are refused with what is wrong, and leave nothing behind either."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from monologue.live_audio import LiveAudio, LiveAudioWriter, stored_live_audio
 from monologue.media import decode_wav, normalise_audio
 from monologue.plan import AUDIO_RATE
 from monologue.storage import LocalStore
+from node.webrtc import whip
 from node.webrtc.peers import OfferRefused
 from node.webrtc.whip import WhipIngress
 from tests.helpers import eventually
@@ -117,6 +118,9 @@ def test_a_wav_sent_over_whip_is_stored_as_the_socket_stores_it_and_the_workflow
         client, offer = await _offer(player.audio)
         resource, answer = await ingress.answer("live", offer)
         await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        # Each packet goes on once the next has come, not four later (aiortc's default: 80 ms of speech held back)
+        [receiver] = [t.receiver for t in ingress._senders[resource].pc.getTransceivers()]
+        assert getattr(receiver, whip._JITTER_BUFFER)._prefetch == whip.AUDIO_PREFETCH == 1
         with pytest.raises(OfferRefused) as second:  # one sender at a time, socket or WHIP
             await ingress.answer("live", (await _offer(kinds=("audio",)))[1])
         assert second.value.status == 409
