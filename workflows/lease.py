@@ -43,7 +43,11 @@ NODE_LOST_ASKS_PATCH = "node-lost-sessions-ask"
 # Sessions started before this awaited each ask before looking at their lease again: an ask whose node died held them
 # (until its start_to_close timeout, 5 min then) past the node their lease had found meanwhile, its slot idle.
 ASK_ALONGSIDE_PATCH = "ask-to-yield-alongside-the-lease"
-ASK_EVERY_MAX_S = 30.0  # a live session that still waits asks a render to yield at least this often
+# Sessions started before this asked twice as long apart each time when live, too: a live session must start within
+# seconds (MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S), and at 1, 3 and 7 s it asked only twice within 5.
+LIVE_ASKS_STEADILY_PATCH = "live-sessions-ask-steadily"
+ASK_EVERY_MAX_S = 30.0  # a session that still waits asks a render to yield at least this often
+LIVE_ASKS_STEADY_S = 10.0  # a waiting live session asks every `preempt_after_s` this long, then as the others do
 
 
 class NodeLost(Exception):
@@ -156,13 +160,16 @@ class NodeLease:
 
     async def _wait_for_node(self, *, asking: bool) -> None:
         """Until a node takes the lease (or it ends). A session that may ask (`asks`) and waits `preempt_after_s` asks
-        a render to yield, and asks again while it still waits (the policy asks one render per asker), twice as long
-        apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short."""
+        a render to yield, and asks again while it still waits (the policy asks one render per asker, and another
+        once that one's node has gone silent), twice as long apart each time up to ASK_EVERY_MAX_S, so a long wait
+        keeps the history short; a live session asks every `preempt_after_s` for its first LIVE_ASKS_STEADY_S."""
         after = self._orchestration.preempt_after_s
         if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
             return
         alongside = workflow.patched(ASK_ALONGSIDE_PATCH)
+        steady = why is c.AskReason.LIVE and workflow.patched(LIVE_ASKS_STEADILY_PATCH)
+        steady_until = workflow.now() + timedelta(seconds=LIVE_ASKS_STEADY_S if steady else 0)
         pending: workflow.ActivityHandle[c.AskToYieldResult] | None = None  # one ask in flight at most
         while True:
             try:
@@ -173,7 +180,8 @@ class NodeLease:
                     await self._ask_a_render_to_yield(why)
                 elif pending is None or pending.done():
                     pending = self._start_ask(why)
-                after = min(2 * after, max(after, ASK_EVERY_MAX_S))
+                if workflow.now() >= steady_until:
+                    after = min(2 * after, max(after, ASK_EVERY_MAX_S))
 
     async def _ask_a_render_to_yield(self, why: c.AskReason) -> None:
         """The ask as sessions started before ASK_ALONGSIDE_PATCH make it: awaited."""

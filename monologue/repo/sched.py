@@ -9,7 +9,8 @@ Three kinds of session ask (docs/scheduling.md, "Preemption"), each for at most 
 Which render: only renders holding a node now (the node registry's lists, not `sessions.node_id`, which a session
 that lost its node still carries), never live sessions; the tenant furthest above its share first (fair share
 only), then the lowest class, then the most recently started; a render that has yielded `max_preemptions` times
-last. A render asked and not yet done (within `grace_s`) is not asked again, and its asker asks nobody else."""
+last. A render asked and not yet done (within `grace_s`) is not asked again, and its asker asks nobody else while a
+node still holds that render."""
 
 from __future__ import annotations
 
@@ -61,13 +62,18 @@ def ask_to_yield(
 ) -> str | None:
     """Mark the render that should give way to `asker` now and return its id; None when it already has one asked,
     or none may be. Renders of a node silent for `lost_after_s` (the lease timeout: it is being declared lost) are
-    not asked: they are about to move themselves, and would only answer that they could not yield."""
+    not asked: they are about to move themselves, and would only answer that they could not yield. For the same
+    reason a render asked earlier whose node has gone silent since is no longer waited for: its mark is cleared and
+    another render asked."""
     now = now or utcnow()
     recent = now - timedelta(seconds=grace_s)
     fresh_mark = and_(SessionRow.yield_asked_at.is_not(None), SessionRow.yield_asked_at >= recent)
-    if db.scalar(select(SessionRow.id).where(SessionRow.yield_for == asker.session_id, fresh_mark)) is not None:
-        return None  # its render is on its way
     held = held_sessions(db, now=now, fresh_s=min(lost_after_s, FRESH_HEARTBEAT_S))
+    asked = db.scalar(select(SessionRow.id).where(SessionRow.yield_for == asker.session_id, fresh_mark))
+    if asked is not None:
+        if asked in held:
+            return None  # its render is on its way
+        _unmark(db, asked, asker.session_id)  # its node went silent under it: it will not yield
     rows = list(db.scalars(select(SessionRow).where(SessionRow.id.in_(list(held)))))
     candidates = [row for row in rows if row.kind == SessionKind.RENDER and row.id != asker.session_id]
     if asker.why is AskReason.FAIR_SHARE:
@@ -86,6 +92,16 @@ def ask_to_yield(
         if marked.rowcount:  # type: ignore[attr-defined]
             return row.id
     return None
+
+
+def _unmark(db: Session, session_id: str, asker_id: str) -> None:
+    """Clear the ask of `asker_id` on `session_id` (only that one: another asker may have marked it meanwhile)."""
+    db.execute(
+        update(SessionRow)
+        .where(SessionRow.id == session_id, SessionRow.yield_for == asker_id)
+        .values(yield_asked_at=None, yield_for=None)
+    )
+    db.commit()
 
 
 def _over_share(

@@ -189,3 +189,19 @@ def test_renders_of_a_node_silent_for_the_lease_timeout_are_not_asked(sessions: 
         assert _ask(db, lost_after_s=3.0) == "on-live-node"
         other = repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE)
         assert _ask(db, other, lost_after_s=10.0) == "on-silent-node"  # within a longer lease timeout: still held
+
+
+def test_an_asker_whose_render_lost_its_node_asks_another(sessions: sessionmaker[Any]) -> None:
+    """The render asked had its node killed before its next chunk boundary: it will not yield (it moves itself), so
+    the asker does not wait out the grace for it; a fresh report of its node keeps the asker waiting."""
+    with sessions() as db:
+        _add(db, "r1", node_id="node-b", started_s_ago=10)
+        _add(db, "r2", started_s_ago=20)
+        _node(db, "r1", node_id="node-b")
+        _node(db, "r2")
+        assert _ask(db, lost_after_s=3.0) == "r1"
+        assert _ask(db, lost_after_s=3.0) is None  # r1's node still reports: r1 is on its way
+        later = NOW + timedelta(seconds=4)  # node-b silent for the lease timeout since (killed); node-a reports
+        _node(db, "r2", reported_s_ago=-4)
+        assert _ask(db, now=later, lost_after_s=3.0) == "r2"
+        assert db.get(SessionRow, "r1").yield_for is None and db.get(SessionRow, "r2").yield_for == "live"

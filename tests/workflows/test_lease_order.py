@@ -6,6 +6,7 @@ lease queue has one slot. Order is asserted, never timing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,7 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowHandle
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -59,6 +61,7 @@ class Cluster:
         self.asks: list[tuple[str, c.AskReason, c.QueueClass]] = []  # who asked, why, in which class
         self.yielded: list[c.RecordYieldInput] = []
         self.hold_asks: asyncio.Event | None = None  # set: every ask waits for it (a node killed under the ask)
+        self.refuse_asks = False  # no render may yield (every ask answers that none was asked)
 
     def sched(self) -> list[object]:
         """`ask_to_yield` asks the render holding the slot (the real policy is tested in tests/monologue)."""
@@ -71,7 +74,8 @@ class Cluster:
             holder = self.dispatched[-1] if self.dispatched else None
             # As the policy: a render that gave its slot to a fairer share is at its share, and does not ask back.
             gave_way = request.why is c.AskReason.FAIR_SHARE and request.session_id in self.asked
-            if holder is None or holder == request.session_id or holder in self.asked or gave_way:
+            refused = self.refuse_asks or holder is None or holder == request.session_id or holder in self.asked
+            if refused or gave_way:
                 return c.AskToYieldResult(asked=None)
             self.asked.append(holder)
             as_moving = request.why is not c.AskReason.FAIR_SHARE  # as activities/sched.py does
@@ -351,3 +355,37 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
         await asyncio.wait_for(render.result(), DEADLINE_S)
         cluster.released.add("lost")  # the dead lease's activity ends with the test
     assert cluster.dispatched == ["lost", "render", "lost", "render"]
+
+
+async def test_a_waiting_live_session_asks_steadily_and_a_render_ever_less_often(env: WorkflowEnvironment) -> None:
+    """No render may yield: a waiting live session asks again every `preempt_after_s` (it must start within seconds;
+    before LIVE_ASKS_STEADILY_PATCH it asked at 1, 3 and 7 s), a render below its tenant's share twice as long apart
+    each time (its wait may be long, its history stays short). Read from the workflows' timers, not from a clock."""
+    cluster = Cluster(env, chunk_s=0.5)
+    cluster.refuse_asks = True
+    async with cluster.workers():
+        await cluster.start("big", tenant="big")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "big's render to be under way")
+        live = await cluster.start("live", kind=c.SessionKind.LIVE, tenant="b", preempt_after_s=0.2)
+        small = await cluster.start("small", tenant="small", preempt_after_s=0.2)
+        await until(lambda: _timers_at_least(live, 5), "the live session to wait through five timers")
+        await until(lambda: _timers_at_least(small, 4), "small's render to wait through four timers")
+        assert (await _timers_s(live))[:5] == [0.2] * 5
+        assert (await _timers_s(small))[:4] == [0.2, 0.4, 0.8, 1.6]
+        assert {ask[1] for ask in cluster.asks} == {c.AskReason.LIVE, c.AskReason.FAIR_SHARE}
+        for name in ("big", "live", "small"):
+            with contextlib.suppress(RPCError):  # big's render may have ended by itself, and the others then
+                await cluster.end(name)
+
+
+async def _timers_s(handle: Handle) -> list[float]:
+    history = await handle.fetch_history()
+    return [
+        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
+        for event in history.events
+        if event.HasField("timer_started_event_attributes")
+    ]
+
+
+async def _timers_at_least(handle: Handle, count: int) -> bool:
+    return len(await _timers_s(handle)) >= count
