@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ActivityCancellationType
 
 from workflows.planning import SessionPlan
-from workflows.shared import RETRY, abandon
+from workflows.shared import RETRY, SHORT, abandon
 
 with workflow.unsafe.imports_passed_through():
     from monologue import contracts as c
@@ -74,7 +74,7 @@ class Publisher:
                     session_kind=self._request.kind,
                 ),
                 result_type=c.PublishResult,
-                start_to_close_timeout=timedelta(minutes=1),
+                start_to_close_timeout=SHORT,  # a playlist and a row: a node killed under it is noticed in 15 s
                 retry_policy=RETRY,
             )
 

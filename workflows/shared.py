@@ -30,8 +30,9 @@ RETRY = RetryPolicy(
 
 # A shared activity runs on whichever node polls first and does not heartbeat, so a node killed under it is noticed
 # only at its start_to_close timeout, and the workflow waits that long. The ones that are a database transaction or
-# two (record a status or a yield, ask a render to yield, read the stored audio, queue the webhooks) get a short one:
-# the contention bench saw sessions wait the 5 minutes once a kill landed on one (docs/benchmarks.md, issue 27).
+# two (record a status or a yield, ask a render to yield, read the stored audio, queue the webhooks, publish the
+# playlist) get a short one: the contention bench saw sessions wait the 5 minutes once a kill landed on one, and a
+# render wait 53 s for its last publish, then timed out at 1 minute (docs/benchmarks.md, issue 27).
 SHORT = timedelta(seconds=15)
 LONG = timedelta(minutes=5)  # prepare: decoding and checking the uploads can take a while
 

@@ -224,8 +224,8 @@ def chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: fl
         if kills < scenario.node_kills and not ended and now >= next_kill and len(ready) >= 2:
             victim = rng.choice(ready)
             with sessions() as db:
-                # What the node reported holding (the registry), not the rows naming it: a session that lost this node
-                # earlier and waits in the queue still names it, and its queue wait is no recovery from this kill.
+                # What the node last reported holding (the registry), kept with the kill; the figures read its lease
+                # lines instead (`held_at_kill`: the report is up to 2 s old).
                 node = db.get(NodeRow, victim)
                 held = list(node.sessions) if node is not None else []
             pending.append((now + scenario.restart_after_s, cluster.kill(f"node-{victim}", held)))
@@ -340,10 +340,11 @@ def _figures(cluster: Cluster, report: Report, sessions: list[str], started: flo
             if (at := leased[row.id]) is not None and row.kind is SessionKind.RENDER
         ]
         for kill in cluster.kills:
-            if not kill.sessions:
+            held = held_at_kill(events, kill)
+            if not held:
                 continue
             firsts = []
-            for session_id in kill.sessions:
+            for session_id in held:
                 done = db.scalars(select(ChunkRow.updated_at).where(ChunkRow.session_id == session_id)).all()
                 later = [moment.timestamp() for moment in done if moment.timestamp() > kill.at]
                 if later:
@@ -352,15 +353,34 @@ def _figures(cluster: Cluster, report: Report, sessions: list[str], started: flo
                 report.recovery_s.append(max(firsts))
             recovered = ", ".join(f"{value:.1f}" for value in firsts) or "-"
             report.kill_lines.append(
-                f"  {kill.name} at +{kill.at - started:.1f} s: held {len(kill.sessions)}, each to a chunk elsewhere"
+                f"  {kill.name} at +{kill.at - started:.1f} s: held {len(held)}, each to a chunk elsewhere"
                 f" (s): {recovered}"
             )
-            leases = [_leased_after(events, session_id, kill.at) for session_id in kill.sessions]
+            leases = [_leased_after(events, session_id, kill.at) for session_id in held]
             if all(at is not None for at in leases):
                 report.taken_over_s.append(max(at for at in leases if at is not None) - kill.at)
     ended = time.time()
     busy = sum(max(0.0, end - max(start, started)) for _, _, start, end in lease_intervals(cluster, ended))
     report.utilisation = busy / (len(cluster.node_ports) * cluster.settings.node.capacity * (ended - started))
+
+
+def held_at_kill(events: list[dict[str, Any]], kill: Kill) -> list[str]:
+    """The sessions the node held when it was killed, from its own lease lines: taken ("node acquired") since it last
+    started ("node ready") and not given back ("node released") before the kill. Its registry report (`kill.sessions`)
+    is up to 2 s old: it can list a session that yielded just before, whose wait in the queue is no recovery from
+    this kill, and miss one taken just before (both in contention run C8)."""
+    node_id = kill.name.removeprefix("node-")
+    held: list[str] = []
+    for event in events:
+        if event["at"] > kill.at or event.get("node_id") != node_id:
+            continue
+        if event["event"] == "node ready":
+            held = []
+        elif event["event"] == "node acquired" and event["session_id"] not in held:
+            held.append(event["session_id"])
+        elif event["event"] == "node released" and event["session_id"] in held:
+            held.remove(event["session_id"])
+    return held
 
 
 def _leased_after(events: list[dict[str, Any]], session_id: str, moment: float) -> float | None:

@@ -82,3 +82,27 @@ def test_the_benchs_kept_logs_are_the_log_files_alone(tmp_path: Path) -> None:
     copy_logs(source, tmp_path / "kept")
     kept = sorted(str(path.relative_to(tmp_path / "kept")) for path in (tmp_path / "kept").rglob("*") if path.is_file())
     assert kept == ["api.log", "logs/node-n1.log"]
+
+
+def test_a_kill_moves_the_sessions_its_node_held_by_its_own_lease_lines() -> None:
+    """Not its last registry report (up to 2 s old): a session that yielded just before the kill is not one it moved,
+    one taken just before is; a session the node held before an earlier kill (no release logged) is not held now."""
+    from cli.benches.cluster import held_at_kill
+    from cli.cluster import Kill
+
+    def line(at: float, event: str, node: str, session: str = "") -> dict[str, object]:
+        return {"at": at, "event": event, "session_id": session, "node_id": node}
+
+    events = [
+        line(0.0, "node ready", "n1"),
+        line(0.5, "node acquired", "n1", "killed-before"),  # the node's earlier life, ended by a kill
+        line(1.0, "node ready", "n1"),  # restarted
+        line(1.5, "node acquired", "n1", "stays"),
+        line(2.0, "node acquired", "n1", "yielded"),
+        line(4.6, "node released", "n1", "yielded"),  # gave its slot up 0.7 s before the kill
+        line(4.65, "node acquired", "n1", "just-taken"),  # after the last report
+        line(4.7, "node acquired", "n2", "elsewhere"),
+        line(6.0, "node released", "n1", "stays"),  # after the kill: its lease's end, not the session leaving
+    ]
+    kill = Kill("node-n1", 5.3, ["stays", "yielded"])  # the registry's report at about 4 s
+    assert held_at_kill(events, kill) == ["stays", "just-taken"]

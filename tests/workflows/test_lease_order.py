@@ -253,7 +253,7 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
     assert published == sorted(published) and published[-1] == 97
     # The shared activities that are a transaction or two time out soon on a node killed under them (shared.SHORT).
     timeouts = {**await _scheduled_timeouts(render), **await _scheduled_timeouts(live)}
-    wanted = (c.RECORD_YIELD, c.ASK_TO_YIELD, c.NOTIFY_ENDED)
+    wanted = (c.RECORD_YIELD, c.ASK_TO_YIELD, c.NOTIFY_ENDED, c.PUBLISH)
     assert {name: timeouts[name] for name in wanted} == dict.fromkeys(wanted, SHORT)
     assert timeouts[c.PREPARE] == LONG
 
