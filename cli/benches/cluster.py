@@ -26,7 +26,7 @@ from cli.cluster import Cluster, Kill, Shape
 from monologue import SAMPLES, keys
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionKind, SessionStatus
-from monologue.db import ChunkRow, NodeRow, SessionRow, make_engine, make_sessionmaker
+from monologue.db import NodeRow, SessionRow, make_engine, make_sessionmaker
 
 
 @dataclass(frozen=True)
@@ -339,29 +339,31 @@ def _figures(cluster: Cluster, report: Report, sessions: list[str], started: flo
             for row in rows
             if (at := leased[row.id]) is not None and row.kind is SessionKind.RENDER
         ]
-        for kill in cluster.kills:
-            held = held_at_kill(events, kill)
-            if not held:
-                continue
-            firsts = []
-            for session_id in held:
-                done = db.scalars(select(ChunkRow.updated_at).where(ChunkRow.session_id == session_id)).all()
-                later = [moment.timestamp() for moment in done if moment.timestamp() > kill.at]
-                if later:
-                    firsts.append(min(later) - kill.at)
-            if firsts:
-                report.recovery_s.append(max(firsts))
-            recovered = ", ".join(f"{value:.1f}" for value in firsts) or "-"
-            report.kill_lines.append(
-                f"  {kill.name} at +{kill.at - started:.1f} s: held {len(held)}, each to a chunk elsewhere"
-                f" (s): {recovered}"
-            )
-            leases = [_leased_after(events, session_id, kill.at) for session_id in held]
-            if all(at is not None for at in leases):
-                report.taken_over_s.append(max(at for at in leases if at is not None) - kill.at)
+    _kill_figures(cluster, report, events, started)
     ended = time.time()
     busy = sum(max(0.0, end - max(start, started)) for _, _, start, end in lease_intervals(cluster, ended))
     report.utilisation = busy / (len(cluster.node_ports) * cluster.settings.node.capacity * (ended - started))
+
+
+def _kill_figures(cluster: Cluster, report: Report, events: list[dict[str, Any]], started: float) -> None:
+    """Per kill: its sessions' recovery (to their first chunk done after it, from the nodes' "chunk done" lines: the
+    chunk rows keep only each chunk's last making, which a later move overwrites) and when all were taken over."""
+    chunks = cluster.node_events("chunk done")
+    for kill in cluster.kills:
+        held = held_at_kill(events, kill)
+        if not held:
+            continue
+        done = [_first_after(chunks, "chunk done", session_id, kill.at) for session_id in held]
+        firsts = [at - kill.at for at in done if at is not None]
+        if firsts:
+            report.recovery_s.append(max(firsts))
+        recovered = ", ".join(f"{value:.1f}" for value in firsts) or "-"
+        report.kill_lines.append(
+            f"  {kill.name} at +{kill.at - started:.1f} s: held {len(held)}, each to a chunk elsewhere (s): {recovered}"
+        )
+        leases = [_leased_after(events, session_id, kill.at) for session_id in held]
+        if all(at is not None for at in leases):
+            report.taken_over_s.append(max(at for at in leases if at is not None) - kill.at)
 
 
 def held_at_kill(events: list[dict[str, Any]], kill: Kill) -> list[str]:
@@ -385,11 +387,12 @@ def held_at_kill(events: list[dict[str, Any]], kill: Kill) -> list[str]:
 
 def _leased_after(events: list[dict[str, Any]], session_id: str, moment: float) -> float | None:
     """When a node next took a lease on the session after `moment` (from the nodes' logs)."""
+    return _first_after(events, "node acquired", session_id, moment)
+
+
+def _first_after(events: list[dict[str, Any]], name: str, session_id: str, moment: float) -> float | None:
+    """When a node next logged `name` for the session after `moment`."""
     return next(
-        (
-            e["at"]
-            for e in events
-            if e["event"] == "node acquired" and e["session_id"] == session_id and e["at"] > moment
-        ),
+        (e["at"] for e in events if e["event"] == name and e.get("session_id") == session_id and e["at"] > moment),
         None,
     )
