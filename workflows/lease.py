@@ -270,6 +270,10 @@ class NodeLease:
                 raise NodeLost(f"lease fenced during {name}: {err.cause.message}") from err
             raise
 
+    def ended(self) -> bool:
+        """The lease has ended under the session (the node died or is draining) though no wait has said so yet."""
+        return self._handle is not None and self._handle.done()
+
     def lose(self) -> None:
         """The node is gone: give up its lease; the next `hold` takes another node."""
         workflow.logger.warning("node lost", extra={"session_id": self._request.session_id, "node_id": self.node_id})

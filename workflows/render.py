@@ -47,6 +47,9 @@ STARTED_PATCH = "webhook-session-started"
 # A live session takes its node when it starts, before its first audio: the API admits it only once it has one
 # (MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S), and its first chunk finds the node ready. Earlier sessions waited for audio.
 LIVE_HOLDS_FIRST_PATCH = "live-holds-node-at-start"
+# A render asked to yield whose node died as its chunk finished (both heard at once: its workflow's task was on the dead
+# node) moves as a lost session, not as a yield: before this it queued as `yielded`, behind every moving session.
+LOST_NOT_YIELDED_PATCH = "a-dead-node-is-lost-not-yielded"
 STATUS_KEY = SearchAttributeKey.for_keyword("MonologueStatus")
 NODE_KEY = SearchAttributeKey.for_keyword("MonologueNode")
 TENANT_KEY = SearchAttributeKey.for_keyword("MonologueTenant")
@@ -202,7 +205,10 @@ class RenderWorkflow:
                 continue
             cursor += 1
             self._chunk_generated(spec, cursor)
-            if lease.yield_for is not None:
+            if lease.yield_for is not None and lease.ended() and workflow.patched(LOST_NOT_YIELDED_PATCH):
+                chunks.abandon()
+                lease.lose()
+            elif lease.yield_for is not None:
                 await self._give_way(cursor)
 
     async def _give_way(self, cursor: int) -> None:

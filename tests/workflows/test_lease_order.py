@@ -103,10 +103,11 @@ class Cluster:
         return [hold_node]
 
     @asynccontextmanager
-    async def workers(self, *, with_lease: bool = True) -> AsyncIterator[None]:
-        """The shared queue's and the node's workers; the lease queue's (`slots`) unless `with_lease` is False."""
+    async def workers(self, *, with_lease: bool = True, with_workflows: bool = True) -> AsyncIterator[None]:
+        """The shared queue's and the node's workers; the lease queue's (`slots`) unless `with_lease` is False; the
+        workflows run here unless `with_workflows` is False (then in `workflow_worker`, which a test may stop)."""
         queues: list[tuple[str, list[object], list[type]]] = [
-            (self.queue, [*self.fake.shared(), *self.sched()], [RenderWorkflow]),
+            (self.queue, [*self.fake.shared(), *self.sched()], [RenderWorkflow] if with_workflows else []),
             (c.node_task_queue(self.node_id), self.fake.node(self.node_id), []),
         ]
         if with_lease:
@@ -126,6 +127,15 @@ class Cluster:
                     )
                     await stack.enter_async_context(worker)
                 yield
+
+    def workflow_worker(self) -> Worker:
+        """A worker of the sessions' workflows alone (with `workers(with_workflows=False)`)."""
+        return Worker(
+            self.env.client,
+            task_queue=self.queue,
+            workflows=[RenderWorkflow],
+            workflow_failure_exception_types=[Exception],
+        )
 
     async def start(
         self,
@@ -389,3 +399,55 @@ async def _timers_s(handle: Handle) -> list[float]:
 
 async def _timers_at_least(handle: Handle, count: int) -> bool:
     return len(await _timers_s(handle)) >= count
+
+
+async def test_a_render_asked_to_yield_whose_node_died_meanwhile_moves_as_lost(env: WorkflowEnvironment) -> None:
+    """Its workflow hears at once that a chunk finished and that the lease ended (its task was on the dead node, so
+    the history grew meanwhile): the render moves as a lost session (queued as moving), and records no yield.
+    Before LOST_NOT_YIELDED_PATCH it gave the dead node's slot "up" and queued as `yielded`, behind every moving
+    session (a render of the contention bench waited 62 s so)."""
+    cluster = Cluster(env, chunk_s=1.0, slots=2)
+    async with cluster.workers(with_workflows=False):
+        async with cluster.workflow_worker():
+            render = await cluster.start("render", lease_timeout_s=2.0)
+            await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
+            await render.signal(c.YIELD_SLOT, c.YieldSlot(for_session="live", as_moving=True))
+            await until(lambda: _handled_signal(render), "the ask to be heard")
+        cluster.dead.add(("render", 1))  # its node dies while no workflow runs: both land in its history
+        await until(lambda: _history_has(render, "activity_task_timed_out_event_attributes"), "the lease to end")
+        await until(lambda: _chunk_completed_after_signal(render), "a chunk to finish")
+        async with cluster.workflow_worker():
+            await until(lambda: _took_lease(cluster, "render", 2), "the render to take a new lease")
+            progress = await render.query(RenderWorkflow.progress)
+            assert (progress.preemptions, progress.node_changes, progress.queue_class) == (0, 1, c.QueueClass.MOVING)
+            assert cluster.yielded == []
+            with contextlib.suppress(RPCError):
+                await cluster.end("render")
+        cluster.released.add("render")
+
+
+async def _events(handle: Handle) -> list[Any]:
+    return list((await handle.fetch_history()).events)
+
+
+async def _history_has(handle: Handle, field: str) -> bool:
+    return any(event.HasField(field) for event in await _events(handle))
+
+
+async def _handled_signal(handle: Handle) -> bool:
+    """A workflow task completed after the signal came."""
+    events = await _events(handle)
+    signalled = [i for i, e in enumerate(events) if e.HasField("workflow_execution_signaled_event_attributes")]
+    return bool(signalled) and any(
+        e.HasField("workflow_task_completed_event_attributes") for e in events[signalled[0] :]
+    )
+
+
+async def _chunk_completed_after_signal(handle: Handle) -> bool:
+    events = await _events(handle)
+    signalled = next(i for i, e in enumerate(events) if e.HasField("workflow_execution_signaled_event_attributes"))
+    return any(e.HasField("activity_task_completed_event_attributes") for e in events[signalled:])
+
+
+async def _took_lease(cluster: Cluster, name: str, count: int) -> bool:
+    return cluster.dispatched.count(name) >= count
