@@ -6,7 +6,6 @@ lease queue has one slot. Order is asserted, never timing."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,6 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowHandle
-from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -365,89 +363,3 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
         await asyncio.wait_for(render.result(), DEADLINE_S)
         cluster.released.add("lost")  # the dead lease's activity ends with the test
     assert cluster.dispatched == ["lost", "render", "lost", "render"]
-
-
-async def test_a_waiting_live_session_asks_steadily_and_a_render_ever_less_often(env: WorkflowEnvironment) -> None:
-    """No render may yield: a waiting live session asks again every `preempt_after_s` (it must start within seconds;
-    before LIVE_ASKS_STEADILY_PATCH it asked at 1, 3 and 7 s), a render below its tenant's share twice as long apart
-    each time (its wait may be long, its history stays short). Read from the workflows' timers, not from a clock."""
-    cluster = Cluster(env, chunk_s=0.5)
-    cluster.refuse_asks = True
-    async with cluster.workers():
-        await cluster.start("big", tenant="big")
-        await until(lambda: _has(cluster.fake.calls, "N1"), "big's render to be under way")
-        live = await cluster.start("live", kind=c.SessionKind.LIVE, tenant="b", preempt_after_s=0.2)
-        small = await cluster.start("small", tenant="small", preempt_after_s=0.2)
-        await until(lambda: _timers_at_least(live, 5), "the live session to wait through five timers")
-        await until(lambda: _timers_at_least(small, 4), "small's render to wait through four timers")
-        assert (await _timers_s(live))[:5] == [0.2] * 5
-        assert (await _timers_s(small))[:4] == [0.2, 0.4, 0.8, 1.6]
-        assert {ask[1] for ask in cluster.asks} == {c.AskReason.LIVE, c.AskReason.FAIR_SHARE}
-        for name in ("big", "live", "small"):
-            with contextlib.suppress(RPCError):  # big's render may have ended by itself, and the others then
-                await cluster.end(name)
-
-
-async def _timers_s(handle: Handle) -> list[float]:
-    history = await handle.fetch_history()
-    return [
-        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
-        for event in history.events
-        if event.HasField("timer_started_event_attributes")
-    ]
-
-
-async def _timers_at_least(handle: Handle, count: int) -> bool:
-    return len(await _timers_s(handle)) >= count
-
-
-async def test_a_render_asked_to_yield_whose_node_died_meanwhile_moves_as_lost(env: WorkflowEnvironment) -> None:
-    """Its workflow hears at once that a chunk finished and that the lease ended (its task was on the dead node, so
-    the history grew meanwhile): the render moves as a lost session (queued as moving), and records no yield.
-    Before LOST_NOT_YIELDED_PATCH it gave the dead node's slot "up" and queued as `yielded`, behind every moving
-    session (a render of the contention bench waited 62 s so)."""
-    cluster = Cluster(env, chunk_s=1.0, slots=2)
-    async with cluster.workers(with_workflows=False):
-        async with cluster.workflow_worker():
-            render = await cluster.start("render", lease_timeout_s=2.0)
-            await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
-            await render.signal(c.YIELD_SLOT, c.YieldSlot(for_session="live", as_moving=True))
-            await until(lambda: _handled_signal(render), "the ask to be heard")
-        cluster.dead.add(("render", 1))  # its node dies while no workflow runs: both land in its history
-        await until(lambda: _history_has(render, "activity_task_timed_out_event_attributes"), "the lease to end")
-        await until(lambda: _chunk_completed_after_signal(render), "a chunk to finish")
-        async with cluster.workflow_worker():
-            await until(lambda: _took_lease(cluster, "render", 2), "the render to take a new lease")
-            progress = await render.query(RenderWorkflow.progress)
-            assert (progress.preemptions, progress.node_changes, progress.queue_class) == (0, 1, c.QueueClass.MOVING)
-            assert cluster.yielded == []
-            with contextlib.suppress(RPCError):
-                await cluster.end("render")
-        cluster.released.add("render")
-
-
-async def _events(handle: Handle) -> list[Any]:
-    return list((await handle.fetch_history()).events)
-
-
-async def _history_has(handle: Handle, field: str) -> bool:
-    return any(event.HasField(field) for event in await _events(handle))
-
-
-async def _handled_signal(handle: Handle) -> bool:
-    """A workflow task completed after the signal came."""
-    events = await _events(handle)
-    signalled = [i for i, e in enumerate(events) if e.HasField("workflow_execution_signaled_event_attributes")]
-    return bool(signalled) and any(
-        e.HasField("workflow_task_completed_event_attributes") for e in events[signalled[0] :]
-    )
-
-
-async def _chunk_completed_after_signal(handle: Handle) -> bool:
-    events = await _events(handle)
-    signalled = next(i for i, e in enumerate(events) if e.HasField("workflow_execution_signaled_event_attributes"))
-    return any(e.HasField("activity_task_completed_event_attributes") for e in events[signalled:])
-
-
-async def _took_lease(cluster: Cluster, name: str, count: int) -> bool:
-    return cluster.dispatched.count(name) >= count
