@@ -4,7 +4,6 @@ below the node process that wires it)."""
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 import numpy as np
@@ -25,21 +24,18 @@ class FrameTap(Protocol):
 class TeeSink:
     """A FrameSink that keeps a copy of the frames (they are valid only during the call) and writes them to `sink`
     on `release`: the node hands a chunk to its viewers first and encodes its segment after (a viewer's frames do
-    not wait for the segment's ~15-30 ms of H.264). `release_ms` is the time that took, outside the pipeline's."""
+    not wait for the segment's ~15-30 ms of H.264)."""
 
     def __init__(self, sink: FrameSink) -> None:
         self._sink = sink
         self.frames: list[np.ndarray] = []
-        self.release_ms = 0.0
 
     def write(self, frames: np.ndarray) -> None:
         self.frames.append(np.array(frames, copy=True))
 
     def release(self) -> None:
-        started = time.perf_counter()
         for frames in self.frames:
             self._sink.write(frames)
-        self.release_ms += (time.perf_counter() - started) * 1000
 
 
 def chunk_speech(audio: AudioSource, first_frame: int, n_frames: int, fps: int) -> np.ndarray:

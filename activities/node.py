@@ -241,7 +241,8 @@ class NodeActivities:
                 speech = chunk_speech(session.audio, first, request.chunk.n_frames, fps)
                 self.frame_tap.chunk_made(request.session_id, first, np.concatenate(tee.frames), speech, fps)
                 tee.release()  # the segment's frames, now that the viewers have them
-                result.stage_ms["decode_publish"] += tee.release_ms  # the writer takes its writes out of it
+                # The writer takes its write time out of decode_publish; these writes ran after it, so put it back.
+                result.stage_ms["decode_publish"] += writer.write_seconds * 1000
             checkpoint_key, checkpoint_ms = self._checkpoint(request, session, heartbeat)
         heartbeat("encoding")
         segment = writer.finish()

@@ -64,11 +64,10 @@ class Shape:
 
 @dataclass
 class Kill:
-    """One SIGKILL: which process, when (wall clock, epoch s), the sessions its node held then."""
+    """One SIGKILL: which process, when (wall clock, epoch s)."""
 
     name: str
     at: float
-    sessions: list[str] = field(default_factory=list)
     restarted_at: float | None = None
     child: Child | None = None  # the process as it was started, to start it again
 
@@ -101,9 +100,9 @@ class Cluster:
     def api_child(self, url: str) -> str:
         return "api" if url == self.api_urls[0] else f"api-{self.api_urls.index(url) + 1}"
 
-    def kill(self, name: str, sessions: list[str]) -> Kill:
+    def kill(self, name: str) -> Kill:
         old = self.stack.kill(name)
-        kill = Kill(name, time.time(), sessions, child=old)
+        kill = Kill(name, time.time(), child=old)
         self.kills.append(kill)
         return kill
 

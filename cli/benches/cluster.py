@@ -26,7 +26,7 @@ from cli.cluster import Cluster, Kill, Shape
 from monologue import SAMPLES, keys
 from monologue.client import Client
 from monologue.contracts import TERMINAL, SessionKind, SessionStatus
-from monologue.db import NodeRow, SessionRow, make_engine, make_sessionmaker
+from monologue.db import SessionRow, make_engine, make_sessionmaker
 
 
 @dataclass(frozen=True)
@@ -222,17 +222,10 @@ def chaos(cluster: Cluster, scenario: Scenario, renders: list[str], deadline: fl
         # A victim only while another node is ready to take its sessions over: a kill tests recovery, not waiting.
         ready = [node for node in sorted(cluster.node_ports) if cluster.ready(f"node-{node}")]
         if kills < scenario.node_kills and not ended and now >= next_kill and len(ready) >= 2:
-            victim = rng.choice(ready)
-            with sessions() as db:
-                # What the node last reported holding (the registry), kept with the kill; the figures read its lease
-                # lines instead (`held_at_kill`: the report is up to 2 s old).
-                node = db.get(NodeRow, victim)
-                held = list(node.sessions) if node is not None else []
-            pending.append((now + scenario.restart_after_s, cluster.kill(f"node-{victim}", held)))
+            victim = rng.choice(ready)  # the sessions it holds come from its lease lines after (`held_at_kill`)
+            pending.append((now + scenario.restart_after_s, cluster.kill(f"node-{victim}")))
             if kills == api_kill_at:
-                pending.append(
-                    (now + scenario.restart_after_s, cluster.kill(cluster.api_child(cluster.api_urls[-1]), []))
-                )
+                pending.append((now + scenario.restart_after_s, cluster.kill(cluster.api_child(cluster.api_urls[-1]))))
             kills, next_kill = kills + 1, now + scenario.kill_every_s
         time.sleep(0.2)
 
@@ -368,9 +361,9 @@ def _kill_figures(cluster: Cluster, report: Report, events: list[dict[str, Any]]
 
 def held_at_kill(events: list[dict[str, Any]], kill: Kill) -> list[str]:
     """The sessions the node held when it was killed, from its own lease lines: taken ("node acquired") since it last
-    started ("node ready") and not given back ("node released") before the kill. Its registry report (`kill.sessions`)
-    is up to 2 s old: it can list a session that yielded just before, whose wait in the queue is no recovery from
-    this kill, and miss one taken just before (both in contention run C8)."""
+    started ("node ready") and not given back ("node released") before the kill. Not its registry report, which is
+    up to 2 s old: it can list a session that yielded just before, whose wait in the queue is no recovery from this
+    kill, and miss one taken just before (both in contention run C8)."""
     node_id = kill.name.removeprefix("node-")
     held: list[str] = []
     for event in events:
