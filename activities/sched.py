@@ -19,6 +19,7 @@ from monologue.repo import sched as repo_sched
 from monologue.settings import SchedSettings
 
 log = structlog.get_logger("sched")
+CHOICES = 3  # renders an ask tries before it gives up until its next one (each ended before its signal came)
 
 
 class SchedActivities:
@@ -33,22 +34,32 @@ class SchedActivities:
     @activity.defn(name=c.ASK_TO_YIELD)
     async def ask_to_yield(self, request: c.AskToYieldInput) -> c.AskToYieldResult:
         """Pick the render that should give way to `request.session_id` and tell it (a signal: it yields at its next
-        chunk boundary). Nothing is asked while the asker's last one is on its way, or when no render may yield."""
-        asked = await asyncio.to_thread(self._choose, request)
-        if asked is None:
-            return c.AskToYieldResult(asked=None)
-        handle = self._client.get_workflow_handle(c.render_workflow_id(asked))
+        chunk boundary). Nothing is asked while the asker's last one is on its way, or when no render may yield. A
+        render whose workflow had ended (a node's report lags it) is unmarked and the next one asked."""
         # To a live session or one that lost its node, the render queues again ahead of every render (as `yielded`,
         # below the session it gave way to); to a fairer share, in its own class, so the tenants' weights decide.
         slot = c.YieldSlot(for_session=request.session_id, as_moving=request.why is not c.AskReason.FAIR_SHARE)
-        try:
-            await handle.signal(c.YIELD_SLOT, slot)
-        except RPCError as err:  # it ended meanwhile: its slot is free anyway
-            log.info("render asked to yield had ended", session_id=asked, error=str(err))
-        log.info("render asked to yield", session_id=asked, for_session=request.session_id, why=request.why)
-        return c.AskToYieldResult(asked=asked)
+        passed_over: frozenset[str] = frozenset()
+        for _ in range(CHOICES):
+            asked = await asyncio.to_thread(self._choose, request, passed_over)
+            if asked is None:
+                break
+            try:
+                await self._client.get_workflow_handle(c.render_workflow_id(asked)).signal(c.YIELD_SLOT, slot)
+            except RPCError as err:  # it ended meanwhile: it has no slot to give, another render may
+                log.info("render asked to yield had ended", session_id=asked, error=str(err))
+                await asyncio.to_thread(self._unmark, asked, request.session_id)
+                passed_over |= {asked}
+                continue
+            log.info("render asked to yield", session_id=asked, for_session=request.session_id, why=request.why)
+            return c.AskToYieldResult(asked=asked)
+        return c.AskToYieldResult(asked=None)
 
-    def _choose(self, request: c.AskToYieldInput) -> str | None:
+    def _unmark(self, asked: str, asker: str) -> None:
+        with self._sessions() as db:
+            repo_sched.unmark(db, asked, asker)
+
+    def _choose(self, request: c.AskToYieldInput, passed_over: frozenset[str]) -> str | None:
         asker = repo_sched.Asker(request.session_id, request.tenant, request.queue_class, request.why)
         settings = self._settings
         with self._sessions() as db:
@@ -59,6 +70,7 @@ class SchedActivities:
                 max_preemptions=settings.max_preemptions,
                 grace_s=settings.yield_grace_s,
                 lost_after_s=self._lost_after_s,
+                passed_over=passed_over,
             )
 
     @activity.defn(name=c.RECORD_YIELD)

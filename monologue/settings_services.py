@@ -283,7 +283,10 @@ class SchedSettings(BaseModel):
         default=5.0, gt=0, description="a live session that has no node this long after its creation is refused (503)"
     )
     preempt_after_s: float = Field(
-        default=1.0, ge=0, description="a live session waiting this long for a node asks a render to yield (0: never)"
+        default=1.0,
+        ge=0,
+        description="a session waiting for a node asks a render to yield as it queues, and again after this long "
+        "(0: never)",
     )
     max_preemptions: int = Field(
         default=2, ge=1, description="a render that has yielded this often is asked to yield only when no other can"

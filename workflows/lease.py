@@ -46,8 +46,15 @@ ASK_ALONGSIDE_PATCH = "ask-to-yield-alongside-the-lease"
 # Sessions started before this asked twice as long apart each time when live, too: a live session must start within
 # seconds (MONOLOGUE_SCHED__LIVE_START_TIMEOUT_S), and at 1, 3 and 7 s it asked only twice within 5.
 LIVE_ASKS_STEADILY_PATCH = "live-sessions-ask-steadily"
+# Sessions started before this asked ever less often after losing their node too (at 1, 3, 7 s): one whose first
+# asked render could not yield (it had just ended or lost its own node) waited 8 s more.
+LOST_ASKS_STEADILY_PATCH = "lost-sessions-ask-steadily"
+# Sessions started before this first asked after `preempt_after_s`: a second lost before a live session's or a lost
+# session's ask, with every slot busy. The policy now asks nobody while a node reports a free slot, so the first ask
+# goes out with the lease.
+ASK_AT_ONCE_PATCH = "ask-with-the-lease"
 ASK_EVERY_MAX_S = 30.0  # a session that still waits asks a render to yield at least this often
-LIVE_ASKS_STEADY_S = 10.0  # a waiting live session asks every `preempt_after_s` this long, then as the others do
+STEADY_ASKS_S = 10.0  # a waiting live or lost session asks every `preempt_after_s` this long, then as others do
 
 
 class NodeLost(Exception):
@@ -159,18 +166,22 @@ class NodeLease:
         )
 
     async def _wait_for_node(self, *, asking: bool) -> None:
-        """Until a node takes the lease (or it ends). A session that may ask (`asks`) and waits `preempt_after_s` asks
-        a render to yield, and asks again while it still waits (the policy asks one render per asker, and another
-        once that one's node has gone silent), twice as long apart each time up to ASK_EVERY_MAX_S, so a long wait
-        keeps the history short; a live session asks every `preempt_after_s` for its first LIVE_ASKS_STEADY_S."""
+        """Until a node takes the lease (or it ends). A session that may ask (`asks`) asks a render to yield as it
+        starts the lease (the policy asks nobody while a node reports a free slot) and again while it still waits (the
+        policy asks one render per asker, and another once that one's node has gone silent): after `preempt_after_s`,
+        then twice as long apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short; a live
+        session, and one whose node was lost, asks every `preempt_after_s` for its first STEADY_ASKS_S."""
         after = self._orchestration.preempt_after_s
         if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
             return
         alongside = workflow.patched(ASK_ALONGSIDE_PATCH)
-        steady = why is c.AskReason.LIVE and workflow.patched(LIVE_ASKS_STEADILY_PATCH)
-        steady_until = workflow.now() + timedelta(seconds=LIVE_ASKS_STEADY_S if steady else 0)
-        pending: workflow.ActivityHandle[c.AskToYieldResult] | None = None  # one ask in flight at most
+        steady = (why is c.AskReason.LIVE and workflow.patched(LIVE_ASKS_STEADILY_PATCH)) or (
+            why is c.AskReason.NODE_LOST and workflow.patched(LOST_ASKS_STEADILY_PATCH)
+        )
+        steady_until = workflow.now() + timedelta(seconds=STEADY_ASKS_S if steady else 0)
+        # One ask in flight at most; the first goes out with the lease (the policy asks nobody while a slot is free).
+        pending = self._start_ask(why) if alongside and workflow.patched(ASK_AT_ONCE_PATCH) else None
         while True:
             try:
                 await workflow.wait_condition(self._offered_or_ended, timeout=timedelta(seconds=after))

@@ -31,12 +31,14 @@ def _add(db: Any, session_id: str, *, tenant: str = "t", started_s_ago: float = 
     db.commit()
 
 
-def _node(db: Any, *held: str, node_id: str = "node-a", capacity: int = 8, reported_s_ago: float = 1.0) -> None:
-    """The node's own report: the sessions it holds now."""
+def _node(
+    db: Any, *held: str, node_id: str = "node-a", capacity: int | None = None, reported_s_ago: float = 1.0
+) -> None:
+    """The node's own report: the sessions it holds now, every slot taken unless `capacity` says more."""
     repo_nodes.report_node(
         db,
         node_id=node_id,
-        capacity=capacity,
+        capacity=len(held) if capacity is None else capacity,
         status=NodeStatus.UP,
         sessions=list(held),
         chunks_done=0,
@@ -97,6 +99,25 @@ def test_the_lowest_class_then_the_most_recently_started_render_yields(sessions:
         rows = {row.id: row for row in db.query(SessionRow)}
         assert (rows["low-old"].preemptions, rows["normal-new"].preemptions) == (1, 2)
         assert rows["low-old"].node_id is None and rows["normal-old"].yield_for == "live"
+
+
+def test_a_live_session_takes_the_slot_of_the_tenant_holding_the_most_per_weight(sessions: sessionmaker[Any]) -> None:
+    """Within the lowest class, the render of the tenant furthest above its share yields, though another tenant's
+    render started later: a live session must not take a small tenant's only render while a big one holds the rest."""
+    with sessions() as db:
+        for i in range(3):
+            _add(db, f"big{i}", tenant="big", started_s_ago=100 - i)
+        _add(db, "small-render", tenant="small", started_s_ago=1)  # the most recently started
+        _add(db, "small-low", tenant="small", options={"priority": RenderPriority.LOW}, started_s_ago=200)
+        _node(db, "big0", "big1", "big2", "small-render", "small-low")
+        assert _ask(db) == "small-low"  # the lowest class still goes first
+        _node(db, "big0", "big1", "big2", "small-render")  # small-low yielded: big 3 slots, small 1
+        live_2 = repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE)
+        assert _ask(db, live_2) == "big2"
+        # At weight 0.25 small's one render is 4 slots per weight against big's 3: small's render yields now.
+        assert _ask(db, repo_sched.Asker("live-3", "t", QueueClass.LIVE, AskReason.LIVE), weights={"small": 0.25}) == (
+            "small-render"
+        )
 
 
 def _yield_and_take_a_node_again(db: Any, session_id: str) -> None:
@@ -164,6 +185,25 @@ def test_a_tenant_below_its_share_takes_a_slot_from_the_one_furthest_above(sessi
         assert _ask(db, asker, weights=weights) == "big3"
 
 
+def test_a_tenants_live_sessions_do_not_count_against_its_renders_share(sessions: sessionmaker[Any]) -> None:
+    """8 slots: small's 4 live sessions and big's 4 renders. The renders' 4 slots are shared: small, holding none of
+    them, takes one of big's (counting its live sessions, small would hold 4 of its 4 and ask nobody)."""
+    with sessions() as db:
+        for i in range(4):
+            _add(db, f"big{i}", tenant="big", started_s_ago=100 - i)
+            _add(db, f"live{i}", tenant="small", kind=SessionKind.LIVE)
+        _node(db, *(f"big{i}" for i in range(4)), *(f"live{i}" for i in range(4)))
+        small = repo_sched.Asker("small-r", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)
+        assert _ask(db, small) == "big3"
+        _add(db, "small-r", tenant="small")
+        _node(db, "big0", "big1", "big2", "small-r", *(f"live{i}" for i in range(4)))
+        # Small holds 1 of the renders' 4 slots and big 3: small takes one more (2 and 2), then nobody yields.
+        assert _ask(db, repo_sched.Asker("small-2", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)) == "big2"
+        _add(db, "small-2", tenant="small")
+        _node(db, "big0", "big1", "small-2", "small-r", *(f"live{i}" for i in range(4)))
+        assert _ask(db, repo_sched.Asker("small-3", "small", QueueClass.NORMAL, AskReason.FAIR_SHARE)) is None
+
+
 def test_a_fair_share_is_taken_only_from_the_askers_class_or_a_lower_one(sessions: sessionmaker[Any]) -> None:
     with sessions() as db:
         _add(db, "big-normal", tenant="big", started_s_ago=50)
@@ -176,6 +216,22 @@ def test_a_fair_share_is_taken_only_from_the_askers_class_or_a_lower_one(session
         assert _ask(db, repo_sched.Asker("small-low-2", "small", QueueClass.LOW, AskReason.FAIR_SHARE)) is None
         high = repo_sched.Asker("small-high", "small", QueueClass.HIGH, AskReason.FAIR_SHARE)
         assert _ask(db, high) == "big-normal-2"
+
+
+def test_nobody_is_asked_while_a_node_reports_a_free_slot(sessions: sessionmaker[Any]) -> None:
+    """A session asks with its lease, before the matcher has had a chance: a render yields only when no slot is free.
+    A silent node's free slot does not count (it is being declared lost: nothing takes its slots)."""
+    with sessions() as db:
+        _add(db, "r1", started_s_ago=10)
+        _add(db, "r2", node_id="node-b", started_s_ago=20)
+        _node(db, "r1", capacity=2)
+        _node(db, "r2", node_id="node-b")
+        assert _ask(db, lost_after_s=3.0) is None
+        assert db.get(SessionRow, "r1").yield_asked_at is None
+        _node(db, "r1", capacity=2, reported_s_ago=4.0)  # node-a has gone silent: its free slot takes no lease
+        assert _ask(db, lost_after_s=3.0) == "r2"
+        _node(db, "r1", "r3", capacity=2)  # node-a reports again, full
+        assert _ask(db, repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE), lost_after_s=3.0) == "r1"
 
 
 def test_renders_of_a_node_silent_for_the_lease_timeout_are_not_asked(sessions: sessionmaker[Any]) -> None:
@@ -205,3 +261,39 @@ def test_an_asker_whose_render_lost_its_node_asks_another(sessions: sessionmaker
         _node(db, "r2", reported_s_ago=-4)
         assert _ask(db, now=later, lost_after_s=3.0) == "r2"
         assert db.get(SessionRow, "r1").yield_for is None and db.get(SessionRow, "r2").yield_for == "live"
+
+
+def test_a_session_that_has_ended_is_not_asked_nor_waited_for(sessions: sessionmaker[Any]) -> None:
+    """A node's report lags the session's end by up to its report interval: the row says it ended. An asker whose
+    render ended before yielding asks another at once (in the contention bench it waited 12 s so)."""
+    with sessions() as db:
+        _add(db, "ended", status=SessionStatus.COMPLETED, started_s_ago=1)  # the most recently started
+        _add(db, "r1", started_s_ago=10)
+        _add(db, "r2", started_s_ago=20)
+        _node(db, "ended", "r1", "r2")
+        assert _ask(db) == "r1"
+        db.query(SessionRow).filter_by(id="r1").update({"status": SessionStatus.COMPLETED})
+        db.commit()
+        assert _ask(db) == "r2"
+        assert db.get(SessionRow, "r1").yield_for is None
+
+
+def test_a_render_that_has_just_yielded_is_not_asked_again(sessions: sessionmaker[Any]) -> None:
+    """Its node's report still lists it for up to 2 s, but its row names no node (or its next one): asked, it could
+    not yield, and its asker, which asks every second, lost a second each time (twice in the contention bench)."""
+    with sessions() as db:
+        _add(db, "r1", started_s_ago=10)
+        _add(db, "r2", started_s_ago=20)
+        _node(db, "r1", "r2")
+        assert _ask(db) == "r1"
+        assert repo_sched.record_yield(db, session_id="r1", yielded=True)  # its row names no node now
+        other = repo_sched.Asker("live-2", "t", QueueClass.LIVE, AskReason.LIVE)
+        assert _ask(db, other) == "r2"
+        # r3 has moved to node-b (its row says so): node-a's stale report lists it, node-b's does not yet.
+        _add(db, "r3", node_id="node-b", started_s_ago=1)
+        _node(db, "r1", "r2", "r3")
+        _node(db, "x", node_id="node-b")
+        live_3 = repo_sched.Asker("live-3", "t", QueueClass.LIVE, AskReason.LIVE)
+        assert _ask(db, live_3) is None  # r1 has no node, r2 is asked, r3 is not where the report says
+        _node(db, "x", "r3", node_id="node-b")
+        assert _ask(db, live_3) == "r3"

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 async def test_a_waiting_live_session_asks_steadily_and_a_render_ever_less_often(env: WorkflowEnvironment) -> None:
-    """No render may yield: a waiting live session asks again every `preempt_after_s` (it must start within seconds;
-    before LIVE_ASKS_STEADILY_PATCH it asked at 1, 3 and 7 s), a render below its tenant's share twice as long apart
-    each time (its wait may be long, its history stays short). Read from the workflows' timers, not from a clock."""
+    """No render may yield: a waiting live session asks with its lease, then every `preempt_after_s` (it must start
+    within seconds; before LIVE_ASKS_STEADILY_PATCH it asked at 1, 3 and 7 s), a render below its tenant's share twice
+    as long apart each time (its wait may be long, its history stays short). Read from the workflows' timers, not
+    from a clock. (A session whose node was lost asks as a live one does: the next test.)"""
     cluster = Cluster(env, chunk_s=0.5)
     cluster.refuse_asks = True
     async with cluster.workers():
@@ -33,10 +34,39 @@ async def test_a_waiting_live_session_asks_steadily_and_a_render_ever_less_often
         await until(lambda: _timers_at_least(small, 4), "small's render to wait through four timers")
         assert (await _timers_s(live))[:5] == [0.2] * 5
         assert (await _timers_s(small))[:4] == [0.2, 0.4, 0.8, 1.6]
+        # The first ask goes out with the lease, before any timer (ASK_AT_ONCE_PATCH; the policy asks nobody while a
+        # slot is free): a second sooner than after the first `preempt_after_s`.
+        for handle in (live, small):
+            assert (await _waits(handle))[:3] == [c.HOLD_NODE, c.ASK_TO_YIELD, "timer"]
         assert {ask[1] for ask in cluster.asks} == {c.AskReason.LIVE, c.AskReason.FAIR_SHARE}
         for name in ("big", "live", "small"):
             with contextlib.suppress(RPCError):  # big's render may have ended by itself, and the others then
                 await cluster.end(name)
+
+
+async def test_a_session_whose_node_was_lost_asks_steadily(env: WorkflowEnvironment) -> None:
+    """Both slots taken (one by the lost session's dead lease, as a killed node's slot is gone), no render may yield:
+    the lost session asks every `preempt_after_s`, as a live one does (before LOST_ASKS_STEADILY_PATCH at 1, 3 and 7
+    s: one whose first asked render could not yield waited 8 s more in the contention bench)."""
+    cluster = Cluster(env, chunk_s=0.5, slots=2)
+    cluster.refuse_asks = True
+    async with cluster.workers():
+        lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
+        await until(lambda: _took_lease(cluster, "lost", 1), "the first session to hold a slot")
+        await cluster.start("other", tenant="b")
+        await until(lambda: _took_lease(cluster, "other", 1), "the render to hold the other slot")
+        cluster.dead.add(("lost", 1))
+        await until(lambda: _asked_as(cluster, "lost", c.AskReason.NODE_LOST), "the lost session to ask")
+        await until(lambda: _timers_at_least(lost, 4), "the lost session to wait through its timers")
+        assert (await _timers_s(lost))[:4] == [0.2] * 4  # its first lease's timer, then one per ask
+        for name in ("lost", "other"):
+            with contextlib.suppress(RPCError):
+                await cluster.end(name)
+        cluster.released.add("lost")
+
+
+async def _asked_as(cluster: Cluster, name: str, why: c.AskReason) -> bool:
+    return any(ask[:2] == (name, why) for ask in cluster.asks)
 
 
 async def _timers_s(handle: Handle) -> list[float]:
@@ -46,6 +76,19 @@ async def _timers_s(handle: Handle) -> list[float]:
         for event in history.events
         if event.HasField("timer_started_event_attributes")
     ]
+
+
+async def _waits(handle: Handle) -> list[str]:
+    """The lease, the asks and the timers in the order the workflow started them (its other activities left out)."""
+    history = await handle.fetch_history()
+    started: list[str] = []
+    for event in history.events:
+        if event.HasField("timer_started_event_attributes"):
+            started.append("timer")
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            started += [name] if name in (c.HOLD_NODE, c.ASK_TO_YIELD) else []
+    return started
 
 
 async def _timers_at_least(handle: Handle, count: int) -> bool:

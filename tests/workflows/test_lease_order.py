@@ -53,6 +53,7 @@ class Cluster:
         self.queue = self.fake.queue
         self.node_id = f"n-{uuid.uuid4().hex[:8]}"
         self.dispatched: list[str] = []
+        self.holding: set[tuple[str, int]] = set()  # the leases a slot runs now (a dead one keeps its slot)
         self.handles: dict[str, Handle] = {}
         self.released: set[str] = set()  # sessions ended by the test: their lease gives the slot back at once
         self.asked: list[str] = []  # renders asked to yield
@@ -62,7 +63,8 @@ class Cluster:
         self.refuse_asks = False  # no render may yield (every ask answers that none was asked)
 
     def sched(self) -> list[object]:
-        """`ask_to_yield` asks the render holding the slot (the real policy is tested in tests/monologue)."""
+        """`ask_to_yield` asks the render holding the slot, and nobody while a slot is free (the real policy is tested
+        in tests/monologue)."""
 
         @activity.defn(name=c.ASK_TO_YIELD)
         async def ask_to_yield(request: c.AskToYieldInput) -> c.AskToYieldResult:
@@ -72,7 +74,8 @@ class Cluster:
             holder = self.dispatched[-1] if self.dispatched else None
             # As the policy: a render that gave its slot to a fairer share is at its share, and does not ask back.
             gave_way = request.why is c.AskReason.FAIR_SHARE and request.session_id in self.asked
-            refused = self.refuse_asks or holder is None or holder == request.session_id or holder in self.asked
+            free = len(self.holding) < self.slots
+            refused = self.refuse_asks or free or holder is None or holder == request.session_id or holder in self.asked
             if refused or gave_way:
                 return c.AskToYieldResult(asked=None)
             self.asked.append(holder)
@@ -91,12 +94,17 @@ class Cluster:
         @activity.defn(name=c.HOLD_NODE)
         async def hold_node(request: c.HoldNodeInput) -> None:
             self.dispatched.append(request.session_id)
-            handle = self.env.client.get_workflow_handle(request.workflow_id)
-            await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
-            while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
-                if (request.session_id, request.lease) not in self.dead:
-                    activity.heartbeat()
-                await asyncio.sleep(0.05)
+            lease = (request.session_id, request.lease)
+            self.holding.add(lease)
+            try:
+                handle = self.env.client.get_workflow_handle(request.workflow_id)
+                await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
+                while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
+                    if lease not in self.dead:
+                        activity.heartbeat()
+                    await asyncio.sleep(0.05)
+            finally:
+                self.holding.discard(lease)
 
         return [hold_node]
 
@@ -326,7 +334,7 @@ async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_kee
         await until(lambda: _has(cluster.fake.calls, "N1"), "big's render to be under way")
         small = await cluster.start("small", tenant="small", preempt_after_s=0.2)
         await until(lambda: _holds(cluster, "small"), "small's render to get the slot")
-        assert cluster.asks[0] == ("small", c.AskReason.FAIR_SHARE, c.QueueClass.NORMAL)
+        assert ("small", c.AskReason.FAIR_SHARE, c.QueueClass.NORMAL) in cluster.asks
         await until(lambda: _recorded(cluster), "the yield to be recorded")
         progress = await big.query(RenderWorkflow.progress)
         # Yielded to a fairer share: queued again in its own class (the tenants' weights decide), not as moving.
@@ -353,7 +361,8 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
         await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
         cluster.dead.add(("lost", 1))
         await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
-        assert cluster.asks[0] == ("lost", c.AskReason.NODE_LOST, c.QueueClass.MOVING)
+        # Each asked with its first lease too, while a slot was free (nobody asked); then the lost one, as moving.
+        assert ("lost", c.AskReason.NODE_LOST, c.QueueClass.MOVING) in cluster.asks
         assert cluster.asked == ["render"]
         await until(lambda: _recorded(cluster), "the yield to be recorded")
         progress = await render.query(RenderWorkflow.progress)
