@@ -28,21 +28,30 @@ async def test_a_render_whose_workflow_has_ended_is_passed_over(env: WorkflowEnv
     now = datetime.now(UTC)
     with sessions() as db:
         for session_id, started in ((ended, now), (running, now.replace(year=now.year - 1))):
-            db.add(SessionRow(id=session_id, tenant="t", kind=c.SessionKind.RENDER, status=c.SessionStatus.RUNNING,
-                              node_id="n", options={}, started_at=started))  # fmt: skip
+            kind, status = c.SessionKind.RENDER, c.SessionStatus.RUNNING
+            db.add(
+                SessionRow(
+                    id=session_id, tenant="t", kind=kind, status=status, node_id="n", options={}, started_at=started
+                )
+            )
         db.commit()
+        held = [ended, running]
         repo_nodes.report_node(
-            db, node_id="n", capacity=2, status=NodeStatus.UP, sessions=[ended, running], chunks_done=0,
-            memory_mb=None, started_at=now,
-        )  # fmt: skip
+            db,
+            node_id="n",
+            capacity=2,
+            status=NodeStatus.UP,
+            sessions=held,
+            chunks_done=0,
+            memory_mb=None,
+            started_at=now,
+        )
     # Only `running` has a workflow (started on a queue nobody polls: it takes signals); `ended` has none.
     handle = await env.client.start_workflow(
         "RenderWorkflow", id=c.render_workflow_id(running), task_queue=f"nobody-{uuid.uuid4().hex[:8]}"
     )
     activities = SchedActivities(client=env.client, sessions=sessions, settings=SchedSettings(), lost_after_s=10.0)
-    request = c.AskToYieldInput(
-        session_id="live", tenant="t", queue_class=c.QueueClass.LIVE, why=c.AskReason.LIVE
-    )  # fmt: skip
+    request = c.AskToYieldInput(session_id="live", tenant="t", queue_class=c.QueueClass.LIVE, why=c.AskReason.LIVE)
     try:
         result = await ActivityEnvironment().run(activities.ask_to_yield, request)
         assert result.asked == running  # `ended` was started last, so asked first, and passed over
