@@ -41,9 +41,10 @@ class SchedActivities:
         slot = c.YieldSlot(for_session=request.session_id, as_moving=request.why is not c.AskReason.FAIR_SHARE)
         passed_over: frozenset[str] = frozenset()
         for _ in range(CHOICES):
-            asked = await asyncio.to_thread(self._choose, request, passed_over)
-            if asked is None:
+            chosen = await asyncio.to_thread(self._choose, request, passed_over)
+            if chosen is None:
                 break
+            asked = chosen.session_id
             try:
                 await self._client.get_workflow_handle(c.render_workflow_id(asked)).signal(c.YIELD_SLOT, slot)
             except RPCError as err:  # it ended meanwhile: it has no slot to give, another render may
@@ -51,15 +52,21 @@ class SchedActivities:
                 await asyncio.to_thread(self._unmark, asked, request.session_id)
                 passed_over |= {asked}
                 continue
-            log.info("render asked to yield", session_id=asked, for_session=request.session_id, why=request.why)
-            return c.AskToYieldResult(asked=asked)
+            log.info(
+                "render asked to yield",
+                session_id=asked,
+                for_session=request.session_id,
+                why=request.why,
+                node_id=chosen.node_id,
+            )
+            return c.AskToYieldResult(asked=asked, node_id=chosen.node_id)
         return c.AskToYieldResult(asked=None)
 
     def _unmark(self, asked: str, asker: str) -> None:
         with self._sessions() as db:
             repo_sched.unmark(db, asked, asker)
 
-    def _choose(self, request: c.AskToYieldInput, passed_over: frozenset[str]) -> str | None:
+    def _choose(self, request: c.AskToYieldInput, passed_over: frozenset[str]) -> repo_sched.Asked | None:
         asker = repo_sched.Asker(request.session_id, request.tenant, request.queue_class, request.why)
         settings = self._settings
         with self._sessions() as db:

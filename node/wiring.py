@@ -1,4 +1,4 @@
-"""What a node runs, wired once: its activities (`NodeParts`, built from settings) and the five Temporal workers
+"""What a node runs, wired once: its activities (`NodeParts`, built from settings) and the six Temporal workers
 that poll its queues (`steady_workers`, `renewable_workers`), each with the slots and throttles its queue needs. The
 process around them (start, drain, stop, fresh pollers after an outage) is `node/worker.py` and `node/pollers.py`."""
 
@@ -30,7 +30,7 @@ from monologue import contracts as c
 from monologue.orchestration import lease_timeout_s
 from monologue.settings import Settings
 from monologue.storage import ObjectStore
-from node.lease_gate import lease_tuner
+from node.lease_gate import LeaseSlots, lease_tuner
 from workflows.avatar import PrepareAvatarWorkflow
 from workflows.render import RenderWorkflow
 from workflows.retention import RetentionWorkflow
@@ -58,6 +58,7 @@ class NodeParts:
     pinned: NodeActivities
     lease: NodeLease
     disks: NodeDisks  # where it writes; whether it has room to take a session
+    slots: LeaseSlots  # the node's session slots: the shared lease queue's polls, and the leases handed to it
 
 
 def build_parts(
@@ -73,6 +74,7 @@ def build_parts(
     node = settings.node
     disks = NodeDisks.of(node, settings.storage)
     watch(disks)
+    slots = LeaseSlots(node.capacity, disks.shortage)
     faults = Faults(
         chunk_delay_s=node.chunk_delay_s,
         hang_chunk=node.hang_chunk,
@@ -92,8 +94,9 @@ def build_parts(
         pinned=node_activities(
             store=store, sessions=sessions, node_id=node.id, faults=faults, scratch_dir=disks.scratch
         ),
-        lease=NodeLease(client=client, node_id=node.id, shortage=disks.shortage),
+        lease=NodeLease(client=client, node_id=node.id, shortage=disks.shortage, slots=slots),
         disks=disks,
+        slots=slots,
     )
 
 
@@ -113,11 +116,12 @@ def executors(settings: Settings) -> tuple[ThreadPoolExecutor, ThreadPoolExecuto
 def steady_workers(
     client: Client, settings: Settings, parts: NodeParts, sink_executor: ThreadPoolExecutor
 ) -> list[Worker]:
-    """The workers that run from the node's start to its stop: the lease queue and the sink pumps (their activities
+    """The workers that run from the node's start to its stop: the lease queues and the sink pumps (their activities
     last as long as sessions) and the webhook queue."""
     grace = timedelta(seconds=settings.node.graceful_shutdown_s)
     return [
         _lease_worker(client, settings, parts, grace),
+        _handed_lease_worker(client, settings, parts, grace),
         _sink_worker(client, settings, parts, sink_executor, grace),
         _webhook_worker(client, settings, parts, grace),
     ]
@@ -139,7 +143,8 @@ def renewable_workers(
 def queues(settings: Settings) -> list[str]:
     """The queues that say which node this is (for its start-up line)."""
     shared = settings.temporal.task_queue
-    return [shared, c.lease_task_queue(shared), c.node_task_queue(settings.node.id)]
+    node_id = settings.node.id
+    return [shared, c.lease_task_queue(shared), c.node_task_queue(node_id), c.handed_lease_task_queue(node_id)]
 
 
 def _shared_worker(
@@ -202,9 +207,24 @@ def _lease_worker(client: Client, settings: Settings, parts: NodeParts, grace: t
         activities=[parts.lease.hold_node],
         # The node's capacity: sessions beyond it wait in the queue, in order, for a free slot; and no slot at all
         # while the node has no room for a session's files (node/lease_gate.py).
-        tuner=lease_tuner(settings.node.capacity, parts.disks.shortage),
+        tuner=lease_tuner(parts.slots),
         # A released lease learns of its cancellation from a heartbeat response: send them often, so a finished
         # session frees its slot within about a second; and well within the shortest lease timeout (a live one's).
+        max_heartbeat_throttle_interval=_lease_beat(settings),
+        default_heartbeat_throttle_interval=_lease_beat(settings),
+        graceful_shutdown_timeout=grace,
+    )
+
+
+def _handed_lease_worker(client: Client, settings: Settings, parts: NodeParts, grace: timedelta) -> Worker:
+    """The leases handed to this node: each waits for the next slot freed here, ahead of the shared queue's polls
+    (node/lease_gate.py), so a slot given up to a session goes to it. Room for a lease per slot, and one more per
+    slot waiting."""
+    return Worker(
+        client,
+        task_queue=c.handed_lease_task_queue(settings.node.id),
+        activities=[parts.lease.hold_node],
+        max_concurrent_activities=2 * settings.node.capacity,
         max_heartbeat_throttle_interval=_lease_beat(settings),
         default_heartbeat_throttle_interval=_lease_beat(settings),
         graceful_shutdown_timeout=grace,

@@ -7,15 +7,17 @@ tests/workflows/test_lease_order.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from sqlalchemy import select
+from temporalio.client import Client as TemporalClient
 
 from cli.stack import Stack
-from monologue import repo
+from monologue import contracts as c, repo
 from monologue.client import ApiError, Client
 from monologue.db import SessionRow, make_engine, make_sessionmaker
 from monologue.media import normalise_audio
@@ -69,6 +71,10 @@ def test_a_preempted_render_makes_the_frames_of_an_uninterrupted_one(
         rows = {render_id: _row(stack, render_id) for render_id in renders}
         assert sorted(row.preemptions for row in rows.values() if row is not None) == [0] * (len(renders) - 1) + [1]
         assert all(row is not None and row.yield_asked_at is None for row in rows.values())
+        # The slot it gave up was handed to the live session on the node's own lease queue (ahead of the renders
+        # waiting on the shared one), after its first lease, on the shared queue, asked.
+        shared, node_id = c.lease_task_queue(stack.settings.temporal.task_queue), stack.settings.node.id
+        assert asyncio.run(_lease_queues(stack, live.id)) == [shared, c.handed_lease_task_queue(node_id)]
         client.stream_audio(live, np.zeros(16_000, dtype="<i2").tobytes(), speed=20.0)
         ended = client.poll(live.id, lambda s: s.status in ("completed", "failed"), timeout_s=240)
         assert ended.status == "completed", ended.error
@@ -116,6 +122,15 @@ def test_a_live_session_with_no_node_in_time_is_refused_and_leaves_nothing(
                 client.cancel(holder.id)
         for holder in holders:
             client.poll(holder.id, lambda s: s.status == "cancelled", timeout_s=120)
+
+
+async def _lease_queues(stack: Stack, session_id: str) -> list[str]:
+    """The task queues of the session's leases, in the order its workflow scheduled them."""
+    settings = stack.settings.temporal
+    temporal = await TemporalClient.connect(settings.address, namespace=settings.namespace)
+    history = await temporal.get_workflow_handle(c.render_workflow_id(session_id)).fetch_history()
+    scheduled = [event.activity_task_scheduled_event_attributes for event in history.events]
+    return [event.task_queue.name for event in scheduled if event.activity_type.name == c.HOLD_NODE]
 
 
 def _session_ids(stack: Stack) -> set[str]:

@@ -5,7 +5,8 @@ heartbeats until released; the session's pinned work then runs on that node's ow
 by Temporal's matcher: a `Priority` per lease (its `QueueClass`: live, moving, then renders by priority) with the
 tenant as fairness key. A live session or one whose node was lost, waiting, asks a render to yield
 (`ask_to_yield`); a render asked (the YIELD_SLOT signal) gives its slot up at its next chunk boundary and queues again
-as `yielded`, below the session it gave way to. If the lease dies
+as `yielded`, below the session it gave way to, and the asker's next lease waits on that node's own lease queue for
+the slot (handed: `c.handed_lease_task_queue`). If the lease dies
 (node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned activity stops (it cannot start:
 schedule-to-start timeout; it went silent: heartbeat timeout), the node is lost and the caller takes another
 lease. Workflow code: standard library, temporalio and the stdlib-only contracts only."""
@@ -53,6 +54,11 @@ LOST_ASKS_STEADILY_PATCH = "lost-sessions-ask-steadily"
 # session's ask, with every slot busy. The policy now asks nobody while a node reports a free slot, so the first ask
 # goes out with the lease.
 ASK_AT_ONCE_PATCH = "ask-with-the-lease"
+# Sessions started before this waited on the shared lease queue after their ask: the slot the render gave up went to
+# whichever lease Temporal's matcher ranked first (a moving or yielded session, or another tenant's render at a
+# fairness tie), not always to the asker. Now the asker's next lease waits on that render's node for the slot.
+HANDOFF_PATCH = "slot-handed-to-its-asker"
+HANDED_WAIT_S = 15.0  # a handed lease waits this long for its node to free a slot (a chunk boundary), then queues
 ASK_EVERY_MAX_S = 30.0  # a session that still waits asks a render to yield at least this often
 STEADY_ASKS_S = 10.0  # a waiting live or lost session asks every `preempt_after_s` this long, then as others do
 
@@ -78,6 +84,10 @@ class NodeLease:
         self._lost = False  # its node was lost in this run and it holds none yet: it asks for a slot
         self._yielded = False  # it gave its slot up to a live or moving session: it queues below them
         self.yield_for: c.YieldSlot | None = None  # the request this render was asked to give its slot up for
+        # While a lease of the shared queue waits and asks (its number): the node whose slot an ask's render gives
+        # up, `_handed_node`, which the next lease waits for there.
+        self._asking_lease: int | None = None
+        self._handed_node: str | None = None
 
     @property
     def queue_class(self) -> c.QueueClass:
@@ -115,29 +125,23 @@ class NodeLease:
             self._offered = acquired
 
     async def hold(self) -> None:
-        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there."""
+        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there. A lease
+        of the shared queue that asked a render to yield ends there, and the next one waits for that render's slot on
+        its node (handed: no other session can take it first); if none is freed in time, the one after queues again."""
+        handed_to: str | None = None
         while self.node_id is None:
             self._number += 1
-            self._offered = None
+            self._offered, self._handed_node = None, None
             prioritized = workflow.patched(PRIORITY_PATCH)
             self._progress.queue_class = self.queue_class
-            self._handle = workflow.start_activity(
-                c.HOLD_NODE,
-                c.HoldNodeInput(
-                    session_id=self._request.session_id,
-                    workflow_id=workflow.info().workflow_id,
-                    lease=self._number,
-                    heartbeat_s=min(1.0, self._orchestration.lease_timeout_s / 4),
-                ),
-                task_queue=c.lease_task_queue(workflow.info().task_queue),
-                # Waiting for a free slot can take as long as other sessions take; a held lease lasts the session.
-                schedule_to_close_timeout=timedelta(days=7),
-                heartbeat_timeout=timedelta(seconds=self._orchestration.lease_timeout_s),
-                retry_policy=RetryPolicy(maximum_attempts=1),  # this workflow decides what to do next
-                priority=self._priority() if prioritized else Priority.default,
-            )
-            await self._wait_for_node(asking=prioritized)
-            if self._offered is None:  # the lease ended before any node took it
+            self._handle = self._start_lease(prioritized, handed_to)
+            if handed_to is None:
+                await self._wait_for_node(asking=prioritized)
+            else:
+                await workflow.wait_condition(self._offered_or_ended)
+            handed_to = None
+            if self._offered is None:  # the lease ended before any node took it, or a slot is handed elsewhere
+                handed_to = self._handed_node
                 abandon(self._handle)
                 self._handle = None
                 continue
@@ -157,6 +161,29 @@ class NodeLease:
             except NodeLost:
                 self.lose()
 
+    def _start_lease(self, prioritized: bool, handed_to: str | None) -> workflow.ActivityHandle[None]:
+        """A lease on the shared queue, or one handed to node `handed_to` (its own lease queue: a dead node's has no
+        poller, and the lease gives up after the lease timeout)."""
+        timeout = timedelta(seconds=self._orchestration.lease_timeout_s)
+        shared = c.lease_task_queue(workflow.info().task_queue)
+        return workflow.start_activity(
+            c.HOLD_NODE,
+            c.HoldNodeInput(
+                session_id=self._request.session_id,
+                workflow_id=workflow.info().workflow_id,
+                lease=self._number,
+                heartbeat_s=min(1.0, self._orchestration.lease_timeout_s / 4),
+                handed_wait_s=0.0 if handed_to is None else HANDED_WAIT_S,
+            ),
+            task_queue=shared if handed_to is None else c.handed_lease_task_queue(handed_to),
+            # Waiting for a free slot can take as long as other sessions take; a held lease lasts the session.
+            schedule_to_close_timeout=timedelta(days=7),
+            schedule_to_start_timeout=None if handed_to is None else timeout,
+            heartbeat_timeout=timeout,
+            retry_policy=RetryPolicy(maximum_attempts=1),  # this workflow decides what to do next
+            priority=self._priority() if prioritized else Priority.default,
+        )
+
     def _priority(self) -> Priority:
         """The lease's place in Temporal's queue: its class, then its tenant's share by weight."""
         return Priority(
@@ -170,7 +197,8 @@ class NodeLease:
         starts the lease (the policy asks nobody while a node reports a free slot) and again while it still waits (the
         policy asks one render per asker, and another once that one's node has gone silent): after `preempt_after_s`,
         then twice as long apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short; a live
-        session, and one whose node was lost, asks every `preempt_after_s` for its first STEADY_ASKS_S."""
+        session, and one whose node was lost, asks every `preempt_after_s` for its first STEADY_ASKS_S. An ask that
+        marks a render ends the wait (`_handed_node`): the next lease waits for that render's slot on its node."""
         after = self._orchestration.preempt_after_s
         if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
@@ -180,11 +208,14 @@ class NodeLease:
             why is c.AskReason.NODE_LOST and workflow.patched(LOST_ASKS_STEADILY_PATCH)
         )
         steady_until = workflow.now() + timedelta(seconds=STEADY_ASKS_S if steady else 0)
+        # An ask that marks a render names its node: this lease ends, and the next waits for the slot there.
+        self._asking_lease = self._number if alongside and workflow.patched(HANDOFF_PATCH) else None
         # One ask in flight at most; the first goes out with the lease (the policy asks nobody while a slot is free).
         pending = self._start_ask(why) if alongside and workflow.patched(ASK_AT_ONCE_PATCH) else None
         while True:
             try:
-                await workflow.wait_condition(self._offered_or_ended, timeout=timedelta(seconds=after))
+                await workflow.wait_condition(self._found_or_handed, timeout=timedelta(seconds=after))
+                self._asking_lease = None
                 return  # an ask still in flight finishes on its own (the render it marks yields to a later asker)
             except TimeoutError:
                 if not alongside:
@@ -208,8 +239,12 @@ class NodeLease:
         return handle
 
     def _ask_done(self, handle: asyncio.Future[c.AskToYieldResult]) -> None:
-        if not handle.cancelled() and isinstance(error := handle.exception(), ActivityError):
+        if handle.cancelled():
+            return
+        if isinstance(error := handle.exception(), ActivityError):
             self._ask_failed(error)
+        elif error is None and handle.result().node_id and self._asking_lease == self._number:
+            self._handed_node = handle.result().node_id
 
     def _ask_failed(self, err: ActivityError) -> None:
         session_id = self._request.session_id
@@ -223,6 +258,9 @@ class NodeLease:
 
     def _offered_or_ended(self) -> bool:
         return self._offered is not None or self._handle is None or self._handle.done()
+
+    def _found_or_handed(self) -> bool:
+        return self._offered_or_ended() or self._handed_node is not None
 
     async def run(self, name: str, arg: Any, result_type: type[Result]) -> Result:
         """Run an activity on the held node, watching the lease: if the node goes, so does the activity."""

@@ -102,6 +102,12 @@ def lease_task_queue(shared_queue: str) -> str:
     return f"{shared_queue}-nodes"
 
 
+def handed_lease_task_queue(node_id: str) -> str:
+    """The queue of leases handed to one node: a session that a render of this node yields its slot to takes that
+    slot here, ahead of the shared lease queue (node/lease_gate.py)."""
+    return f"node-{node_id}-leases"
+
+
 def sink_task_queue(shared_queue: str) -> str:
     """The queue of sink pumps (long-running: kept off the shared queue so they never starve it)."""
     return f"{shared_queue}-sinks"
@@ -130,6 +136,8 @@ AUDIO_AVAILABLE = "audio_available"
 # ApplicationError types the workflow reacts to.
 NODE_DRAINING = "NodeDraining"  # the node is shutting down: move the session now
 CHECKPOINT_LOST = "CheckpointLost"  # details[0]: the N chunk whose checkpoint is missing or corrupt
+# A handed lease (HoldNodeInput.handed_wait_s) found no slot freed on its node in time: queue on the shared queue.
+NO_SLOT_HANDED = "NoSlotHanded"
 NODE_DISK_FULL = "NodeDiskFull"  # a node's disk had no room for a write: move the session (activities/disks.py)
 # A node's write refused because a newer lease holds the session (the node was cut off and came back: its lease
 # had timed out and the session had moved). Non-retryable; the workflow has abandoned that activity already.
@@ -189,6 +197,9 @@ class HoldNodeInput:
     workflow_id: str
     lease: int  # the workflow's lease number, so a stale lease's signal is ignored
     heartbeat_s: float
+    # A handed lease (on `handed_lease_task_queue`): wait this long for a slot of the node to be freed, then give up
+    # (NO_SLOT_HANDED). 0: a lease of the shared queue, which a node takes only with a free slot.
+    handed_wait_s: float = 0.0
 
 
 @dataclass

@@ -36,6 +36,14 @@ class Asker:
     why: AskReason
 
 
+@dataclass(frozen=True)
+class Asked:
+    """The render marked to give way, and the node whose slot it gives up."""
+
+    session_id: str
+    node_id: str
+
+
 def render_class(row: SessionRow) -> QueueClass:
     return QueueClass(render_options(row.options or {}).priority.value)
 
@@ -57,8 +65,8 @@ def ask_to_yield(
     now: datetime | None = None,
     lost_after_s: float = FRESH_HEARTBEAT_S,
     passed_over: frozenset[str] = frozenset(),
-) -> str | None:
-    """Mark the render that should give way to `asker` now and return its id; None when it already has one asked,
+) -> Asked | None:
+    """Mark the render that should give way to `asker` now and return it; None when it already has one asked,
     or none may be, or a node that is up reports a free slot (its lease will find it: the asker asks with its lease,
     before the matcher has had a chance, and nobody should yield for a slot that is free). Renders of a node silent
     for `lost_after_s` (the lease timeout: it is being declared lost) are not asked: they are about to move
@@ -98,6 +106,7 @@ def ask_to_yield(
         candidates.sort(key=lambda row: yield_order(row, max_preemptions, holding[row.tenant] / weight(row.tenant)))
     not_marked = or_(SessionRow.yield_asked_at.is_(None), SessionRow.yield_asked_at < recent)
     for row in candidates:
+        chosen = Asked(row.id, row.node_id or "")
         # Compare-and-set: another asker may have marked it between our read and this write.
         marked = db.execute(
             update(SessionRow)
@@ -106,7 +115,7 @@ def ask_to_yield(
         )
         db.commit()
         if marked.rowcount:  # type: ignore[attr-defined]
-            return row.id
+            return chosen
     return None
 
 

@@ -51,7 +51,7 @@ def _node(
 
 def _ask(db: Any, asker: repo_sched.Asker = LIVE, *, weights: dict[str, float] | None = None, **kw: Any) -> str | None:
     weight = (weights or {}).get
-    return repo_sched.ask_to_yield(
+    asked = repo_sched.ask_to_yield(
         db,
         asker,
         weight=lambda tenant: weight(tenant, 1.0),
@@ -60,6 +60,7 @@ def _ask(db: Any, asker: repo_sched.Asker = LIVE, *, weights: dict[str, float] |
         now=kw.get("now", NOW),
         lost_after_s=kw.get("lost_after_s", 10.0),
     )
+    return None if asked is None else asked.session_id
 
 
 def test_a_session_whose_node_was_lost_is_yielded_to_as_a_live_one_is(sessions: sessionmaker[Any]) -> None:
@@ -297,3 +298,16 @@ def test_a_render_that_has_just_yielded_is_not_asked_again(sessions: sessionmake
         assert _ask(db, live_3) is None  # r1 has no node, r2 is asked, r3 is not where the report says
         _node(db, "x", "r3", node_id="node-b")
         assert _ask(db, live_3) == "r3"
+
+
+def test_the_asker_learns_the_node_whose_slot_it_is_handed(sessions: sessionmaker[Any]) -> None:
+    """The mark names the node the render holds: the asker's next lease waits for that node's slot (handed)."""
+    with sessions() as db:
+        _add(db, "on-a", started_s_ago=100)
+        _add(db, "on-b", node_id="node-b", started_s_ago=1)
+        _node(db, "on-a")
+        _node(db, "on-b", node_id="node-b")
+        asked = repo_sched.ask_to_yield(
+            db, LIVE, weight=lambda tenant: 1.0, max_preemptions=2, grace_s=30.0, now=NOW, lost_after_s=10.0
+        )
+        assert asked == repo_sched.Asked("on-b", "node-b")

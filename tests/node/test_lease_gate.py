@@ -5,6 +5,7 @@ the node takes leases again."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -72,6 +73,59 @@ async def test_a_lease_polled_for_before_the_disk_filled_is_refused_with_node_di
     assert lease.held_sessions() == []
 
 
+async def test_a_handed_lease_claims_the_next_freed_slot_ahead_of_the_shared_queue() -> None:
+    """A render gave its slot up for a session that waits on this node's handed lease queue: the slot freed is the
+    claim's, though the shared queue's poller asked for one first; the poller gets the next."""
+    slots = LeaseSlots(capacity=1, shortage=Room(), recheck_s=60.0)
+    ctx: Any = None
+    await slots.reserve_slot(ctx)  # the render's lease
+    poll = asyncio.create_task(slots.reserve_slot(ctx))
+    claim = asyncio.create_task(slots.claim(timeout_s=30.0))
+    await asyncio.sleep(0.05)
+    slots.release_slot(ctx)  # the render yields
+    assert await asyncio.wait_for(claim, timeout=5) is True
+    await asyncio.sleep(0.05)
+    assert not poll.done()
+    slots.unclaim()  # the handed session ends
+    assert await asyncio.wait_for(poll, timeout=5) is not None
+
+
+async def test_a_claim_that_no_slot_frees_gives_up_and_leaves_nothing_held() -> None:
+    slots = LeaseSlots(capacity=1, shortage=Room(), recheck_s=0.01)
+    ctx: Any = None
+    await slots.reserve_slot(ctx)
+    assert await slots.claim(timeout_s=0.05) is False
+    cancelled = asyncio.create_task(slots.claim(timeout_s=30.0))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    slots.release_slot(ctx)
+    assert slots.try_reserve_slot(ctx) is not None  # no claim is left ahead of the shared queue
+
+
+async def test_a_handed_lease_with_no_slot_freed_in_time_is_refused_with_no_slot_handed() -> None:
+    slots = LeaseSlots(capacity=1, shortage=Room(), recheck_s=0.01)
+    ctx: Any = None
+    await slots.reserve_slot(ctx)
+    lease = NodeLease(client=None, node_id="n1", slots=slots)  # type: ignore[arg-type]  (refused before any call)
+    request = c.HoldNodeInput(session_id="s", workflow_id="w", lease=1, heartbeat_s=0.02, handed_wait_s=0.1)
+    with pytest.raises(ApplicationError) as refused:
+        await ActivityEnvironment().run(lease.hold_node, request)
+    assert refused.value.type == c.NO_SLOT_HANDED and not refused.value.non_retryable
+    assert lease.held_sessions() == []
+    # A slot claimed by a lease whose node began draining while it waited goes back.
+    waiting = dataclasses.replace(request, handed_wait_s=30.0)
+    held = asyncio.create_task(ActivityEnvironment().run(lease.hold_node, waiting))
+    await asyncio.sleep(0.1)
+    lease.draining.set()
+    slots.release_slot(ctx)
+    with pytest.raises(ApplicationError) as drained:
+        await asyncio.wait_for(held, timeout=5)
+    assert drained.value.type == c.NODE_DRAINING
+    assert slots.try_reserve_slot(ctx) is not None
+
+
 def test_readiness_names_the_shortage() -> None:
     room = Room()
     health = NodeHealth(capacity=1, polling=True, temporal_ok=True, database_ok=True, shortage=room)
@@ -110,7 +164,7 @@ async def test_a_short_node_polls_no_lease_until_room_is_back() -> None:
     async with (
         env,
         Worker(env.client, task_queue=f"{queue}-wf", workflows=[OneLease]),
-        Worker(env.client, task_queue=queue, activities=[hold_node], tuner=lease_tuner(1, room)),
+        Worker(env.client, task_queue=queue, activities=[hold_node], tuner=lease_tuner(LeaseSlots(1, room))),
     ):
         handle = await env.client.start_workflow(OneLease.run, queue, id=queue, task_queue=f"{queue}-wf")
         with pytest.raises(TimeoutError):  # a long poll would have taken it within milliseconds

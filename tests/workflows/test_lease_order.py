@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from monologue import contracts as c
+from node.lease_gate import LeaseSlots, lease_tuner
 from tests.workflows.test_render_workflow import FakeNodes, orchestration
 from workflows.render import RenderWorkflow
 from workflows.shared import LONG, SHORT
@@ -43,7 +44,9 @@ async def until(check: Callable[[], Any], what: str) -> None:
 
 class Cluster:
     """One fake node with `slots` slots (one by default) on a fresh queue. `dispatched` lists sessions in the order
-    their leases started. A lease in `dead` stops heartbeating and keeps its slot, as a killed node's slot is gone."""
+    their leases started (`handed`: those taken from the node's handed lease queue). A lease in `dead` stops
+    heartbeating and keeps its slot, as a killed node's slot is gone. The slots are the node's real `LeaseSlots`, which
+    the shared queue's lease worker reserves and a handed lease claims (node/lease_gate.py)."""
 
     def __init__(self, env: WorkflowEnvironment, *, chunk_s: float = 0.0, slots: int = 1) -> None:
         self.slots = slots
@@ -53,6 +56,8 @@ class Cluster:
         self.queue = self.fake.queue
         self.node_id = f"n-{uuid.uuid4().hex[:8]}"
         self.dispatched: list[str] = []
+        self.handed: list[str] = []
+        self.gate = LeaseSlots(slots, lambda: None, recheck_s=0.05)
         self.holding: set[tuple[str, int]] = set()  # the leases a slot runs now (a dead one keeps its slot)
         self.handles: dict[str, Handle] = {}
         self.released: set[str] = set()  # sessions ended by the test: their lease gives the slot back at once
@@ -82,7 +87,7 @@ class Cluster:
             as_moving = request.why is not c.AskReason.FAIR_SHARE  # as activities/sched.py does
             slot = c.YieldSlot(for_session=request.session_id, as_moving=as_moving)
             await self.handles[holder].signal(c.YIELD_SLOT, slot)
-            return c.AskToYieldResult(asked=holder)
+            return c.AskToYieldResult(asked=holder, node_id=self.node_id)
 
         @activity.defn(name=c.RECORD_YIELD)
         def record_yield(request: c.RecordYieldInput) -> None:
@@ -93,20 +98,35 @@ class Cluster:
     def lease(self) -> list[object]:
         @activity.defn(name=c.HOLD_NODE)
         async def hold_node(request: c.HoldNodeInput) -> None:
-            self.dispatched.append(request.session_id)
-            lease = (request.session_id, request.lease)
-            self.holding.add(lease)
+            if request.handed_wait_s <= 0:
+                await self._hold(request)
+                return
+            claim = asyncio.ensure_future(self.gate.claim(request.handed_wait_s))
+            while not claim.done():  # heartbeating while it waits, as the node's lease does
+                activity.heartbeat()
+                await asyncio.wait([claim], timeout=0.05)
+            assert claim.result(), f"no slot handed to {request.session_id}"
             try:
-                handle = self.env.client.get_workflow_handle(request.workflow_id)
-                await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
-                while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
-                    if lease not in self.dead:
-                        activity.heartbeat()
-                    await asyncio.sleep(0.05)
+                self.handed.append(request.session_id)
+                await self._hold(request)
             finally:
-                self.holding.discard(lease)
+                self.gate.unclaim()
 
         return [hold_node]
+
+    async def _hold(self, request: c.HoldNodeInput) -> None:
+        self.dispatched.append(request.session_id)
+        lease = (request.session_id, request.lease)
+        self.holding.add(lease)
+        try:
+            handle = self.env.client.get_workflow_handle(request.workflow_id)
+            await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
+            while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
+                if lease not in self.dead:
+                    activity.heartbeat()
+                await asyncio.sleep(0.05)
+        finally:
+            self.holding.discard(lease)
 
     @asynccontextmanager
     async def workers(self, *, with_lease: bool = True, with_workflows: bool = True) -> AsyncIterator[None]:
@@ -118,17 +138,18 @@ class Cluster:
         ]
         if with_lease:
             queues.append((c.lease_task_queue(self.queue), self.lease(), []))
+            queues.append((c.handed_lease_task_queue(self.node_id), self.lease(), []))
         with ThreadPoolExecutor(8) as executor:
             async with AsyncExitStack() as stack:
                 for queue, activities, workflows in queues:
-                    slots = self.slots if queue == c.lease_task_queue(self.queue) else None
+                    shared_leases = queue == c.lease_task_queue(self.queue)
                     worker = Worker(
                         self.env.client,
                         task_queue=queue,
                         workflows=workflows,
                         activities=activities,
                         activity_executor=executor,
-                        max_concurrent_activities=slots,
+                        tuner=lease_tuner(self.gate) if shared_leases else None,
                         workflow_failure_exception_types=[Exception],
                     )
                     await stack.enter_async_context(worker)
@@ -372,3 +393,29 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
         await asyncio.wait_for(render.result(), DEADLINE_S)
         cluster.released.add("lost")  # the dead lease's activity ends with the test
     assert cluster.dispatched == ["lost", "render", "lost", "render"]
+
+
+async def test_the_slot_a_render_gives_up_is_handed_to_its_asker_not_to_a_session_queued_before_it(
+    env: WorkflowEnvironment,
+) -> None:
+    """Two slots, both held, and a session resumed elsewhere (moving: it asks nobody) waiting for one. The first
+    session's node is killed: it queues as moving too, behind the resumed one, and asks; the render yields, and its
+    slot is handed to the session it yielded to, on the node's own lease queue. The shared queue's matcher would
+    have given it to the resumed session, first in their class and tenant (as before HANDOFF_PATCH)."""
+    cluster = Cluster(env, chunk_s=0.5, slots=2)
+    async with cluster.workers():
+        lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
+        await until(lambda: _holds(cluster, "lost"), "the first session to hold a slot")
+        render = await cluster.start("render", tenant="b")
+        await until(lambda: _holds(cluster, "render"), "the render to hold the other slot")
+        await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
+        moved = await cluster.start("moved", resume=c.ResumePoint(cursor=2, frames=97))
+        await until(lambda: cluster.waiting_for_a_node(moved), "the resumed session's lease to be queued")
+        cluster.dead.add(("lost", 1))
+        await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
+        assert cluster.asked == ["render"] and cluster.handed == ["lost"]
+        assert await cluster.waiting_for_a_node(moved) and await cluster.waiting_for_a_node(render)
+        for handle in (lost, moved, render):  # each freed slot goes round: lost ends, then moved, then render
+            await asyncio.wait_for(handle.result(), DEADLINE_S)
+        cluster.released.add("lost")  # the dead lease's activity ends with the test
+    assert cluster.dispatched == ["lost", "render", "lost", "moved", "render"]
