@@ -122,3 +122,15 @@ def chunk_seconds(chunks_done: list[dict[str, object]], renders: set[str]) -> li
         for index in sorted(times)
         if index + 1 in times and times[index + 1] > times[index]
     ]
+
+
+def first_node_kept(first_segment: dict[str, float], lease_starts: dict[str, list[float]]) -> set[str]:
+    """The sessions that published their first segment under their first lease: no kill (nor a move of any kind)
+    came between their start and their first frames. A live session whose node was killed in its first seconds waits
+    out the lease timeout before a new node starts over; the recovery figures count that wait, and live TTFF is shown
+    with and without those sessions."""
+    return {
+        session
+        for session, published in first_segment.items()
+        if sum(start < published for start in lease_starts.get(session, [])) == 1
+    }

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from cli.benches.contention_figures import Lease, SessionLeases, chunk_seconds, fairness, given_up, jain, queue_waits
+from cli.benches.contention_figures import (
+    Lease,
+    SessionLeases,
+    chunk_seconds,
+    fairness,
+    first_node_kept,
+    given_up,
+    jain,
+    queue_waits,
+)
 from monologue.contracts import QueueClass
 
 
@@ -106,3 +115,10 @@ def test_a_kill_moves_the_sessions_its_node_held_by_its_own_lease_lines() -> Non
     ]
     kill = Kill("node-n1", 5.3)  # its registry report at about 4 s listed "stays" and "yielded"
     assert held_at_kill(events, kill) == ["stays", "just-taken"]
+
+
+def test_live_ttff_is_kept_apart_for_sessions_moved_before_their_first_segment() -> None:
+    """A session with a second lease before its first segment was moved (its node killed) before any frame."""
+    first_segment = {"kept": 10.0, "moved": 12.0, "moved-later": 11.0}
+    starts = {"kept": [8.0], "moved": [8.0, 11.0], "moved-later": [8.0, 20.0]}
+    assert first_node_kept(first_segment, starts) == {"kept", "moved-later"}
