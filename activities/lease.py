@@ -72,7 +72,7 @@ class NodeLease:
         if request.handed_wait_s <= 0:
             await self._hold(request, log, handed=False)
             return
-        if self._slots is None or not await self._claim(self._slots, request):
+        if self._slots is None or not await claim_slot(self._slots, request):
             log.info("no slot handed", waited_s=request.handed_wait_s)
             raise ApplicationError(f"no slot of node {self._node_id} was freed in time", type=c.NO_SLOT_HANDED)
         try:
@@ -89,27 +89,11 @@ class NodeLease:
             refusal = f"node {self._node_id} takes no session: {short}"
             raise ApplicationError(refusal, type=c.NODE_DISK_FULL, non_retryable=True)
 
-    @staticmethod
-    async def _claim(slots: HandedSlots, request: c.HoldNodeInput) -> bool:
-        """A handed lease's slot: the next one freed here within `handed_wait_s`, heartbeating while it waits (the
-        workflow sees a dead node's lease time out, and cancels one it no longer wants)."""
-        claim = asyncio.ensure_future(slots.claim(request.handed_wait_s))
-        try:
-            while not claim.done():
-                activity.heartbeat()
-                await asyncio.wait([claim], timeout=request.heartbeat_s)
-        except BaseException:  # cancelled: a slot taken meanwhile goes back
-            claim.cancel()
-            if claim.done() and not claim.cancelled() and claim.result():
-                slots.unclaim()
-            raise
-        return claim.result()
-
     async def _hold(self, request: c.HoldNodeInput, log: Any, *, handed: bool) -> None:
         waited = datetime.now(UTC) - activity.info().current_attempt_scheduled_time
         metrics.QUEUE_WAIT.observe(max(0.0, waited.total_seconds()))
         handle = self._client.get_workflow_handle(request.workflow_id)
-        await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self._node_id))
+        await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self._node_id, handed=handed))
         log.info("node acquired", handed=handed)
         self._held.append(request.session_id)
         try:
@@ -124,3 +108,20 @@ class NodeLease:
             self._held.remove(request.session_id)
         log.info("node draining: handing the session back")
         raise ApplicationError(f"node {self._node_id} is shutting down", type=c.NODE_DRAINING, non_retryable=True)
+
+
+async def claim_slot(slots: HandedSlots, request: c.HoldNodeInput) -> bool:
+    """A handed lease's slot: the next one freed on the node within `handed_wait_s`, heartbeating while it waits (the
+    workflow sees a dead node's lease time out, and cancels one it no longer wants: then the claim is withdrawn, and a
+    slot it took meanwhile given back)."""
+    claim = asyncio.ensure_future(slots.claim(request.handed_wait_s))
+    try:
+        while not claim.done():
+            activity.heartbeat()
+            await asyncio.wait([claim], timeout=request.heartbeat_s)
+    except BaseException:
+        claim.cancel()
+        if claim.done() and not claim.cancelled() and claim.result():
+            slots.unclaim()
+        raise
+    return claim.result()

@@ -5,8 +5,8 @@ heartbeats until released; the session's pinned work then runs on that node's ow
 by Temporal's matcher: a `Priority` per lease (its `QueueClass`: live, moving, then renders by priority) with the
 tenant as fairness key. A live session or one whose node was lost, waiting, asks a render to yield
 (`ask_to_yield`); a render asked (the YIELD_SLOT signal) gives its slot up at its next chunk boundary and queues again
-as `yielded`, below the session it gave way to, and the asker's next lease waits on that node's own lease queue for
-the slot (handed: `c.handed_lease_task_queue`). If the lease dies
+as `yielded`, below the session it gave way to, and a second lease of the asker waits on that node's own lease queue
+for the slot (handed: `c.handed_lease_task_queue`), beside its lease on the shared queue. If the lease dies
 (node killed: heartbeat timeout; node shutting down: NodeDraining) or a pinned activity stops (it cannot start:
 schedule-to-start timeout; it went silent: heartbeat timeout), the node is lost and the caller takes another
 lease. Workflow code: standard library, temporalio and the stdlib-only contracts only."""
@@ -54,9 +54,9 @@ LOST_ASKS_STEADILY_PATCH = "lost-sessions-ask-steadily"
 # session's ask, with every slot busy. The policy now asks nobody while a node reports a free slot, so the first ask
 # goes out with the lease.
 ASK_AT_ONCE_PATCH = "ask-with-the-lease"
-# Sessions started before this waited on the shared lease queue after their ask: the slot the render gave up went to
-# whichever lease Temporal's matcher ranked first (a moving or yielded session, or another tenant's render at a
-# fairness tie), not always to the asker. Now the asker's next lease waits on that render's node for the slot.
+# Sessions started before this waited on the shared lease queue alone after their ask: the slot the render gave up
+# went to whichever lease Temporal's matcher ranked first (a moving or yielded session, or another tenant's render at
+# a fairness tie), not always to the asker. Now a handed lease of the asker waits on that render's node for the slot.
 HANDOFF_PATCH = "slot-handed-to-its-asker"
 HANDED_WAIT_S = 15.0  # a handed lease waits this long for its node to free a slot (a chunk boundary), then queues
 ASK_EVERY_MAX_S = 30.0  # a session that still waits asks a render to yield at least this often
@@ -85,9 +85,10 @@ class NodeLease:
         self._yielded = False  # it gave its slot up to a live or moving session: it queues below them
         self.yield_for: c.YieldSlot | None = None  # the request this render was asked to give its slot up for
         # While a lease of the shared queue waits and asks (its number): the node whose slot an ask's render gives
-        # up, `_handed_node`, which the next lease waits for there.
+        # up (`_handed_node`, until a handed lease waits for it there: `_handed`, beside the shared one).
         self._asking_lease: int | None = None
         self._handed_node: str | None = None
+        self._handed: workflow.ActivityHandle[None] | None = None
 
     @property
     def queue_class(self) -> c.QueueClass:
@@ -120,28 +121,23 @@ class NodeLease:
         return self._number
 
     def offer(self, acquired: c.NodeAcquired) -> None:
-        """A node took the lease (the NODE_ACQUIRED signal)."""
-        if acquired.lease == self._number:
+        """A node took the lease (the NODE_ACQUIRED signal): the first to, when a handed lease waits beside it."""
+        if acquired.lease == self._number and self._offered is None:
             self._offered = acquired
 
     async def hold(self) -> None:
-        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there. A lease
-        of the shared queue that asked a render to yield ends there, and the next one waits for that render's slot on
-        its node (handed: no other session can take it first); if none is freed in time, the one after queues again."""
-        handed_to: str | None = None
+        """Hold a node: start a lease, wait until a node with a free slot takes it, set the session up there. While it
+        waits, a render asked to yield for it names its node, and a handed lease (the same number) waits there for
+        that slot, beside the shared one: the first a node takes is kept, the other given up."""
         while self.node_id is None:
             self._number += 1
             self._offered, self._handed_node = None, None
             prioritized = workflow.patched(PRIORITY_PATCH)
             self._progress.queue_class = self.queue_class
-            self._handle = self._start_lease(prioritized, handed_to)
-            if handed_to is None:
-                await self._wait_for_node(asking=prioritized)
-            else:
-                await workflow.wait_condition(self._offered_or_ended)
-            handed_to = None
-            if self._offered is None:  # the lease ended before any node took it, or a slot is handed elsewhere
-                handed_to = self._handed_node
+            self._handle = self._start_lease(prioritized, None)
+            await self._wait_for_node(asking=prioritized)
+            self._keep_the_lease_taken()
+            if self._offered is None:  # the lease ended before any node took it
                 abandon(self._handle)
                 self._handle = None
                 continue
@@ -160,6 +156,25 @@ class NodeLease:
                 await self.run(c.INIT_SESSION, init, c.InitSessionResult)
             except NodeLost:
                 self.lose()
+
+    def _hand(self) -> None:
+        """Wait for the slot on `_handed_node` too (a handed lease there, in place of an earlier one)."""
+        if self._handed is not None:
+            abandon(self._handed)
+        self._handed = self._start_lease(True, self._handed_node)
+        self._handed_node = None
+
+    def _keep_the_lease_taken(self) -> None:
+        """Of the shared lease and a handed one, keep the one a node took (`_handle`) and give the other up."""
+        handed, self._handed = self._handed, None
+        if handed is None:
+            return
+        if self._offered is not None and self._offered.handed:
+            if self._handle is not None:
+                abandon(self._handle)
+            self._handle = handed
+        else:
+            abandon(handed)
 
     def _start_lease(self, prioritized: bool, handed_to: str | None) -> workflow.ActivityHandle[None]:
         """A lease on the shared queue, or one handed to node `handed_to` (its own lease queue: a dead node's has no
@@ -198,7 +213,7 @@ class NodeLease:
         policy asks one render per asker, and another once that one's node has gone silent): after `preempt_after_s`,
         then twice as long apart each time up to ASK_EVERY_MAX_S, so a long wait keeps the history short; a live
         session, and one whose node was lost, asks every `preempt_after_s` for its first STEADY_ASKS_S. An ask that
-        marks a render ends the wait (`_handed_node`): the next lease waits for that render's slot on its node."""
+        marks a render names its node (`_handed_node`): a handed lease waits there for that render's slot."""
         after = self._orchestration.preempt_after_s
         if not asking or after <= 0 or (why := self.asks) is None:
             await workflow.wait_condition(self._offered_or_ended)
@@ -208,13 +223,16 @@ class NodeLease:
             why is c.AskReason.NODE_LOST and workflow.patched(LOST_ASKS_STEADILY_PATCH)
         )
         steady_until = workflow.now() + timedelta(seconds=STEADY_ASKS_S if steady else 0)
-        # An ask that marks a render names its node: this lease ends, and the next waits for the slot there.
+        # An ask that marks a render names its node: a handed lease waits for the slot there, beside this one.
         self._asking_lease = self._number if alongside and workflow.patched(HANDOFF_PATCH) else None
         # One ask in flight at most; the first goes out with the lease (the policy asks nobody while a slot is free).
         pending = self._start_ask(why) if alongside and workflow.patched(ASK_AT_ONCE_PATCH) else None
         while True:
             try:
                 await workflow.wait_condition(self._found_or_handed, timeout=timedelta(seconds=after))
+                if not self._offered_or_ended():  # an ask named the node whose slot is given up: wait there too
+                    self._hand()
+                    continue
                 self._asking_lease = None
                 return  # an ask still in flight finishes on its own (the render it marks yields to a later asker)
             except TimeoutError:

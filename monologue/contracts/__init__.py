@@ -206,6 +206,7 @@ class HoldNodeInput:
 class NodeAcquired:
     lease: int
     node_id: str
+    handed: bool = False  # a handed lease (HoldNodeInput.handed_wait_s), not the shared queue's, was taken
 
 
 @dataclass

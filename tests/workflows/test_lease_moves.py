@@ -1,9 +1,11 @@
 """How a waiting session asks and a lost one moves, on the real dev server (the Cluster of test_lease_order.py): a live
 session asks steadily while a render asks ever less often, and a render asked to yield whose node died as its chunk
-finished moves as lost, not as a yield. Read from the workflows' histories, never from a clock."""
+finished moves as lost, not as a yield; the slot a render gives up is handed to the session it yielded to. Read from
+the workflows' histories and the fake node's dispatches, never from a clock."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -12,7 +14,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from monologue import contracts as c
-from tests.workflows.test_lease_order import Cluster, Handle, _has, until
+from tests.workflows.test_lease_order import DEADLINE_S, Cluster, Handle, _has, _holds, lost_beside_a_render, until
 from workflows.render import RenderWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -105,9 +107,11 @@ async def test_a_render_asked_to_yield_whose_node_died_meanwhile_moves_as_lost(e
         async with cluster.workflow_worker():
             render = await cluster.start("render", lease_timeout_s=2.0)
             await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
+            cluster.fake.hold_chunks.set()  # no chunk boundary comes before the workflow worker has stopped
             await render.signal(c.YIELD_SLOT, c.YieldSlot(for_session="live", as_moving=True))
             await until(lambda: _handled_signal(render), "the ask to be heard")
         cluster.dead.add(("render", 1))  # its node dies while no workflow runs: both land in its history
+        cluster.fake.hold_chunks.clear()
         await until(lambda: _history_has(render, "activity_task_timed_out_event_attributes"), "the lease to end")
         await until(lambda: _chunk_completed_after_signal(render), "a chunk to finish")
         async with cluster.workflow_worker():
@@ -145,3 +149,58 @@ async def _chunk_completed_after_signal(handle: Handle) -> bool:
 
 async def _took_lease(cluster: Cluster, name: str, count: int) -> bool:
     return cluster.dispatched.count(name) >= count
+
+
+async def test_the_slot_a_render_gives_up_is_handed_to_its_asker_not_to_a_session_queued_before_it(
+    env: WorkflowEnvironment,
+) -> None:
+    """Two slots, both held, and a session resumed elsewhere (moving: it asks nobody) waiting for one. The first
+    session's node is killed: it queues as moving too, behind the resumed one, and asks; the render yields, and its
+    slot is handed to the session it yielded to, on the node's own lease queue. The shared queue's matcher would
+    have given it to the resumed session, first in their class and tenant (as before HANDOFF_PATCH)."""
+    cluster = Cluster(env, chunk_s=0.5, slots=2)
+    async with cluster.workers():
+        lost, render = await lost_beside_a_render(cluster)
+        moved = await cluster.start("moved", resume=c.ResumePoint(cursor=2, frames=97))
+        await until(lambda: cluster.waiting_for_a_node(moved), "the resumed session's lease to be queued")
+        cluster.dead.add(("lost", 1))
+        await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
+        assert cluster.asked == ["render"] and cluster.handed == ["lost"]
+        assert await cluster.waiting_for_a_node(moved) and await cluster.waiting_for_a_node(render)
+        for handle in (lost, moved, render):  # each freed slot goes round: lost ends, then moved, then render
+            await asyncio.wait_for(handle.result(), DEADLINE_S)
+        cluster.released.add("lost")  # the dead lease's activity ends with the test
+    assert cluster.dispatched == ["lost", "render", "lost", "moved", "render"]
+
+
+async def test_a_slot_freed_elsewhere_first_is_taken_and_the_handed_lease_given_up(env: WorkflowEnvironment) -> None:
+    """The handed lease waits beside the shared one: here the node the ask names never frees a slot (it does not
+    even poll), another session ends, and the lost session takes that slot from the shared queue at once; its handed
+    lease is cancelled."""
+    cluster = Cluster(env, chunk_s=0.5, slots=2)
+    cluster.hand_to = "n-silent"
+    handed_queue = c.handed_lease_task_queue("n-silent")
+    async with cluster.workers():
+        lost, _ = await lost_beside_a_render(cluster)
+        cluster.dead.add(("lost", 1))
+        await until(lambda: _lease_scheduled_on(lost, handed_queue), "the handed lease to be scheduled")
+        await cluster.end("render")  # its slot frees for the shared queue
+        await until(lambda: _holds(cluster, "lost"), "the lost session to take the freed slot")
+        await asyncio.wait_for(lost.result(), DEADLINE_S)
+        cluster.released.add("lost")  # the dead lease's activity ends with the test
+    assert cluster.dispatched == ["lost", "render", "lost"] and cluster.handed == []
+    history = await lost.fetch_history()
+    [handed] = [event.event_id for event in history.events if _lease_queue(event) == handed_queue]
+    cancelled = [event.activity_task_cancel_requested_event_attributes.scheduled_event_id for event in history.events]
+    assert handed in cancelled
+
+
+async def _lease_scheduled_on(handle: Handle, queue: str) -> bool:
+    history = await handle.fetch_history()
+    return any(_lease_queue(event) == queue for event in history.events)
+
+
+def _lease_queue(event: Any) -> str | None:
+    """The task queue of a scheduled lease (None: another event)."""
+    scheduled = event.activity_task_scheduled_event_attributes
+    return str(scheduled.task_queue.name) if scheduled.activity_type.name == c.HOLD_NODE else None

@@ -20,6 +20,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.lease import claim_slot
 from monologue import contracts as c
 from node.lease_gate import LeaseSlots, lease_tuner
 from tests.workflows.test_render_workflow import FakeNodes, orchestration
@@ -66,6 +67,7 @@ class Cluster:
         self.yielded: list[c.RecordYieldInput] = []
         self.hold_asks: asyncio.Event | None = None  # set: every ask waits for it (a node killed under the ask)
         self.refuse_asks = False  # no render may yield (every ask answers that none was asked)
+        self.hand_to: str | None = None  # the node an ask names (None: this one)
 
     def sched(self) -> list[object]:
         """`ask_to_yield` asks the render holding the slot, and nobody while a slot is free (the real policy is tested
@@ -87,7 +89,7 @@ class Cluster:
             as_moving = request.why is not c.AskReason.FAIR_SHARE  # as activities/sched.py does
             slot = c.YieldSlot(for_session=request.session_id, as_moving=as_moving)
             await self.handles[holder].signal(c.YIELD_SLOT, slot)
-            return c.AskToYieldResult(asked=holder, node_id=self.node_id)
+            return c.AskToYieldResult(asked=holder, node_id=self.hand_to or self.node_id)
 
         @activity.defn(name=c.RECORD_YIELD)
         def record_yield(request: c.RecordYieldInput) -> None:
@@ -101,26 +103,23 @@ class Cluster:
             if request.handed_wait_s <= 0:
                 await self._hold(request)
                 return
-            claim = asyncio.ensure_future(self.gate.claim(request.handed_wait_s))
-            while not claim.done():  # heartbeating while it waits, as the node's lease does
-                activity.heartbeat()
-                await asyncio.wait([claim], timeout=0.05)
-            assert claim.result(), f"no slot handed to {request.session_id}"
+            assert await claim_slot(self.gate, request), f"no slot handed to {request.session_id}"
             try:
                 self.handed.append(request.session_id)
-                await self._hold(request)
+                await self._hold(request, handed=True)
             finally:
                 self.gate.unclaim()
 
         return [hold_node]
 
-    async def _hold(self, request: c.HoldNodeInput) -> None:
+    async def _hold(self, request: c.HoldNodeInput, *, handed: bool = False) -> None:
         self.dispatched.append(request.session_id)
         lease = (request.session_id, request.lease)
         self.holding.add(lease)
         try:
             handle = self.env.client.get_workflow_handle(request.workflow_id)
-            await handle.signal(c.NODE_ACQUIRED, c.NodeAcquired(lease=request.lease, node_id=self.node_id))
+            acquired = c.NodeAcquired(lease=request.lease, node_id=self.node_id, handed=handed)
+            await handle.signal(c.NODE_ACQUIRED, acquired)
             while request.session_id not in self.released:  # until the workflow releases the slot (or ends)
                 if lease not in self.dead:
                     activity.heartbeat()
@@ -274,6 +273,8 @@ async def test_a_waiting_live_session_takes_a_renders_slot_at_a_chunk_boundary(e
         await until(lambda: _recorded(cluster), "the yield to be recorded")  # recorded once the slot is free
         [record] = cluster.yielded
         assert (record.session_id, record.for_session, record.node_id) == ("render", "live", cluster.node_id)
+        # Set up on the node it was handed, its lease on the shared queue given up (in the same workflow task).
+        await until(lambda: _set_up(live, cluster.node_id), "the live session to be set up on the node")
         assert not await cluster.waiting_for_a_node(live)
         assert await cluster.waiting_for_a_node(render)  # queued again, as yielded, behind the live session
         progress = await render.query(RenderWorkflow.progress)
@@ -367,6 +368,16 @@ async def test_a_render_below_its_tenants_share_asks_and_the_one_that_yields_kee
     assert result.frames == 97
 
 
+async def lost_beside_a_render(cluster: Cluster) -> tuple[Handle, Handle]:
+    """Two slots held, both under way: "lost" (its lease timeout 2 s, asking every 0.2 s), then tenant b's "render"."""
+    lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
+    await until(lambda: _holds(cluster, "lost"), "the first session to hold a slot")
+    render = await cluster.start("render", tenant="b")
+    await until(lambda: _holds(cluster, "render"), "the render to hold the other slot")
+    await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
+    return lost, render
+
+
 async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render_queues_below_it(
     env: WorkflowEnvironment,
 ) -> None:
@@ -375,11 +386,7 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
     slot it gave up goes to the lost session, not back to itself."""
     cluster = Cluster(env, chunk_s=0.5, slots=2)
     async with cluster.workers():
-        lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
-        await until(lambda: _holds(cluster, "lost"), "the first session to hold a slot")
-        render = await cluster.start("render", tenant="b")
-        await until(lambda: _holds(cluster, "render"), "the render to hold the other slot")
-        await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
+        lost, render = await lost_beside_a_render(cluster)
         cluster.dead.add(("lost", 1))
         await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
         # Each asked with its first lease too, while a slot was free (nobody asked); then the lost one, as moving.
@@ -393,29 +400,3 @@ async def test_a_session_whose_node_was_lost_takes_a_renders_slot_and_the_render
         await asyncio.wait_for(render.result(), DEADLINE_S)
         cluster.released.add("lost")  # the dead lease's activity ends with the test
     assert cluster.dispatched == ["lost", "render", "lost", "render"]
-
-
-async def test_the_slot_a_render_gives_up_is_handed_to_its_asker_not_to_a_session_queued_before_it(
-    env: WorkflowEnvironment,
-) -> None:
-    """Two slots, both held, and a session resumed elsewhere (moving: it asks nobody) waiting for one. The first
-    session's node is killed: it queues as moving too, behind the resumed one, and asks; the render yields, and its
-    slot is handed to the session it yielded to, on the node's own lease queue. The shared queue's matcher would
-    have given it to the resumed session, first in their class and tenant (as before HANDOFF_PATCH)."""
-    cluster = Cluster(env, chunk_s=0.5, slots=2)
-    async with cluster.workers():
-        lost = await cluster.start("lost", lease_timeout_s=2.0, preempt_after_s=0.2)
-        await until(lambda: _holds(cluster, "lost"), "the first session to hold a slot")
-        render = await cluster.start("render", tenant="b")
-        await until(lambda: _holds(cluster, "render"), "the render to hold the other slot")
-        await until(lambda: _has(cluster.fake.calls, "N1"), "both to be under way")
-        moved = await cluster.start("moved", resume=c.ResumePoint(cursor=2, frames=97))
-        await until(lambda: cluster.waiting_for_a_node(moved), "the resumed session's lease to be queued")
-        cluster.dead.add(("lost", 1))
-        await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
-        assert cluster.asked == ["render"] and cluster.handed == ["lost"]
-        assert await cluster.waiting_for_a_node(moved) and await cluster.waiting_for_a_node(render)
-        for handle in (lost, moved, render):  # each freed slot goes round: lost ends, then moved, then render
-            await asyncio.wait_for(handle.result(), DEADLINE_S)
-        cluster.released.add("lost")  # the dead lease's activity ends with the test
-    assert cluster.dispatched == ["lost", "render", "lost", "moved", "render"]

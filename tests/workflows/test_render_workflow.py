@@ -57,6 +57,7 @@ class FakeNodes:
         self.newest_lease = newest_lease  # the database's newest lease: a claim below it is fenced
         self.full_disk_finalizes = full_disk_finalizes  # the first finalizes find the node's disk full
         self.chunk_s = chunk_s  # each chunk takes this long (heartbeating), as a real one does
+        self.hold_chunks = threading.Event()  # set: a chunk under way does not finish (heartbeating) until cleared
         self.stored_samples = stored_samples
         self.drop_first_lease = drop_first_lease  # the first lease ends once N0 is done, as a killed node's does
         self.leases = 0
@@ -150,7 +151,7 @@ class FakeNodes:
                 time.sleep(0.05)
             name = f"{chunk.kind}{chunk.index} {chunk.first_frame}+{chunk.n_frames}"
             deadline = time.monotonic() + self.chunk_s
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline or self.hold_chunks.is_set():
                 if activity.is_cancelled():
                     raise CancelledError("abandoned while running")
                 activity.heartbeat()
