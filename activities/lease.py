@@ -9,9 +9,9 @@ room for a session's files (`shortage`, activities/disks.py) refuses new leases 
 worker stops polling meanwhile (node/lease_gate.py).
 
 A lease can also be handed to a session: a render asked to yield its slot tells its asker which node it is on, and
-the asker's next lease goes to that node's own lease queue (`c.handed_lease_task_queue`) with `handed_wait_s` set.
-There `hold_node` first claims the next slot freed on this node (`HandedSlots.claim`, ahead of the shared queue), or
-gives up after `handed_wait_s` with NoSlotHanded (the session then queues on the shared queue again).
+the asker starts a second lease, beside its shared one, on that node's own lease queue (`c.handed_lease_task_queue`)
+with `handed_wait_s` set. There `hold_node` first claims the next slot freed on this node (`claim_slot`, ahead of the
+shared queue), or gives up after `handed_wait_s` with NoSlotHanded (the session still waits on the shared queue).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class AskToYieldInput:
 @dataclass
 class AskToYieldResult:
     asked: str | None  # the session asked to yield; None: none asked (one is already yielding, or none can)
-    node_id: str | None = None  # the node it gives up (the asker's next lease waits for that slot there)
+    node_id: str | None = None  # the node it gives up (a handed lease of the asker waits for that slot there)
 
 
 @dataclass

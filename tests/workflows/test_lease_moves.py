@@ -1,4 +1,4 @@
-"""How a waiting session asks and a lost one moves, on the real dev server (the Cluster of test_lease_order.py): a live
+"""How a waiting session asks and a lost one moves, on the real dev server (the Cluster of lease_cluster.py): a live
 session asks steadily while a render asks ever less often, and a render asked to yield whose node died as its chunk
 finished moves as lost, not as a yield; the slot a render gives up is handed to the session it yielded to. Read from
 the workflows' histories and the fake node's dispatches, never from a clock."""
@@ -14,7 +14,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from monologue import contracts as c
-from tests.workflows.test_lease_order import DEADLINE_S, Cluster, Handle, _has, _holds, lost_beside_a_render, until
+from tests.workflows.lease_cluster import DEADLINE_S, Cluster, Handle, has_call, holds, lost_beside_a_render, until
 from workflows.render import RenderWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -29,7 +29,7 @@ async def test_a_waiting_live_session_asks_steadily_and_a_render_ever_less_often
     cluster.refuse_asks = True
     async with cluster.workers():
         await cluster.start("big", tenant="big")
-        await until(lambda: _has(cluster.fake.calls, "N1"), "big's render to be under way")
+        await until(lambda: has_call(cluster.fake.calls, "N1"), "big's render to be under way")
         live = await cluster.start("live", kind=c.SessionKind.LIVE, tenant="b", preempt_after_s=0.2)
         small = await cluster.start("small", tenant="small", preempt_after_s=0.2)
         await until(lambda: _timers_at_least(live, 5), "the live session to wait through five timers")
@@ -106,13 +106,13 @@ async def test_a_render_asked_to_yield_whose_node_died_meanwhile_moves_as_lost(e
     async with cluster.workers(with_workflows=False):
         async with cluster.workflow_worker():
             render = await cluster.start("render", lease_timeout_s=2.0)
-            await until(lambda: _has(cluster.fake.calls, "N1"), "the render to be under way")
+            await until(lambda: has_call(cluster.fake.calls, "N1"), "the render to be under way")
             cluster.fake.hold_chunks.set()  # no chunk boundary comes before the workflow worker has stopped
             await render.signal(c.YIELD_SLOT, c.YieldSlot(for_session="live", as_moving=True))
             await until(lambda: _handled_signal(render), "the ask to be heard")
         cluster.dead.add(("render", 1))  # its node dies while no workflow runs: both land in its history
         cluster.fake.hold_chunks.clear()
-        await until(lambda: _history_has(render, "activity_task_timed_out_event_attributes"), "the lease to end")
+        await until(lambda: _historyhas_call(render, "activity_task_timed_out_event_attributes"), "the lease to end")
         await until(lambda: _chunk_completed_after_signal(render), "a chunk to finish")
         async with cluster.workflow_worker():
             await until(lambda: _took_lease(cluster, "render", 2), "the render to take a new lease")
@@ -128,7 +128,7 @@ async def _events(handle: Handle) -> list[Any]:
     return list((await handle.fetch_history()).events)
 
 
-async def _history_has(handle: Handle, field: str) -> bool:
+async def _historyhas_call(handle: Handle, field: str) -> bool:
     return any(event.HasField(field) for event in await _events(handle))
 
 
@@ -164,7 +164,7 @@ async def test_the_slot_a_render_gives_up_is_handed_to_its_asker_not_to_a_sessio
         moved = await cluster.start("moved", resume=c.ResumePoint(cursor=2, frames=97))
         await until(lambda: cluster.waiting_for_a_node(moved), "the resumed session's lease to be queued")
         cluster.dead.add(("lost", 1))
-        await until(lambda: _holds(cluster, "lost"), "the lost session to get the render's slot")
+        await until(lambda: holds(cluster, "lost"), "the lost session to get the render's slot")
         assert cluster.asked == ["render"] and cluster.handed == ["lost"]
         assert await cluster.waiting_for_a_node(moved) and await cluster.waiting_for_a_node(render)
         for handle in (lost, moved, render):  # each freed slot goes round: lost ends, then moved, then render
@@ -185,7 +185,7 @@ async def test_a_slot_freed_elsewhere_first_is_taken_and_the_handed_lease_given_
         cluster.dead.add(("lost", 1))
         await until(lambda: _lease_scheduled_on(lost, handed_queue), "the handed lease to be scheduled")
         await cluster.end("render")  # its slot frees for the shared queue
-        await until(lambda: _holds(cluster, "lost"), "the lost session to take the freed slot")
+        await until(lambda: holds(cluster, "lost"), "the lost session to take the freed slot")
         await asyncio.wait_for(lost.result(), DEADLINE_S)
         cluster.released.add("lost")  # the dead lease's activity ends with the test
     assert cluster.dispatched == ["lost", "render", "lost"] and cluster.handed == []
